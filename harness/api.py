@@ -1,0 +1,139 @@
+"""The subject API: how an implementation under test meets the engine lifecycle.
+
+A *subject* is a class. The harness makes one instance per model (the target, and the draft
+model when the scenario has one) and drives it the way the serving engine drives its memory
+pool and attention backend:
+
+1. ``__init__(spec)`` once, then ``register_mapping(mapping)`` with the pool's
+   ``full_to_swa`` tensor. Later changes happen *in place* on that tensor; only a rebuilt
+   pool registers a new tensor object.
+2. Per forward and per micro-batch, ``init_forward_metadata(batch)``. The engine may skip it
+   (idle forwards under speculative decoding), leaving the previous metadata in place.
+3. Per SWA-storing layer (ascending within the stage, micro-batches interleaved),
+   ``swa_write_location(batch, layer_id)`` returns the rows the layer writes: int32, one per
+   row of the batch, on the batch's device.
+4. Multi-step draft forwards run step 1..k-1 with the same ``batch`` object: positions and
+   ``out_cache_loc`` are new tensors and ``draft_step`` counts up; metadata is not rebuilt.
+5. Graph capture calls ``init_capture_metadata(batch)`` and then the layers inside the
+   capture; each replay copies live inputs into the same static tensors, calls
+   ``init_replay_metadata(batch)`` eagerly, and replays the captured work: layer code does
+   not run again, consumers read the tensors the layers returned at capture, by address.
+
+State the engine keeps on the attention backend (per micro-batch, per model) belongs on
+``batch.backend``, a namespace that outlives the forward; state the engine keeps on the pool
+belongs on the subject instance, which every micro-batch shares.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import ClassVar
+
+import torch
+
+SUBJECT_API_VERSION = 1
+
+
+class Truth(str, enum.Enum):
+    """Which quantity a subject computes."""
+
+    POOL = "pool"  # mapping[out_cache_loc] at write time
+    RING = "ring"  # req_slot * ring + position % ring
+
+
+class ForwardMode(enum.Enum):
+    DECODE = "decode"
+    EXTEND = "extend"
+    TARGET_VERIFY = "verify"
+    DRAFT_DECODE = "draft"
+    DRAFT_EXTEND = "draft_extend"
+    IDLE = "idle"
+
+    def is_idle(self) -> bool:
+        return self is ForwardMode.IDLE
+
+    def is_decode(self) -> bool:
+        return self in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE)
+
+    def is_decode_or_idle(self) -> bool:
+        return self.is_decode() or self.is_idle()
+
+    def is_extend(self) -> bool:
+        return self in (ForwardMode.EXTEND, ForwardMode.DRAFT_EXTEND)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a pool and backend know about their model when they are built."""
+
+    model: str  # "target" or "draft"
+    start_layer: int
+    end_layer: int
+    sliding_window: int
+    ring: int
+    num_req_slots: int
+    speculative: bool
+    num_draft_tokens: int
+    full_pool_size: int
+    device: torch.device
+
+
+@dataclass
+class ForwardBatch:
+    """One micro-batch of one forward, as a layer sees it.
+
+    Rows past ``num_live_tokens`` are padding: request slot 0, position 0, full slot 0.
+    """
+
+    forward_id: int
+    mode: ForwardMode
+    micro_batch: int
+    backend: SimpleNamespace
+    req_pool_indices: torch.Tensor  # int64 [requests]
+    extend_seq_lens: torch.Tensor  # int64 [requests]: tokens per request
+    positions: torch.Tensor  # int64 [tokens]
+    out_cache_loc: torch.Tensor  # int64 [tokens]
+    num_live_tokens: int
+    draft_step: int = 0
+    num_draft_steps: int = 1
+    in_graph: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+
+class Subject:
+    """Base class with the engine's defaults; subclasses set ``truth`` and override
+    :meth:`swa_write_location` and whatever else they cache."""
+
+    api_version: ClassVar[int] = SUBJECT_API_VERSION
+    truth: ClassVar[Truth]
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.mapping: torch.Tensor | None = None
+
+    def register_mapping(self, mapping: torch.Tensor) -> None:
+        self.mapping = mapping
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        pass
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} does not implement swa_write_location")
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        self.init_forward_metadata(batch)
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        self.init_forward_metadata(batch)
+
+
+def tokens_request_slots(batch: ForwardBatch) -> torch.Tensor:
+    """The request slot of every token row (exact for ragged batches, graph-capturable)."""
+    return batch.req_pool_indices.repeat_interleave(
+        batch.extend_seq_lens, output_size=batch.num_tokens
+    )

@@ -1,0 +1,385 @@
+"""The differential executor: one scenario, reference and subject side by side.
+
+Every store-location request is checked against the reference computed from the engine
+state at that moment (values, int32, length, device, padding on the dummy slot). The run
+stops at the first divergence and explains it. Whatever the subject does, raising, hanging
+or returning garbage, comes back as a :class:`~harness.diagnosis.Divergence`; only an
+invalid scenario raises (:class:`reference.ScenarioError`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from reference import EngineState, ForwardPlan, Scenario, StepInputs
+
+from . import diagnosis as dx
+from .api import SUBJECT_API_VERSION, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
+from .graphs import GraphCaptureError, make_graph
+from .guard import CallGuard, SubjectFailure
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class SubjectError(TypeError):
+    """The subject cannot be run at all (not a subject class, wrong API version)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    divergence: dx.Divergence | None
+    checks: int  # store-location answers compared
+    forwards: int
+
+    @property
+    def passed(self) -> bool:
+        return self.divergence is None
+
+
+class _Stop(Exception):
+    def __init__(self, divergence: dx.Divergence):
+        self.divergence = divergence
+
+
+def check_subject(subject: Any) -> type[Subject]:
+    """Reject things that are not subjects with a message that says what to fix."""
+    if not isinstance(subject, type):
+        raise SubjectError(f"a subject is a class, got {type(subject).__name__} {subject!r}")
+    truth = getattr(subject, "truth", None)
+    if not isinstance(truth, Truth):
+        raise SubjectError(
+            f"{subject.__name__}.truth must be Truth.POOL or Truth.RING, got {truth!r}"
+        )
+    version = getattr(subject, "api_version", None)
+    if version != SUBJECT_API_VERSION:
+        raise SubjectError(
+            f"{subject.__name__} targets subject API version {version!r}; this harness speaks "
+            f"version {SUBJECT_API_VERSION}"
+        )
+    if not callable(getattr(subject, "swa_write_location", None)):
+        raise SubjectError(f"{subject.__name__} has no swa_write_location method")
+    return subject
+
+
+def run_scenario(
+    subject: type[Subject],
+    scenario: Scenario,
+    *,
+    device: str | torch.device = "cpu",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> RunResult:
+    run = _Run(check_subject(subject), scenario, torch.device(device))
+    with CallGuard(timeout_s) as guard:
+        run.guard = guard
+        try:
+            run.setup()
+            run.events()
+        except _Stop as stop:
+            return RunResult(stop.divergence, run.checks, run.forward)
+    return RunResult(None, run.checks, run.forward)
+
+
+class _Run:
+    def __init__(self, subject_cls: type[Subject], scenario: Scenario, device: torch.device):
+        self.subject_cls = subject_cls
+        self.scenario = scenario
+        self.config = scenario.config
+        self.device = device
+        self.truth = subject_cls.truth.value
+        self.state = EngineState(scenario.config)
+        self.history = dx.History()
+        self.guard: CallGuard
+        self.subjects: dict[str, Subject] = {}
+        self.mappings: dict[str, torch.Tensor] = {}
+        self.snapshots: dict[str, torch.Tensor] = {}
+        self.backends: dict[tuple[str, int], SimpleNamespace] = {}
+        self.graphs: dict[tuple, tuple[Any, ForwardBatch, list[torch.Tensor]]] = {}
+        self.seen_epoch = 0
+        self.seen_version = -1
+        self.forward = 0
+        self.next_forward_id = 0
+        self.checks = 0
+        self.call = 0
+        self.memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.memo_version = -1
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def setup(self) -> None:
+        c = self.config
+        for model in c.models:
+            spec = ModelSpec(
+                model=model, start_layer=c.start_layer, end_layer=c.end_layer,
+                sliding_window=c.sliding_window, ring=c.ring, num_req_slots=c.num_req_slots,
+                speculative=c.speculative, num_draft_tokens=c.num_draft_tokens,
+                full_pool_size=c.full_pool_size, device=self.device,
+            )
+            site = self._site(model=model, layer_id=None)
+            self.subjects[model] = self._invoke(site, f"{self.subject_cls.__name__}(spec)", self.subject_cls, spec)
+        self._sync("setup")
+
+    def events(self) -> None:
+        for index, event in enumerate(self.scenario.events):
+            where = f"events[{index}]"
+            if event.op != "forward":
+                self.state.apply(event, where)
+                self._sync(f"event {index} ({event.op})")
+                continue
+            plan = self.state.plan_forward(event, index, where)
+            self.forward += 1
+            self._sync(f"the allocation for forward {self.forward}")
+            if plan.graph_batch_size is None:
+                self._eager_forward(plan)
+            else:
+                self._graph_forward(plan)
+            self.state.finish_forward()
+            self._sync(f"the eviction after forward {self.forward}")
+
+    def _eager_forward(self, plan: ForwardPlan) -> None:
+        event = plan.event
+        subject = self.subjects[plan.model]
+        batches = [self._batch(plan, mb, plan.steps[0][mb]) for mb in range(plan.num_micro_batches)]
+        if not event.skip_init:
+            for mb, batch in enumerate(batches):
+                site = self._site(plan, micro_batch=mb, layer_id=None)
+                self._invoke(site, "init_forward_metadata", subject.init_forward_metadata, batch)
+        done = 0
+        for step, step_inputs in enumerate(plan.steps):
+            if step:
+                for batch, inputs in zip(batches, step_inputs):
+                    batch.positions = self._to_device(inputs.positions)
+                    batch.out_cache_loc = self._to_device(inputs.out_cache_loc)
+                    batch.draft_step = step
+            for mb, layer_id in plan.calls:
+                if event.mutation is not None and done == event.mutation.after_calls:
+                    self._mutate(plan)
+                site = self._site(plan, step, mb, layer_id)
+                out = self._invoke(site, "swa_write_location", subject.swa_write_location, batches[mb], layer_id)
+                self._check(site, plan.model, step, mb, step_inputs[mb], out)
+                done += 1
+
+    def _graph_forward(self, plan: ForwardPlan) -> None:
+        key = (plan.model, plan.graph_batch_size, plan.calls)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(plan)
+        graph, static, sinks = self.graphs[key]
+        inputs = plan.steps[0][0]
+        for name, values in (
+            ("req_pool_indices", inputs.req_slots), ("extend_seq_lens", inputs.token_counts),
+            ("positions", inputs.positions), ("out_cache_loc", inputs.out_cache_loc),
+        ):
+            getattr(static, name).copy_(values)
+        static.forward_id = self._new_forward_id()
+        static.mode = ForwardMode(plan.event.mode)
+        static.num_live_tokens = inputs.num_live
+        subject = self.subjects[plan.model]
+        if not plan.event.skip_init:
+            site = self._site(plan, layer_id=None)
+            self._invoke(site, "init_replay_metadata", subject.init_replay_metadata, static)
+        self._invoke(self._site(plan, layer_id=None), "graph replay", graph.replay)
+        for (mb, layer_id), sink in zip(plan.calls, sinks):
+            self._check(self._site(plan, 0, mb, layer_id), plan.model, 0, mb, inputs, sink)
+
+    def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor]]:
+        size = plan.graph_batch_size
+        subject = self.subjects[plan.model]
+        zeros = lambda: torch.zeros(size, dtype=torch.int64, device=self.device)  # noqa: E731
+        static = ForwardBatch(
+            forward_id=self._new_forward_id(), mode=ForwardMode.DECODE, micro_batch=0,
+            backend=self._backend(plan.model, 0), req_pool_indices=zeros(),
+            extend_seq_lens=torch.ones(size, dtype=torch.int64, device=self.device),
+            positions=zeros(), out_cache_loc=zeros(), num_live_tokens=0, in_graph=True,
+        )
+        site = self._site(plan, layer_id=None)
+        self._invoke(site, "init_capture_metadata", subject.init_capture_metadata, static)
+        graph = make_graph(self.device)
+        sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
+        with graph.capture():
+            for (mb, layer_id), sink in zip(plan.calls, sinks):
+                site = self._site(plan, 0, mb, layer_id)
+                out = self._invoke(site, "swa_write_location (graph capture)", subject.swa_write_location, static, layer_id)
+                problem = self._shape_problem(site, out, size)
+                if problem is not None:
+                    raise _Stop(problem)
+                # the consumer a store kernel would be: it reads the returned tensor by address
+                sink.copy_(out)
+        if sinks:
+            self.history.record_capture(self.forward, sinks[0].to("cpu", copy=True))
+        return graph, static, sinks
+
+    def _mutate(self, plan: ForwardPlan) -> None:
+        mutation = plan.event.mutation
+        self.state.apply(mutation, f"events[{plan.index}].mutation")
+        self._sync(f"the {mutation.op} inside forward {self.forward}")
+
+    # ---- checking ----------------------------------------------------------------------
+
+    def _check(self, site: dx.Site, model: str, step: int, mb: int, inputs: StepInputs, out: Any) -> None:
+        if self.memo_version != self.state.version:
+            self.memo.clear()
+            self.memo_version = self.state.version
+        cached = self.memo.get((step, mb))
+        if cached is None:
+            expected = self.state.expected(model, inputs, self.truth)
+            cached = (expected, expected.to(self.device))
+            self.memo[(step, mb)] = cached
+            self.history.record_answer(site, expected[: inputs.num_live])
+        expected, expected_on_device = cached
+        self.checks += 1
+        if (
+            isinstance(out, torch.Tensor)
+            and out.dtype == torch.int32
+            and out.device == self.device
+            and out.shape == expected.shape
+            and torch.equal(out, expected_on_device)
+        ):
+            return
+        raise _Stop(self._diagnose(site, model, inputs, out, expected))
+
+    def _shape_problem(self, site: dx.Site, out: Any, rows: int) -> dx.Divergence | None:
+        where = f"At {site.describe()}, swa_write_location"
+        if not isinstance(out, torch.Tensor):
+            return site.divergence(dx.NON_TENSOR, f"{where} returned {type(out).__name__}, not a tensor.")
+        if out.device != self.device:
+            return site.divergence(
+                dx.WRONG_DEVICE, f"{where} returned a tensor on {out.device}, not on {self.device}."
+            )
+        if out.dtype != torch.int32:
+            nan = " containing NaN" if out.is_floating_point() and bool(torch.isnan(out).any()) else ""
+            return site.divergence(dx.WRONG_DTYPE, f"{where} returned {out.dtype}{nan}, not torch.int32.")
+        if out.dim() != 1 or out.shape[0] != rows:
+            return site.divergence(
+                dx.WRONG_LENGTH, f"{where} returned shape {tuple(out.shape)} for {rows} rows.",
+                actual=out.reshape(-1).tolist(),
+            )
+        return None
+
+    def _diagnose(self, site: dx.Site, model: str, inputs: StepInputs, out: Any, expected: torch.Tensor) -> dx.Divergence:
+        problem = self._shape_problem(site, out, expected.shape[0])
+        if problem is not None:
+            if problem.kind == dx.WRONG_LENGTH and out.dim() == 1:
+                return self._explain_length(site, inputs, out, expected, problem)
+            return problem
+        actual = out.to("cpu")
+        n = inputs.num_live
+        live, want = actual[:n], expected[:n]
+        if not torch.equal(live, want):
+            source = dx.explain(self.history, site, self.truth, inputs, self.config.ring, live, want)
+            n_wrong = int((live != want).sum())
+            return site.divergence(
+                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n),
+                expected=want.tolist(), actual=live.tolist(), source=_source_dict(source),
+            )
+        padding = actual[n:]
+        wrong = (padding != expected[n:]).nonzero().flatten().tolist()
+        owned = self.state.live_targets(model, self.truth)
+        aliased = [i for i in wrong if int(padding[i]) in owned]
+        row = (aliased or wrong)[0]
+        value = int(padding[row])
+        if aliased:
+            source = dx.Source(dx.ALIASES_LIVE, f"row {value}, which a live request owns",
+                               "the padding write would corrupt that request's keys")
+            sentence = (f"At {site.describe()}, padding row {n + row} writes to {value}, which a live "
+                        f"request owns, instead of the dummy slot.")
+        else:
+            source = dx.Source(dx.UNKNOWN, f"row {value}", "padding must write to the dummy slot")
+            sentence = f"At {site.describe()}, padding row {n + row} writes to {value}, not to the dummy slot."
+        return site.divergence(
+            dx.PADDING, sentence, expected=expected.tolist(), actual=actual.tolist(), source=_source_dict(source),
+        )
+
+    def _explain_length(self, site, inputs, out, expected, problem) -> dx.Divergence:
+        actual = out.to("cpu")
+        for source, rows in self.history.candidates(site, self.truth, inputs, self.config.ring):
+            if source.kind != dx.DUMMY and rows.shape == actual.shape and torch.equal(rows, actual):
+                sentence = (f"Stale cache: at {site.describe()}, {actual.shape[0]} rows came back for "
+                            f"{expected.shape[0]}: they are {source.phrase}: {source.consequence}.")
+                return site.divergence(
+                    dx.WRONG_LENGTH, sentence, expected=expected.tolist(), actual=actual.tolist(),
+                    source=_source_dict(source),
+                )
+        return site.divergence(
+            problem.kind, problem.sentence, expected=expected.tolist(), actual=actual.tolist()
+        )
+
+    # ---- plumbing ----------------------------------------------------------------------
+
+    def _invoke(self, site: dx.Site, what: str, fn, *args):
+        self.call += 1
+        try:
+            return self.guard.call(what, fn, *args)
+        except SubjectFailure as failure:
+            kind = dx.TIMEOUT if failure.kind == "timeout" else dx.RAISED
+            if isinstance(failure.exc, GraphCaptureError):
+                kind = dx.CAPTURE
+            sentence = f"At {site.describe()}, {failure.message}."
+            raise _Stop(site.divergence(kind, sentence, detail=failure.detail)) from None
+
+    def _sync(self, what: str) -> None:
+        """Bring the subject's mapping tensors in line with the engine state."""
+        if self.state.version == self.seen_version:
+            return
+        self.seen_version = self.state.version
+        registered = self.state.mapping_epoch != self.seen_epoch or not self.mappings
+        self.seen_epoch = self.state.mapping_epoch
+        for model, truth in self.state.mappings.items():
+            old = self.snapshots.get(model)
+            if old is not None and not torch.equal(old, truth):
+                label = "the previously registered mapping" if registered else f"the mapping before {what}"
+                self.history.record_old_mapping(model, label, old)
+            self.snapshots[model] = truth.clone()
+            if registered:
+                self.mappings[model] = truth.to(self.device, copy=True)
+                self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
+                site = self._site(model=model, layer_id=None)
+                self._invoke(site, "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
+            elif not torch.equal(self.mappings[model].cpu(), truth):
+                self.mappings[model].copy_(truth)
+
+    def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs) -> ForwardBatch:
+        return ForwardBatch(
+            forward_id=self._new_forward_id(),
+            mode=ForwardMode(plan.event.mode),
+            micro_batch=mb,
+            backend=self._backend(plan.model, mb),
+            req_pool_indices=self._to_device(inputs.req_slots),
+            extend_seq_lens=self._to_device(inputs.token_counts),
+            positions=self._to_device(inputs.positions),
+            out_cache_loc=self._to_device(inputs.out_cache_loc),
+            num_live_tokens=inputs.num_live,
+            num_draft_steps=len(plan.steps),
+        )
+
+    def _backend(self, model: str, mb: int) -> SimpleNamespace:
+        return self.backends.setdefault((model, mb), SimpleNamespace())
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        # always a copy: a subject that writes into its inputs must not touch the truth's
+        return tensor.to(self.device, copy=True)
+
+    def _new_forward_id(self) -> int:
+        self.next_forward_id += 1
+        return self.next_forward_id
+
+    def _site(self, plan: ForwardPlan | None = None, step: int = 0, micro_batch: int = 0,
+              layer_id: int | None = None, model: str | None = None) -> dx.Site:
+        return dx.Site(
+            forward=self.forward,
+            event=plan.index if plan else -1,
+            mode=plan.event.mode if plan else "setup",
+            model=plan.model if plan else model,
+            draft_step=step,
+            micro_batch=micro_batch,
+            layer_id=layer_id,
+            call=self.call,
+            num_draft_steps=len(plan.steps) if plan else 1,
+            num_micro_batches=plan.num_micro_batches if plan else 1,
+        )
+
+
+def _source_dict(source: dx.Source) -> dict[str, Any]:
+    return {k: v for k, v in source.__dict__.items() if v is not None}

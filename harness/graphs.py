@@ -1,0 +1,89 @@
+"""Graph capture and replay behind one small seam.
+
+On a GPU this is ``torch.cuda.CUDAGraph``. On the CPU, :class:`RecordedGraph` models the
+same contract: every tensor operation run during capture is recorded with the tensor
+objects it read and wrote, and replay re-runs the operations on those same objects, writing
+results back into the tensors captured as outputs. Python code (``if`` on cached state,
+attribute lookups, re-pointing a field at a new tensor) runs at capture only, exactly as on
+a GPU, so a consumer that captured a tensor keeps reading that tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class GraphCaptureError(RuntimeError):
+    """The captured work cannot be replayed (host sync, data-dependent shape)."""
+
+
+_HOST_SYNC_OPS = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::equal"}
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, ops: list):
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func._schema.name in _HOST_SYNC_OPS:
+            raise GraphCaptureError(
+                f"{func._schema.name} reads a device value on the host during graph capture"
+            )
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+class RecordedGraph:
+    """CPU model of a CUDA graph (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._ops: list[tuple[Any, tuple, dict, Any]] = []
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        with _Recorder(self._ops):
+            yield
+
+    def replay(self) -> None:
+        for func, args, kwargs, recorded in self._ops:
+            fresh = func(*args, **kwargs)
+            returns = func._schema.returns
+            recorded_flat, _ = tree_flatten(recorded)
+            fresh_flat, _ = tree_flatten(fresh)
+            for i, (old, new) in enumerate(zip(recorded_flat, fresh_flat)):
+                aliases_input = i < len(returns) and returns[i].alias_info is not None
+                if not isinstance(old, torch.Tensor) or aliases_input:
+                    continue
+                if old.shape != new.shape:
+                    raise GraphCaptureError(
+                        f"{func._schema.name} produced shape {tuple(new.shape)} at replay, "
+                        f"{tuple(old.shape)} at capture"
+                    )
+                old.copy_(new)
+
+
+class CudaGraph:
+    """The real thing (CUDA or ROCm builds of torch)."""
+
+    def __init__(self) -> None:
+        self._graph = torch.cuda.CUDAGraph()
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        with torch.cuda.graph(self._graph):
+            yield
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+
+def make_graph(device: torch.device) -> RecordedGraph | CudaGraph:
+    return CudaGraph() if device.type == "cuda" else RecordedGraph()

@@ -1,0 +1,124 @@
+"""The table of subjects and how to load a user's own.
+
+Like an OpInfo table: one row per subject, and generic tests iterate over the rows. The
+``expected`` verdict and ``diverges_on`` features document what the design is known to do;
+tests check them by *running* scenarios, never by reading them back.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+from strategies.features import (
+    DRAFT_MULTISTEP,
+    FIRST_SWA_LAYER_NOT_START,
+    GRAPH_REPLAY,
+    MAPPING_CHANGE_IN_FORWARD,
+    MICRO_BATCHES,
+    PIPELINE_STAGE,
+    RAGGED_EXTEND,
+    REGISTER_MAPPING,
+    SKIP_METADATA_INIT,
+)
+
+from . import builtin
+from .api import Subject
+from .executor import SubjectError, check_subject
+
+DIVERGES = "diverges"
+EQUIVALENT = "equivalent"
+
+
+@dataclass(frozen=True)
+class SubjectInfo:
+    name: str
+    subject: type[Subject]
+    expected: str
+    diverges_on: tuple[str, ...] = ()
+    kind: str = "builtin"
+    summary: str = field(default="")
+
+    @property
+    def truth(self) -> str:
+        return self.subject.truth.value
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "truth": self.truth,
+            "expected": self.expected,
+            "diverges_on": list(self.diverges_on),
+            "summary": self.summary or (self.subject.__doc__ or "").strip().splitlines()[0],
+        }
+
+
+BUILTIN_SUBJECTS: tuple[SubjectInfo, ...] = (
+    SubjectInfo("uncached", builtin.Uncached, EQUIVALENT),
+    SubjectInfo("uncached-ring", builtin.UncachedRing, EQUIVALENT),
+    SubjectInfo("step-keyed", builtin.StepKeyed, EQUIVALENT),
+    SubjectInfo("step-keyed-ring", builtin.StepKeyedRing, EQUIVALENT),
+    SubjectInfo(
+        "pool-start-layer", builtin.PoolStartLayer, DIVERGES,
+        (FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD),
+    ),
+    SubjectInfo(
+        "pool-layer0", builtin.PoolLayer0, DIVERGES,
+        (PIPELINE_STAGE, FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD),
+    ),
+    SubjectInfo(
+        "pool-no-invalidate", builtin.PoolNoInvalidate, DIVERGES,
+        (REGISTER_MAPPING, FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD),
+    ),
+    SubjectInfo(
+        "unified-metadata", builtin.UnifiedMetadata, DIVERGES,
+        (DRAFT_MULTISTEP, RAGGED_EXTEND, SKIP_METADATA_INIT, GRAPH_REPLAY),
+    ),
+    SubjectInfo(
+        "unified-metadata-mtp-bypass", builtin.UnifiedMetadataMtpBypass, DIVERGES,
+        (RAGGED_EXTEND, SKIP_METADATA_INIT, GRAPH_REPLAY),
+    ),
+    SubjectInfo(
+        "swa-out-shape-guard", builtin.SwaOutShapeGuard, DIVERGES,
+        (DRAFT_MULTISTEP, SKIP_METADATA_INIT, MAPPING_CHANGE_IN_FORWARD),
+    ),
+    SubjectInfo(
+        "unified-graph-assign", builtin.UnifiedGraphAssign, DIVERGES,
+        (GRAPH_REPLAY, RAGGED_EXTEND, SKIP_METADATA_INIT),
+    ),
+    SubjectInfo(
+        "unified-graph-copy", builtin.UnifiedGraphCopy, DIVERGES,
+        (RAGGED_EXTEND, SKIP_METADATA_INIT),
+    ),
+)
+
+_BY_NAME = {info.name: info for info in BUILTIN_SUBJECTS}
+
+
+def subject_names() -> list[str]:
+    return [info.name for info in BUILTIN_SUBJECTS]
+
+
+def resolve_subject(spec: str) -> SubjectInfo:
+    """A built-in name, or ``module:attr`` naming a Subject class or a SubjectInfo."""
+    if spec in _BY_NAME:
+        return _BY_NAME[spec]
+    if ":" not in spec:
+        raise SubjectError(
+            f"unknown subject {spec!r}; built-in subjects are {', '.join(subject_names())}, "
+            "or give module:attr"
+        )
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - report any import failure as a usage error
+        raise SubjectError(f"cannot import module {module_name!r} for subject {spec!r}: {exc}") from exc
+    try:
+        target = getattr(module, attr)
+    except AttributeError:
+        raise SubjectError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(target, SubjectInfo):
+        return target
+    check_subject(target)
+    return SubjectInfo(spec, target, expected="unknown", kind="user")

@@ -1,0 +1,361 @@
+"""Scenarios as plain data: an engine configuration and a flat list of lifecycle events.
+
+A scenario round-trips through JSON unchanged (``Scenario.from_dict(s.to_dict()) == s``).
+Parsing checks shapes and ranges and names the offending field; checks that need the
+engine's state (is request 3 live? does the pool have room?) happen while the engine model
+runs the events, with the event's index in the message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .truth import ring_size
+
+SCENARIO_VERSION = 1
+
+MODES = ("decode", "extend", "verify", "draft", "draft_extend", "idle")
+MUTATIONS = ("relocate", "register_mapping")
+
+
+class ScenarioError(ValueError):
+    """A scenario or configuration that does not describe a possible engine run."""
+
+
+def _fail(where: str, message: str) -> ScenarioError:
+    return ScenarioError(f"{where}: {message}")
+
+
+def _int(data: dict, key: str, where: str, default: Any = ..., minimum: int | None = None):
+    value = data.get(key, default)
+    if value is ...:
+        raise _fail(where, f"missing field '{key}'")
+    if value is None and default is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(f"{where}.{key}", f"expected an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise _fail(f"{where}.{key}", f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(data: dict, key: str, where: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise _fail(f"{where}.{key}", f"expected true or false, got {value!r}")
+    return value
+
+
+def _int_list(data: dict, key: str, where: str, default: Any, minimum: int = 0):
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or any(
+        isinstance(v, bool) or not isinstance(v, int) for v in value
+    ):
+        raise _fail(f"{where}.{key}", f"expected a list of integers, got {value!r}")
+    if any(v < minimum for v in value):
+        raise _fail(f"{where}.{key}", f"entries must be >= {minimum}, got {list(value)}")
+    return tuple(value)
+
+
+def _reject_unknown(data: dict, known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise _fail(where, f"unknown field(s) {', '.join(map(repr, unknown))}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One pipeline stage of a DeepSeek-V4-like engine and its KV pools.
+
+    Request slot 0 and page 0 of both pools are reserved dummies; padding writes there.
+    """
+
+    start_layer: int = 0
+    end_layer: int = 4
+    non_swa_layers: tuple[int, ...] = ()
+    sliding_window: int = 8
+    speculative: bool = False
+    num_draft_tokens: int = 1
+    num_req_slots: int = 8
+    full_page_size: int = 1
+    swa_page_size: int = 1
+    full_pool_size: int = 1024
+    swa_pool_size: int = 256
+    draft_model: bool = False
+    graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+
+    @property
+    def ring(self) -> int:
+        return ring_size(self.sliding_window, self.speculative, self.num_draft_tokens)
+
+    @property
+    def stage_layers(self) -> range:
+        return range(self.start_layer, self.end_layer)
+
+    @property
+    def swa_layers(self) -> tuple[int, ...]:
+        skipped = set(self.non_swa_layers)
+        return tuple(layer for layer in self.stage_layers if layer not in skipped)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return ("target", "draft") if self.draft_model else ("target",)
+
+    def validate(self) -> "EngineConfig":
+        w = "config"
+        if self.start_layer < 0:
+            raise _fail(f"{w}.start_layer", f"must be >= 0, got {self.start_layer}")
+        if self.start_layer >= self.end_layer:
+            raise _fail(
+                f"{w}.start_layer",
+                f"must be < end_layer ({self.start_layer} >= {self.end_layer})",
+            )
+        for layer in self.non_swa_layers:
+            if layer not in self.stage_layers:
+                raise _fail(
+                    f"{w}.non_swa_layers",
+                    f"layer {layer} is outside the stage [{self.start_layer}, {self.end_layer})",
+                )
+        if self.sliding_window < 1:
+            raise _fail(f"{w}.sliding_window", f"must be >= 1 (a zero ring holds nothing), got {self.sliding_window}")
+        if self.num_draft_tokens < 1:
+            raise _fail(f"{w}.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
+        if self.num_draft_tokens > 1 and not self.speculative:
+            raise _fail(f"{w}.num_draft_tokens", "is > 1 but speculative is false")
+        if self.num_req_slots < 2:
+            raise _fail(f"{w}.num_req_slots", f"must be >= 2 (slot 0 is the dummy), got {self.num_req_slots}")
+        for name in ("full_page_size", "swa_page_size"):
+            if getattr(self, name) < 1:
+                raise _fail(f"{w}.{name}", f"must be >= 1, got {getattr(self, name)}")
+        for name, page in (("full_pool_size", self.full_page_size), ("swa_pool_size", self.swa_page_size)):
+            size = getattr(self, name)
+            if size < 2 * page or size % page:
+                raise _fail(
+                    f"{w}.{name}",
+                    f"must be a multiple of the page size {page} holding at least two pages, got {size}",
+                )
+        if self.num_req_slots * self.ring - 1 > 2**31 - 1:
+            raise _fail(f"{w}.num_req_slots", "num_req_slots x ring overflows int32 ring rows")
+        if any(size < 1 for size in self.graph_batch_sizes):
+            raise _fail(f"{w}.graph_batch_sizes", "sizes must be >= 1")
+        return self
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "EngineConfig":
+        w = "config"
+        if not isinstance(data, dict):
+            raise _fail(w, f"expected an object, got {type(data).__name__}")
+        defaults = cls()
+        _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, w)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            default = getattr(defaults, f.name)
+            if isinstance(default, bool):
+                values[f.name] = _bool(data, f.name, w, default)
+            elif isinstance(default, tuple):
+                values[f.name] = _int_list(data, f.name, w, default)
+            else:
+                values[f.name] = _int(data, f.name, w, default)
+        return cls(**values).validate()
+
+    def to_dict(self) -> dict:
+        return {
+            f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+            for f in dataclasses.fields(self)
+        }
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A mapping change injected after ``after_calls`` store-location calls of a forward."""
+
+    after_calls: int
+    op: str
+    request: int = 0
+    shuffle: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "Mutation":
+        if not isinstance(data, dict):
+            raise _fail(where, f"expected an object, got {type(data).__name__}")
+        _reject_unknown(data, {"after_calls", "op", "request", "shuffle"}, where)
+        op = data.get("op")
+        if op not in MUTATIONS:
+            raise _fail(f"{where}.op", f"expected one of {MUTATIONS}, got {op!r}")
+        return cls(
+            after_calls=_int(data, "after_calls", where, minimum=0),
+            op=op,
+            request=_int(data, "request", where, 0, minimum=0),
+            shuffle=_int(data, "shuffle", where, 0, minimum=0),
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One lifecycle event. ``op`` selects which of the other fields mean something.
+
+    - ``admit``: ``count`` new requests take the lowest free request slots; ids count up
+      from 0 in admission order.
+    - ``finish``: ``request`` leaves; its full slots map to 0 again.
+    - ``relocate``: ``request``'s SWA pages move to other free pages, in place.
+    - ``register_mapping``: the pools are rebuilt with an SWA layout permuted by
+      ``shuffle`` and a new mapping tensor is registered.
+    - ``clear``: every request leaves and the mapping is filled with 0.
+    - ``forward``: one model forward (see the forward fields below).
+    """
+
+    op: str
+    count: int = 1
+    request: int = 0
+    shuffle: int = 0
+    # forward fields
+    mode: str = "decode"
+    requests: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    steps: int = 1
+    micro_batches: int = 1
+    order: tuple[int, ...] | None = None
+    layers: tuple[int, ...] | None = None
+    skip_layers: tuple[int, ...] = ()
+    skip_init: bool = False
+    graph: bool = False
+    pad: int = 0
+    mutation: Mutation | None = None
+
+    OPS: ClassVar[tuple[str, ...]] = (
+        "admit", "finish", "relocate", "register_mapping", "clear", "forward",
+    )
+    _FIELDS: ClassVar[dict[str, set[str]]] = {
+        "admit": {"count"},
+        "finish": {"request"},
+        "relocate": {"request"},
+        "register_mapping": {"shuffle"},
+        "clear": set(),
+        "forward": {
+            "mode", "requests", "tokens", "steps", "micro_batches", "order", "layers",
+            "skip_layers", "skip_init", "graph", "pad", "mutation",
+        },
+    }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "Event":
+        if not isinstance(data, dict):
+            raise _fail(where, f"expected an object, got {type(data).__name__}")
+        op = data.get("op")
+        if op not in cls.OPS:
+            raise _fail(f"{where}.op", f"expected one of {cls.OPS}, got {op!r}")
+        _reject_unknown(data, cls._FIELDS[op] | {"op"}, where)
+        if op != "forward":
+            return cls(
+                op=op,
+                count=_int(data, "count", where, 1, minimum=1),
+                request=_int(data, "request", where, 0, minimum=0),
+                shuffle=_int(data, "shuffle", where, 0, minimum=0),
+            )
+        mode = data.get("mode", "decode")
+        if mode not in MODES:
+            raise _fail(f"{where}.mode", f"expected one of {MODES}, got {mode!r}")
+        event = cls(
+            op=op,
+            mode=mode,
+            requests=_int_list(data, "requests", where, ()),
+            tokens=_int_list(data, "tokens", where, (), minimum=1),
+            steps=_int(data, "steps", where, 1, minimum=1),
+            micro_batches=_int(data, "micro_batches", where, 1, minimum=1),
+            order=_int_list(data, "order", where, None),
+            layers=_int_list(data, "layers", where, None),
+            skip_layers=_int_list(data, "skip_layers", where, ()),
+            skip_init=_bool(data, "skip_init", where, False),
+            graph=_bool(data, "graph", where, False),
+            pad=_int(data, "pad", where, 0, minimum=0),
+            mutation=(
+                Mutation.from_dict(data["mutation"], f"{where}.mutation")
+                if data.get("mutation") is not None
+                else None
+            ),
+        )
+        return event._check_forward(where)
+
+    def _check_forward(self, where: str) -> "Event":
+        if self.mode == "idle":
+            if self.requests:
+                raise _fail(f"{where}.requests", "an idle forward has no requests")
+        elif not self.requests:
+            raise _fail(f"{where}.requests", f"a {self.mode} forward needs at least one request")
+        if len(set(self.requests)) != len(self.requests):
+            raise _fail(f"{where}.requests", f"a request appears twice in {list(self.requests)}")
+        if self.mode in ("extend", "draft_extend"):
+            if len(self.tokens) != len(self.requests):
+                raise _fail(
+                    f"{where}.tokens",
+                    f"needs one token count per request ({len(self.requests)}), got {len(self.tokens)}",
+                )
+        elif self.tokens:
+            raise _fail(f"{where}.tokens", f"only extend and draft_extend forwards take token counts")
+        if self.steps > 1 and self.mode != "draft":
+            raise _fail(f"{where}.steps", "only draft forwards run several steps")
+        if self.micro_batches > max(1, len(self.requests)):
+            raise _fail(
+                f"{where}.micro_batches",
+                f"{self.micro_batches} micro-batches for {len(self.requests)} requests",
+            )
+        if self.graph:
+            if self.mode not in ("decode", "idle"):
+                raise _fail(f"{where}.graph", f"graph replay runs decode and idle forwards, not {self.mode}")
+            if self.micro_batches != 1:
+                raise _fail(f"{where}.graph", "graph replay runs a single micro-batch")
+            if self.mutation is not None:
+                raise _fail(f"{where}.mutation", "a replayed graph runs its layers without a break")
+        if self.pad and self.mode != "idle":
+            raise _fail(f"{where}.pad", "only idle forwards take explicit padding rows")
+        if self.order is not None and self.micro_batches == 1:
+            raise _fail(f"{where}.order", "an interleaving order needs several micro-batches")
+        return self
+
+    def to_dict(self) -> dict:
+        if self.op != "forward":
+            keep = self._FIELDS[self.op]
+            return {"op": self.op, **{k: getattr(self, k) for k in sorted(keep)}}
+        out: dict[str, Any] = {"op": "forward", "mode": self.mode}
+        defaults = Event(op="forward")
+        for name in sorted(self._FIELDS["forward"]):
+            value = getattr(self, name)
+            if name != "mode" and value != getattr(defaults, name):
+                if isinstance(value, Mutation):
+                    value = dataclasses.asdict(value)
+                elif isinstance(value, tuple):
+                    value = list(value)
+                out[name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class Scenario:
+    config: EngineConfig = field(default_factory=EngineConfig)
+    events: tuple[Event, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Scenario":
+        if not isinstance(data, dict):
+            raise _fail("scenario", f"expected an object, got {type(data).__name__}")
+        _reject_unknown(data, {"version", "config", "events"}, "scenario")
+        version = data.get("version", SCENARIO_VERSION)
+        if version != SCENARIO_VERSION:
+            raise _fail("scenario.version", f"this harness reads version {SCENARIO_VERSION}, got {version!r}")
+        config = EngineConfig.from_dict(data.get("config", {}))
+        events = data.get("events", [])
+        if not isinstance(events, list):
+            raise _fail("scenario.events", f"expected a list, got {type(events).__name__}")
+        parsed = tuple(Event.from_dict(e, f"events[{i}]") for i, e in enumerate(events))
+        return cls(config=config, events=parsed)
+
+    def to_dict(self) -> dict:
+        return {
+            "version": SCENARIO_VERSION,
+            "config": self.config.to_dict(),
+            "events": [e.to_dict() for e in self.events],
+        }

@@ -1,0 +1,78 @@
+"""The two write-location quantities, computed from live inputs and nothing else.
+
+Both functions take the values exactly as they are at the moment of the write and return
+int32 rows; every check that could hide a wrong answer raises :class:`TruthError` instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT32_MAX = 2**31 - 1
+DUMMY_SLOT = 0
+
+
+class TruthError(ValueError):
+    """The inputs do not describe a valid write (the reference refuses to guess)."""
+
+
+def ring_size(sliding_window: int, speculative: bool, num_draft_tokens: int) -> int:
+    """Rows one request slot owns in the unified ring.
+
+    Speculative decoding writes up to ``num_draft_tokens - 1`` tokens beyond the window
+    before verification, so the ring is that much longer.
+    """
+    if sliding_window <= 0:
+        raise TruthError(f"sliding_window must be positive, got {sliding_window}")
+    if num_draft_tokens < 1:
+        raise TruthError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    return sliding_window + (num_draft_tokens - 1 if speculative else 0)
+
+
+def translate_pool(mapping: torch.Tensor, out_cache_loc: torch.Tensor) -> torch.Tensor:
+    """SWA slots for ``out_cache_loc``: ``mapping[out_cache_loc]`` read now, as int32.
+
+    Location 0 is the dummy full slot (padding) and translates to the dummy SWA slot; any
+    other location must be mapped, since a live token without an SWA slot has nowhere to go.
+    """
+    loc = out_cache_loc.to(device="cpu", dtype=torch.int64)
+    table = mapping.to(device="cpu", dtype=torch.int64)
+    if loc.numel() == 0:
+        return torch.empty(0, dtype=torch.int32)
+    bad = (loc < 0) | (loc >= table.numel())
+    if bool(bad.any()):
+        first = int(loc[bad][0])
+        raise TruthError(f"out_cache_loc {first} is outside the full pool [0, {table.numel()})")
+    swa = table[loc]
+    unmapped = (loc != DUMMY_SLOT) & (swa == DUMMY_SLOT)
+    if bool(unmapped.any()):
+        first = int(loc[unmapped][0])
+        raise TruthError(f"live full slot {first} has no SWA slot (mapping[{first}] == 0)")
+    if int(swa.min()) < 0 or int(swa.max()) > INT32_MAX:
+        raise TruthError("SWA slot does not fit in int32")
+    return swa.to(torch.int32)
+
+
+def ring_rows(
+    req_slots: torch.Tensor, positions: torch.Tensor, ring: int, num_req_slots: int
+) -> torch.Tensor:
+    """Unified-ring rows ``req_slot * ring + position % ring`` per token, as int32.
+
+    ``req_slots`` holds one request slot per token (already expanded), so ragged batches
+    need no guess about how many tokens each request has.
+    """
+    slots = req_slots.to(device="cpu", dtype=torch.int64)
+    pos = positions.to(device="cpu", dtype=torch.int64)
+    if slots.shape != pos.shape:
+        raise TruthError(f"{slots.numel()} request slots for {pos.numel()} positions")
+    if ring <= 0:
+        raise TruthError(f"ring must be positive, got {ring}")
+    if num_req_slots * ring - 1 > INT32_MAX:
+        raise TruthError(f"{num_req_slots} request slots x ring {ring} overflows int32 rows")
+    if slots.numel() == 0:
+        return torch.empty(0, dtype=torch.int32)
+    if int(slots.min()) < 0 or int(slots.max()) >= num_req_slots:
+        raise TruthError(f"request slot outside [0, {num_req_slots})")
+    if int(pos.min()) < 0:
+        raise TruthError("negative position")
+    return (slots * ring + pos % ring).to(torch.int32)

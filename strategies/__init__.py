@@ -1,0 +1,1 @@
+"""Inputs for the harness: scenario strategies and the names of lifecycle features."""
