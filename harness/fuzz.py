@@ -3,16 +3,61 @@ executor, shrinks the first divergence, and reports coverage."""
 
 from __future__ import annotations
 
+import os
+import random
+import time
+from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
+import hypothesis
+from hypothesis import HealthCheck, Phase, Verbosity, given
+from hypothesis.database import DirectoryBasedExampleDatabase
+
 from reference import Scenario
+from strategies.exhaustive import enumerate_scenarios
+from strategies.features import features_of
+from strategies.scenarios import PROFILES, scenarios, weakest_profile
 
 from .diagnosis import Divergence
+from .executor import DEFAULT_TIMEOUT_S, run_scenario
 from .registry import SubjectInfo
 
-PROFILES = ("realistic", "adversarial")
-SETTINGS_PROFILES = ("dev", "ci", "nightly", "repro")
+SETTINGS_ENV = "SWAFUZZ_SETTINGS"
+DATABASE_ENV = "SWAFUZZ_DATABASE"
+DEFAULT_DATABASE = Path(".hypothesis") / "swafuzz"
+
+# Examples per Hypothesis run; a wall-clock budget is honoured between runs, each of which
+# draws from its own seed, so a long budget keeps exploring instead of repeating itself.
+CHUNK = 100
+PROGRESS_EVERY_S = 0.25
+
+
+@dataclass(frozen=True)
+class SettingsProfile:
+    """How long to search and where failures are remembered.
+
+    - ``dev``: a few hundred examples, failures kept in ``.hypothesis/swafuzz``.
+    - ``ci``: deterministic (seed 0 unless given) and fast, no database.
+    - ``nightly``: long (use a budget), failures kept in a persistent database directory
+      (``--database``/``$SWAFUZZ_DATABASE``) that machines can share.
+    - ``repro``: replays the database's saved failures first, verbosely.
+    """
+
+    name: str
+    max_examples: int
+    deterministic: bool
+    uses_database: bool
+    verbose: bool = False
+
+
+SETTINGS_PROFILES = {
+    "dev": SettingsProfile("dev", 300, deterministic=False, uses_database=True),
+    "ci": SettingsProfile("ci", 200, deterministic=True, uses_database=False),
+    "nightly": SettingsProfile("nightly", 10**9, deterministic=False, uses_database=True),
+    "repro": SettingsProfile("repro", 100, deterministic=False, uses_database=True, verbose=True),
+}
 
 
 @dataclass
@@ -43,17 +88,145 @@ class FuzzResult:
         return "divergence" if self.divergence is not None else "no divergence"
 
 
+def settings_profile(name: str | None) -> SettingsProfile:
+    """The named profile, else ``$SWAFUZZ_SETTINGS``, else ``dev``."""
+    chosen = name or os.environ.get(SETTINGS_ENV) or "dev"
+    if chosen not in SETTINGS_PROFILES:
+        raise ValueError(f"unknown settings profile {chosen!r}; choose one of {', '.join(SETTINGS_PROFILES)}")
+    return SETTINGS_PROFILES[chosen]
+
+
+def database_path(database_dir: str | None) -> Path:
+    return Path(database_dir or os.environ.get(DATABASE_ENV) or DEFAULT_DATABASE)
+
+
+class _Diverged(Exception):
+    pass
+
+
 def fuzz(
     info: SubjectInfo,
     *,
     profile: str = "realistic",
-    settings: str = "dev",
+    settings: str | None = None,
     max_examples: int | None = None,
     budget_s: float | None = None,
     seed: int | None = None,
     device: str = "cpu",
     database_dir: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     on_progress: Callable[[Progress], None] | None = None,
     on_divergence: Callable[[FuzzResult], None] | None = None,
 ) -> FuzzResult:
-    raise NotImplementedError
+    """Search for a divergence of ``info``'s subject; shrink and return the first found.
+
+    Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
+    seconds have passed (checked between runs of :data:`CHUNK` examples). ``on_divergence``
+    is called when a divergence is first seen and again once it has been shrunk.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    chosen = settings_profile(settings)
+    limit = max_examples if max_examples is not None else chosen.max_examples
+    if seed is None:
+        seed = 0 if chosen.deterministic else random.randrange(2**32)
+    database = DirectoryBasedExampleDatabase(str(database_path(database_dir))) if chosen.uses_database else None
+    started = time.monotonic()
+    result = FuzzResult(info.name, profile, chosen.name, examples=0, elapsed_s=0.0, seed=seed)
+    coverage: Counter[str] = Counter()
+    failures: list[tuple[Scenario, Divergence]] = []
+    last_progress = [0.0]
+
+    def elapsed() -> float:
+        return time.monotonic() - started
+
+    def report_progress(force: bool = False) -> None:
+        if on_progress is None or (not force and elapsed() - last_progress[0] < PROGRESS_EVERY_S):
+            return
+        last_progress[0] = elapsed()
+        on_progress(Progress(result.examples, elapsed(), budget_s, len(coverage), 1 if failures else 0))
+
+    def check(scenario: Scenario) -> None:
+        result.examples += 1
+        for feature in features_of(scenario):
+            hypothesis.event(feature)
+            coverage[feature] += 1
+        outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
+        report_progress()
+        if not outcome.passed:
+            if not failures and on_divergence is not None:
+                on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage))
+            failures.append((scenario, outcome.divergence))
+            raise _Diverged(outcome.divergence.sentence)
+
+    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}".encode()  # noqa: SLF001
+    run = 0
+    while result.examples < limit and (budget_s is None or elapsed() < budget_s):
+        hypothesis_settings = hypothesis.settings(
+            max_examples=min(CHUNK, limit - result.examples),
+            deadline=None,
+            database=database,
+            derandomize=False,
+            print_blob=False,
+            report_multiple_bugs=False,
+            verbosity=Verbosity.verbose if chosen.verbose else Verbosity.quiet,
+            suppress_health_check=list(HealthCheck),
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+        )
+        test = hypothesis.seed(seed + run)(hypothesis_settings(given(scenarios(profile))(check)))
+        run += 1
+        try:
+            test()
+        except _Diverged:
+            scenario, divergence = failures[-1]
+            final = _found(result, scenario, divergence, elapsed(), coverage)
+            if on_divergence is not None:
+                on_divergence(final)
+            report_progress(force=True)
+            return final
+    result.elapsed_s = elapsed()
+    result.coverage = dict(coverage)
+    report_progress(force=True)
+    return result
+
+
+def _found(result: FuzzResult, scenario: Scenario, divergence: Divergence, elapsed_s: float,
+           coverage: Counter[str]) -> FuzzResult:
+    return FuzzResult(
+        subject=result.subject, profile=result.profile, settings=result.settings,
+        examples=result.examples, elapsed_s=elapsed_s, divergence=divergence, scenario=scenario,
+        weakest_profile=weakest_profile(scenario), seed=result.seed, coverage=dict(coverage),
+    )
+
+
+def exhaustive(
+    info: SubjectInfo,
+    *,
+    max_forwards: int = 2,
+    max_layers: int = 3,
+    max_micro_batches: int = 2,
+    profile: str = "adversarial",
+    device: str = "cpu",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> FuzzResult:
+    """Run every scenario within the bounds (see :mod:`strategies.exhaustive`).
+
+    With no divergence, ``examples`` is the number of scenarios checked: the subject is
+    equivalent to the reference on that whole scope. Otherwise the first divergence in the
+    enumeration order is returned; the enumeration lists short scenarios first.
+    """
+    started = time.monotonic()
+    result = FuzzResult(info.name, profile, "exhaustive", examples=0, elapsed_s=0.0)
+    coverage: Counter[str] = Counter()
+    for scenario in enumerate_scenarios(max_forwards, max_layers, max_micro_batches, profile):
+        result.examples += 1
+        coverage.update(features_of(scenario))
+        outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
+        if on_progress is not None and result.examples % 500 == 0:
+            on_progress(Progress(result.examples, time.monotonic() - started, None, len(coverage), 0))
+        if not outcome.passed:
+            return _found(result, scenario, outcome.divergence, time.monotonic() - started, coverage)
+    result.elapsed_s = time.monotonic() - started
+    result.coverage = dict(coverage)
+    return result
