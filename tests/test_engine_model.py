@@ -1,0 +1,505 @@
+"""Specification of the engine model (``reference.engine.EngineState``).
+
+Random, valid sequences of lifecycle events are applied to the model while a mirror kept
+here follows only what the model publishes (the forward plans and the mapping tensors) and
+what the scenario format promises (request ids count up from 0, a new request takes the
+lowest free request slot, the window slides after every forward). After every event the
+pool layout must be one a real engine could be in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reference import (
+    DUMMY_SLOT, EngineConfig, EngineState, Event, ScenarioError, TruthError, ring_rows, translate_pool,
+)
+
+FAST = settings(max_examples=60, deadline=None)
+
+
+# ---- the mirror ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Req:
+    rid: int
+    slot: int
+    full: list[int] = field(default_factory=list)  # full slot per position, in position order
+    evicted_upto: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.full)
+
+    def live_positions(self) -> range:
+        return range(self.evicted_upto, self.length)
+
+
+@dataclass
+class _Mirror:
+    config: EngineConfig
+    requests: dict[int, _Req] = field(default_factory=dict)
+    next_rid: int = 0
+
+    def free_slots(self) -> list[int]:
+        used = {r.slot for r in self.requests.values()}
+        return [s for s in range(1, self.config.num_req_slots) if s not in used]
+
+    def admit(self, count: int) -> None:
+        for _ in range(count):
+            slot = min(self.free_slots())
+            self.requests[self.next_rid] = _Req(self.next_rid, slot)
+            self.next_rid += 1
+
+    def evict(self) -> None:
+        window = self.config.sliding_window
+        for r in self.requests.values():
+            r.evicted_upto = max(r.evicted_upto, r.length - window)
+
+
+def _tokens_per_request(event: Event, config: EngineConfig) -> list[int]:
+    if event.mode in ("extend", "draft_extend"):
+        return list(event.tokens)
+    if event.mode == "verify":
+        return [config.num_draft_tokens] * len(event.requests)
+    return [1] * len(event.requests)
+
+
+def _expected_chunks(requests: tuple[int, ...], parts: int) -> list[list[int]]:
+    size, extra = divmod(len(requests), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(list(requests[start:end]))
+        start = end
+    return out
+
+
+def _follow_plan(mirror: _Mirror, event: Event, plan) -> None:
+    """Check a plan's inputs against the mirror and record the tokens it allocated."""
+    config = mirror.config
+    counts = dict(zip(event.requests, _tokens_per_request(event, config)))
+    chunks = _expected_chunks(event.requests, event.micro_batches)
+    assert len(plan.steps) == event.steps
+    for step in plan.steps:
+        assert [list(inputs.request_ids) for inputs in step] == chunks
+        for inputs in step:
+            n_req = len(inputs.request_ids)
+            row = 0
+            for i, rid in enumerate(inputs.request_ids):
+                request = mirror.requests[rid]
+                n = counts[rid]
+                assert int(inputs.req_slots[i]) == request.slot
+                assert int(inputs.token_counts[i]) == n
+                for _ in range(n):
+                    assert int(inputs.token_slots[row]) == request.slot
+                    assert int(inputs.positions[row]) == request.length
+                    request.full.append(int(inputs.out_cache_loc[row]))
+                    row += 1
+            assert inputs.num_live == row
+            # padding rows: dummy request slot, position 0, dummy full slot
+            assert inputs.token_slots[row:].eq(DUMMY_SLOT).all()
+            assert inputs.positions[row:].eq(0).all()
+            assert inputs.out_cache_loc[row:].eq(DUMMY_SLOT).all()
+            assert inputs.req_slots[n_req:].eq(DUMMY_SLOT).all()
+            for name in ("req_slots", "token_counts", "token_slots", "positions", "out_cache_loc"):
+                assert getattr(inputs, name).dtype == torch.int64, name
+
+
+# ---- the invariants ------------------------------------------------------------------------
+
+
+def _check_layout(state: EngineState, mirror: _Mirror, *, window_applied: bool) -> None:
+    c = mirror.config
+    assert sorted(state.requests) == sorted(mirror.requests)
+    slots = [r.slot for r in mirror.requests.values()]
+    assert len(set(slots)) == len(slots), "two live requests share a request slot"
+    assert all(1 <= s < c.num_req_slots for s in slots), "request slot 0 is the dummy"
+    for rid, r in mirror.requests.items():
+        assert state.requests[rid].slot == r.slot
+
+    # full slots: page 0 reserved, page structure, never shared while a request lives
+    all_full = [f for r in mirror.requests.values() for f in r.full]
+    assert len(set(all_full)) == len(all_full), "two tokens share a full slot"
+    full_pages: dict[int, int] = {}
+    for r in mirror.requests.values():
+        for position, full in enumerate(r.full):
+            assert c.full_page_size <= full < c.full_pool_size, "full page 0 is the dummy"
+            assert full % c.full_page_size == position % c.full_page_size
+            owner = full_pages.setdefault(full // c.full_page_size, r.rid)
+            assert owner == r.rid, "a full page is shared by two requests"
+
+    for model in c.models:
+        mapping = state.mappings[model]
+        assert mapping.dtype == torch.int64 and mapping.shape == (c.full_pool_size,)
+        live = {r.full[p]: (r, p) for r in mirror.requests.values() for p in r.live_positions()}
+        # every full slot that is not a live token's maps to the dummy SWA slot
+        dead = torch.ones(c.full_pool_size, dtype=torch.bool)
+        if live:
+            dead[torch.tensor(sorted(live))] = False
+        assert mapping[dead].eq(DUMMY_SLOT).all(), f"{model}: a freed or evicted full slot is still mapped"
+        assert int(mapping[0]) == DUMMY_SLOT
+        swa_slots = [int(mapping[full]) for full in live]
+        assert len(set(swa_slots)) == len(swa_slots), f"{model}: two live tokens share an SWA slot"
+        swa_pages: dict[int, int] = {}
+        for full, (r, position) in live.items():
+            swa = int(mapping[full])
+            assert c.swa_page_size <= swa < c.swa_pool_size, f"{model}: SWA page 0 is the dummy"
+            assert swa % c.swa_page_size == position % c.swa_page_size
+            owner = swa_pages.setdefault(swa // c.swa_page_size, r.rid)
+            assert owner == r.rid, f"{model}: an SWA page is shared by two requests"
+        if live:
+            translate_pool(mapping, torch.tensor(sorted(live)))  # every live token has a slot
+
+    if window_applied:
+        rows: list[int] = []
+        for r in mirror.requests.values():
+            positions = list(r.live_positions())
+            assert len(positions) <= c.sliding_window
+            assert r.evicted_upto == max(0, r.length - c.sliding_window)
+            own = ring_rows(
+                torch.full((len(positions),), r.slot, dtype=torch.int64),
+                torch.tensor(positions, dtype=torch.int64), c.ring, c.num_req_slots,
+            ).tolist()
+            assert all(r.slot * c.ring <= row < (r.slot + 1) * c.ring for row in own)
+            rows += own
+        assert len(set(rows)) == len(rows), "two live tokens share a ring row"
+
+
+# ---- generating valid histories ------------------------------------------------------------
+
+
+@st.composite
+def _configs(draw, paged: bool | None = None, draft_model: bool | None = None):
+    start = draw(st.integers(0, 2))
+    end = start + draw(st.integers(1, 3))
+    speculative = draw(st.booleans())
+    if paged is None:
+        sizes = st.sampled_from([1, 2, 4])
+    elif paged:
+        sizes = st.sampled_from([2, 3, 4])
+    else:
+        sizes = st.just(1)
+    full_page, swa_page = draw(sizes), draw(sizes)
+    return EngineConfig(
+        start_layer=start,
+        end_layer=end,
+        sliding_window=draw(st.integers(1, 6)),
+        speculative=speculative,
+        num_draft_tokens=draw(st.integers(1, 3)) if speculative else 1,
+        num_req_slots=draw(st.integers(2, 6)),
+        full_page_size=full_page,
+        swa_page_size=swa_page,
+        full_pool_size=full_page * 1024,
+        swa_pool_size=swa_page * 96,
+        draft_model=draw(st.booleans()) if draft_model is None else draft_model,
+    ).validate()
+
+
+def _draw_forward(data, config: EngineConfig, live: list[int]) -> Event:
+    modes = ["idle"] + (["decode", "extend"] if live else [])
+    if config.speculative and live:
+        modes += ["verify", "draft", "draft_extend"]
+    mode = data.draw(st.sampled_from(modes), label="mode")
+    if mode == "idle":
+        graph = data.draw(st.booleans(), label="graph")
+        return Event.from_dict({"op": "forward", "mode": "idle", "graph": graph,
+                                "pad": data.draw(st.integers(0, 3), label="pad")}, "idle")
+    requests = data.draw(st.permutations(live), label="order").__getitem__(
+        slice(0, data.draw(st.integers(1, len(live)), label="n"))
+    )
+    spec: dict = {"op": "forward", "mode": mode, "requests": list(requests)}
+    if mode in ("extend", "draft_extend"):
+        spec["tokens"] = data.draw(
+            st.lists(st.integers(1, 4), min_size=len(requests), max_size=len(requests)), label="tokens"
+        )
+    if mode == "draft":
+        spec["steps"] = data.draw(st.integers(1, 3), label="steps")
+    spec["micro_batches"] = data.draw(st.integers(1, len(requests)), label="micro_batches")
+    if mode == "decode" and spec["micro_batches"] == 1:
+        spec["graph"] = data.draw(st.booleans(), label="graph")
+    return Event.from_dict(spec, "forward")
+
+
+def _run_history(data, config: EngineConfig, max_events: int = 14) -> None:
+    state = EngineState(config)
+    mirror = _Mirror(config)
+    _check_layout(state, mirror, window_applied=True)
+    for index in range(data.draw(st.integers(1, max_events), label="events")):
+        live = sorted(mirror.requests)
+        ops = ["register_mapping", "clear", "forward"]
+        if mirror.free_slots():
+            ops.append("admit")
+        if live:
+            ops += ["finish", "relocate"]
+        op = data.draw(st.sampled_from(ops), label="op")
+        before = dict(state.mappings)
+        version, epoch = state.version, state.mapping_epoch
+        where = f"events[{index}]"
+        if op == "forward":
+            event = _draw_forward(data, config, live)
+            plan = state.plan_forward(event, index, where)
+            _follow_plan(mirror, event, plan)
+            assert state.version > version
+            _check_layout(state, mirror, window_applied=False)
+            mid = state.version
+            state.finish_forward()
+            mirror.evict()
+            assert state.version > mid
+            _check_layout(state, mirror, window_applied=True)
+        else:
+            if op == "admit":
+                event = Event(op="admit", count=data.draw(st.integers(1, len(mirror.free_slots()))))
+            elif op in ("finish", "relocate"):
+                event = Event(op=op, request=data.draw(st.sampled_from(live)))
+            elif op == "register_mapping":
+                event = Event(op=op, shuffle=data.draw(st.integers(0, 50)))
+            else:
+                event = Event(op="clear")
+            swa_before = {
+                m: {f: int(state.mappings[m][f]) for r in mirror.requests.values()
+                    for f in (r.full[p] for p in r.live_positions())}
+                for m in config.models
+            }
+            state.apply(event, where)
+            if op == "admit":
+                mirror.admit(event.count)
+            elif op == "finish":
+                del mirror.requests[event.request]
+            elif op == "clear":
+                mirror.requests.clear()
+            assert state.version > version
+            _check_layout(state, mirror, window_applied=True)
+            if op == "relocate":
+                moved = mirror.requests[event.request]
+                for m in config.models:
+                    for p in moved.live_positions():
+                        full = moved.full[p]
+                        assert int(state.mappings[m][full]) != swa_before[m][full], "relocate kept a page"
+                    for r in mirror.requests.values():
+                        if r.rid != moved.rid:
+                            for p in r.live_positions():
+                                assert int(state.mappings[m][r.full[p]]) == swa_before[m][r.full[p]]
+        if op == "register_mapping":
+            assert state.mapping_epoch == epoch + 1
+            for m in config.models:
+                assert state.mappings[m] is not before[m], "register_mapping must install a new tensor"
+        else:
+            assert state.mapping_epoch == epoch
+            for m in config.models:
+                assert state.mappings[m] is before[m], f"{op} must change the mapping in place"
+
+
+@FAST
+@given(st.data())
+def test_random_histories_keep_a_valid_pool_layout(data):
+    _run_history(data, data.draw(_configs()))
+
+
+@FAST
+@given(st.data())
+def test_random_histories_with_paged_pools_keep_a_valid_pool_layout(data):
+    _run_history(data, data.draw(_configs(paged=True)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_random_histories_with_a_draft_model_keep_both_pools_valid(data):
+    _run_history(data, data.draw(_configs(draft_model=True)))
+
+
+# ---- deterministic specifications ----------------------------------------------------------
+
+
+def _state(**config) -> EngineState:
+    return EngineState(EngineConfig(**config))
+
+
+def _forward(state: EngineState, index: int = 0, **spec):
+    event = Event.from_dict({"op": "forward", **spec}, f"events[{index}]")
+    plan = state.plan_forward(event, index, f"events[{index}]")
+    state.finish_forward()
+    return plan
+
+
+def test_admit_takes_lowest_free_request_slot_and_ids_count_up():
+    state = _state()
+    state.apply(Event(op="admit", count=3), "e0")
+    state.apply(Event(op="finish", request=1), "e1")
+    state.apply(Event(op="admit", count=1), "e2")
+    assert {rid: r.slot for rid, r in state.requests.items()} == {0: 1, 2: 3, 3: 2}
+
+
+def test_first_tokens_never_use_page_0_of_either_pool():
+    state = _state(full_page_size=4, swa_page_size=2, full_pool_size=64, swa_pool_size=32)
+    state.apply(Event(op="admit", count=1), "e0")
+    plan = _forward(state, mode="decode", requests=[0])
+    loc = plan.steps[0][0].out_cache_loc
+    assert int(loc[0]) >= 4
+    assert int(state.mappings["target"][loc[0]]) >= 2
+
+
+def test_tokens_that_leave_the_window_are_unmapped_after_the_forward():
+    state = _state(sliding_window=2)
+    state.apply(Event(op="admit", count=1), "e0")
+    locs = []
+    for i in range(4):
+        event = Event.from_dict({"op": "forward", "requests": [0]}, "f")
+        plan = state.plan_forward(event, i, "f")
+        locs.append(int(plan.steps[0][0].out_cache_loc[0]))
+        # during the forward the previous window is still mapped
+        assert all(int(state.mappings["target"][loc]) != 0 for loc in locs[-3:])
+        state.finish_forward()
+    mapping = state.mappings["target"]
+    assert [int(mapping[loc]) != 0 for loc in locs] == [False, False, True, True]
+
+
+def test_an_extend_longer_than_the_window_keeps_only_the_window_after_the_forward():
+    state = _state(sliding_window=3)
+    state.apply(Event(op="admit", count=1), "e0")
+    plan = _forward(state, mode="extend", requests=[0], tokens=[5])
+    locs = plan.steps[0][0].out_cache_loc.tolist()
+    assert [int(state.mappings["target"][loc]) != 0 for loc in locs] == [False, False, True, True, True]
+
+
+def test_finish_unmaps_every_token_and_frees_the_request_slot():
+    state = _state()
+    state.apply(Event(op="admit", count=2), "e0")
+    plan = _forward(state, mode="extend", requests=[0, 1], tokens=[2, 3])
+    state.apply(Event(op="finish", request=0), "e1")
+    loc = plan.steps[0][0].out_cache_loc
+    mapping = state.mappings["target"]
+    assert mapping[loc[:2]].eq(0).all()
+    assert mapping[loc[2:]].ne(0).all()
+    state.apply(Event(op="admit", count=1), "e2")
+    assert state.requests[2].slot == 1
+
+
+def test_clear_fills_the_same_mapping_tensor_with_zeros():
+    state = _state()
+    mapping = state.mappings["target"]
+    state.apply(Event(op="admit", count=2), "e0")
+    _forward(state, requests=[0, 1])
+    state.apply(Event(op="clear"), "e1")
+    assert state.mappings["target"] is mapping
+    assert mapping.eq(0).all()
+    assert not state.requests
+
+
+def test_relocate_changes_the_mapping_in_place_and_register_mapping_replaces_it():
+    state = _state(draft_model=True)
+    state.apply(Event(op="admit", count=1), "e0")
+    plan = _forward(state, requests=[0])
+    loc = plan.steps[0][0].out_cache_loc
+    target, draft = state.mappings["target"], state.mappings["draft"]
+    old = int(target[loc[0]])
+    state.apply(Event(op="relocate", request=0), "e1")
+    assert state.mappings["target"] is target and state.mappings["draft"] is draft
+    assert int(target[loc[0]]) not in (0, old)
+    epoch = state.mapping_epoch
+    state.apply(Event(op="register_mapping", shuffle=7), "e2")
+    assert state.mapping_epoch == epoch + 1
+    assert state.mappings["target"] is not target and state.mappings["draft"] is not draft
+    assert int(state.mappings["target"][loc[0]]) != 0
+
+
+def test_draft_forwards_allocate_every_step_and_positions_advance():
+    state = _state(speculative=True, num_draft_tokens=3)
+    state.apply(Event(op="admit", count=2), "e0")
+    plan = _forward(state, mode="draft", requests=[0, 1], steps=3)
+    assert [inputs[0].positions.tolist() for inputs in plan.steps] == [[0, 0], [1, 1], [2, 2]]
+    locs = torch.cat([inputs[0].out_cache_loc for inputs in plan.steps]).tolist()
+    assert len(set(locs)) == 6
+
+
+def test_draft_forwards_use_the_draft_pool_when_there_is_a_draft_model():
+    state = _state(speculative=True, num_draft_tokens=2, draft_model=True)
+    state.apply(Event(op="admit", count=1), "e0")
+    assert _forward(state, mode="draft", requests=[0]).model == "draft"
+    assert _forward(state, 1, mode="draft_extend", requests=[0], tokens=[2]).model == "draft"
+    assert _forward(state, 2, mode="verify", requests=[0]).model == "target"
+    assert _forward(state, 3, mode="decode", requests=[0]).model == "target"
+
+
+def test_graph_forwards_pad_to_the_smallest_graph_batch_size():
+    state = _state(graph_batch_sizes=(2, 4, 8))
+    state.apply(Event(op="admit", count=3), "e0")
+    plan = _forward(state, requests=[0, 1, 2], graph=True)
+    inputs = plan.steps[0][0]
+    assert plan.graph_batch_size == 4
+    assert inputs.num_live == 3 and inputs.num_rows == 4
+    assert inputs.out_cache_loc[3:].tolist() == [0]
+    idle = _forward(state, 1, mode="idle", graph=True, pad=1)
+    assert idle.graph_batch_size == 2 and idle.steps[0][0].num_live == 0
+
+
+def test_idle_forwards_write_only_padding_rows():
+    state = _state()
+    plan = _forward(state, mode="idle", pad=3)
+    inputs = plan.steps[0][0]
+    assert inputs.num_live == 0
+    assert inputs.out_cache_loc.tolist() == [0, 0, 0]
+    assert translate_pool(state.mappings["target"], inputs.out_cache_loc).tolist() == [0, 0, 0]
+
+
+def test_store_schedule_runs_swa_layers_ascending_with_micro_batches_interleaved():
+    state = _state(start_layer=2, end_layer=6, non_swa_layers=(3,))
+    state.apply(Event(op="admit", count=2), "e0")
+    plan = _forward(state, requests=[0, 1], micro_batches=2, skip_layers=[5])
+    assert plan.calls == ((0, 2), (1, 2), (0, 4), (1, 4))
+
+
+def test_store_schedule_follows_an_explicit_interleaving_order():
+    state = _state(start_layer=0, end_layer=2)
+    state.apply(Event(op="admit", count=2), "e0")
+    plan = _forward(state, requests=[0, 1], micro_batches=2, order=[0, 0, 1, 1])
+    assert plan.calls == ((0, 0), (0, 1), (1, 0), (1, 1))
+
+
+def test_store_schedule_follows_an_explicit_layer_list():
+    state = _state(start_layer=0, end_layer=4)
+    state.apply(Event(op="admit", count=1), "e0")
+    assert _forward(state, requests=[0], layers=[3, 1, 2]).calls == ((0, 3), (0, 1), (0, 2))
+
+
+def test_pool_exhaustion_is_a_scenario_error_naming_the_event():
+    state = _state(full_pool_size=4, swa_pool_size=4)
+    state.apply(Event(op="admit", count=1), "e0")
+    event = Event.from_dict({"op": "forward", "mode": "extend", "requests": [0], "tokens": [4]}, "f")
+    with pytest.raises(ScenarioError, match=r"events\[3\]: the full KV pool is full"):
+        state.plan_forward(event, 3, "events[3]")
+
+
+@pytest.mark.parametrize(
+    "event, message",
+    [
+        (Event(op="finish", request=5), r"events\[1\]: request 5 is not live \(live requests: \[0\]\)"),
+        (Event(op="relocate", request=5), r"events\[1\]: request 5 is not live"),
+        (Event(op="admit", count=2), r"events\[1\]: no free request slot"),
+    ],
+)
+def test_events_on_impossible_state_are_scenario_errors_naming_the_event(event, message):
+    state = _state(num_req_slots=2)
+    state.apply(Event(op="admit", count=1), "events[0]")
+    with pytest.raises(ScenarioError, match=message):
+        state.apply(event, "events[1]")
+
+
+def test_speculative_modes_need_speculative_decoding():
+    state = _state()
+    state.apply(Event(op="admit", count=1), "e0")
+    event = Event.from_dict({"op": "forward", "mode": "verify", "requests": [0]}, "f")
+    with pytest.raises(ScenarioError, match="events\\[1\\]: a verify forward needs speculative decoding on"):
+        state.plan_forward(event, 1, "events[1]")
+
+
+def test_reference_refuses_a_token_the_engine_did_not_map():
+    state = _state()
+    with pytest.raises(TruthError):
+        translate_pool(state.mappings["target"], torch.tensor([5]))
