@@ -143,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_subject(fuzz)
     fuzz.add_argument("--profile", choices=PROFILES, default="realistic",
                       help="scenario profile (default: realistic)")
-    fuzz.add_argument("--settings", choices=SETTINGS_PROFILES, default="dev",
-                      help="Hypothesis settings profile (default: dev)")
+    fuzz.add_argument("--settings", choices=sorted(SETTINGS_PROFILES),
+                      help="search settings profile (default: $SWAFUZZ_SETTINGS, else dev); "
+                           "ci is deterministic and keeps no example database")
     _add_run_options(fuzz)
     _add_device(fuzz)
     _add_outputs(fuzz)
@@ -180,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         "exhaustive", help="run every small scenario within bounds",
         description="Enumerate every scenario within the bounds instead of sampling.")
     _add_subject(exhaustive)
-    exhaustive.add_argument("--max-forwards", type=_positive_int, default=3, metavar="N", help="(default: 3)")
+    exhaustive.add_argument("--profile", choices=PROFILES, default="adversarial",
+                            help="which scenarios count (default: adversarial, everything)")
+    exhaustive.add_argument("--max-forwards", type=_positive_int, default=2, metavar="N", help="(default: 2)")
     exhaustive.add_argument("--max-layers", type=_positive_int, default=3, metavar="N", help="(default: 3)")
     exhaustive.add_argument("--max-micro-batches", type=_positive_int, default=2, metavar="N", help="(default: 2)")
     _add_device(exhaustive)
@@ -572,10 +575,17 @@ class Campaign:
         return cls(args.command, args.subject, info, device, report_dir,
                    args.database or report_dir / ".hypothesis-db", args.json)
 
-    def job(self, args: argparse.Namespace, settings: str, profile: str) -> FuzzJob:
+    def job(self, args: argparse.Namespace, settings: str | None, profile: str) -> FuzzJob:
+        try:
+            chosen = fuzz_engine.settings_profile(settings)
+        except ValueError as exc:  # only $SWAFUZZ_SETTINGS can name an unknown one here
+            raise UsageError(f"${fuzz_engine.SETTINGS_ENV}: {exc}") from None
+        if args.seed is not None:
+            seed = args.seed
+        else:
+            seed = 0 if chosen.deterministic else secrets.randbelow(2**32)
         return FuzzJob(
-            subject=self.subject, profile=profile, settings=settings,
-            seed=args.seed if args.seed is not None else secrets.randbelow(2**32),
+            subject=self.subject, profile=profile, settings=chosen.name, seed=seed,
             device=self.device, replay_dir=str(self.report_dir / "replays"),
             database_dir=str(self.database_dir), budget_s=args.budget, max_examples=args.max_examples,
         )
@@ -621,7 +631,7 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
     print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES)}")
 
 
-def _fuzz(args: argparse.Namespace, settings: str, profile: str, print_markdown: bool = False) -> int:
+def _fuzz(args: argparse.Namespace, settings: str | None, profile: str, print_markdown: bool = False) -> int:
     campaign = Campaign.from_args(args)
     base = campaign.job(args, settings, profile)
     line = campaign.progress_line()
@@ -656,22 +666,32 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 def _cmd_exhaustive(args: argparse.Namespace) -> int:
     campaign = Campaign.from_args(args)
-    job = FuzzJob(subject=campaign.subject, profile="exhaustive", settings="exhaustive", seed=0,
+    job = FuzzJob(subject=campaign.subject, profile=args.profile, settings="exhaustive", seed=0,
                   device=campaign.device, replay_dir=str(campaign.report_dir / "replays"),
                   database_dir=str(campaign.database_dir))
     log = DivergenceLog(job)
+    line = campaign.progress_line()
+    last: list[Progress] = []
     started = time.monotonic()
+
+    def progress(update: Progress) -> None:
+        last[:] = [update]
+        line.update(update)
+
     with InterruptWatch() as watch:
         try:
             result = fuzz_engine.exhaustive(
                 campaign.info, max_forwards=args.max_forwards, max_layers=args.max_layers,
-                max_micro_batches=args.max_micro_batches, device=campaign.device,
+                max_micro_batches=args.max_micro_batches, profile=args.profile, device=campaign.device,
+                on_progress=progress,
             )
         except KeyboardInterrupt:
             result = FuzzResult(subject=campaign.info.name, profile=job.profile, settings=job.settings,
-                                examples=0, elapsed_s=time.monotonic() - started, interrupted=True)
+                                examples=last[0].examples if last else 0,
+                                elapsed_s=time.monotonic() - started, interrupted=True)
         finally:
             watch.disarm()
+            line.close()
         log.record(result)
         return campaign.finish(result, log.path, watch)
 

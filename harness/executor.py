@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -89,6 +89,11 @@ class _Run:
         self.scenario = scenario
         self.config = scenario.config
         self.device = device
+        if device.type == "cpu":
+            self.on_device = lambda t: t.is_cpu
+        else:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.on_device = lambda t: t.device.type == device.type and t.get_device() == index
         self.truth = subject_cls.truth.value
         self.state = EngineState(scenario.config)
         self.history = dx.History()
@@ -118,8 +123,8 @@ class _Run:
                 speculative=c.speculative, num_draft_tokens=c.num_draft_tokens,
                 full_pool_size=c.full_pool_size, device=self.device,
             )
-            site = self._site(model=model, layer_id=None)
-            self.subjects[model] = self._invoke(site, f"{self.subject_cls.__name__}(spec)", self.subject_cls, spec)
+            where = _Where(model=model)
+            self.subjects[model] = self._invoke(where, f"{self.subject_cls.__name__}(spec)", self.subject_cls, spec)
         self._sync("setup")
 
     def events(self) -> None:
@@ -145,9 +150,10 @@ class _Run:
         batches = [self._batch(plan, mb, plan.steps[0][mb]) for mb in range(plan.num_micro_batches)]
         if not event.skip_init:
             for mb, batch in enumerate(batches):
-                site = self._site(plan, micro_batch=mb, layer_id=None)
-                self._invoke(site, "init_forward_metadata", subject.init_forward_metadata, batch)
+                where = _Where(plan, micro_batch=mb)
+                self._invoke(where, "init_forward_metadata", subject.init_forward_metadata, batch)
         done = 0
+        call, store = self.guard.call, subject.swa_write_location
         for step, step_inputs in enumerate(plan.steps):
             if step:
                 for batch, inputs in zip(batches, step_inputs):
@@ -157,9 +163,13 @@ class _Run:
             for mb, layer_id in plan.calls:
                 if event.mutation is not None and done == event.mutation.after_calls:
                     self._mutate(plan)
-                site = self._site(plan, step, mb, layer_id)
-                out = self._invoke(site, "swa_write_location", subject.swa_write_location, batches[mb], layer_id)
-                self._check(site, plan.model, step, mb, step_inputs[mb], out)
+                where = _Where(plan, step, mb, layer_id)
+                self.call += 1
+                try:
+                    out = call("swa_write_location", store, batches[mb], layer_id)
+                except SubjectFailure as failure:
+                    raise self._failed(where, failure) from None
+                self._check(where, step_inputs[mb], out)
                 done += 1
 
     def _graph_forward(self, plan: ForwardPlan) -> None:
@@ -178,11 +188,10 @@ class _Run:
         static.num_live_tokens = inputs.num_live
         subject = self.subjects[plan.model]
         if not plan.event.skip_init:
-            site = self._site(plan, layer_id=None)
-            self._invoke(site, "init_replay_metadata", subject.init_replay_metadata, static)
-        self._invoke(self._site(plan, layer_id=None), "graph replay", graph.replay)
+            self._invoke(_Where(plan), "init_replay_metadata", subject.init_replay_metadata, static)
+        self._invoke(_Where(plan), "graph replay", graph.replay)
         for (mb, layer_id), sink in zip(plan.calls, sinks):
-            self._check(self._site(plan, 0, mb, layer_id), plan.model, 0, mb, inputs, sink)
+            self._check(_Where(plan, 0, mb, layer_id), inputs, sink)
 
     def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor]]:
         size = plan.graph_batch_size
@@ -194,15 +203,14 @@ class _Run:
             extend_seq_lens=torch.ones(size, dtype=torch.int64, device=self.device),
             positions=zeros(), out_cache_loc=zeros(), num_live_tokens=0, in_graph=True,
         )
-        site = self._site(plan, layer_id=None)
-        self._invoke(site, "init_capture_metadata", subject.init_capture_metadata, static)
+        self._invoke(_Where(plan), "init_capture_metadata", subject.init_capture_metadata, static)
         graph = make_graph(self.device)
         sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
         with graph.capture():
             for (mb, layer_id), sink in zip(plan.calls, sinks):
-                site = self._site(plan, 0, mb, layer_id)
-                out = self._invoke(site, "swa_write_location (graph capture)", subject.swa_write_location, static, layer_id)
-                problem = self._shape_problem(site, out, size)
+                where = _Where(plan, 0, mb, layer_id)
+                out = self._invoke(where, "swa_write_location (graph capture)", subject.swa_write_location, static, layer_id)
+                problem = self._shape_problem(self._site(where), out, size)
                 if problem is not None:
                     raise _Stop(problem)
                 # the consumer a store kernel would be: it reads the returned tensor by address
@@ -218,33 +226,36 @@ class _Run:
 
     # ---- checking ----------------------------------------------------------------------
 
-    def _check(self, site: dx.Site, model: str, step: int, mb: int, inputs: StepInputs, out: Any) -> None:
+    def _check(self, where: "_Where", inputs: StepInputs, out: Any) -> None:
         if self.memo_version != self.state.version:
             self.memo.clear()
             self.memo_version = self.state.version
-        cached = self.memo.get((step, mb))
+        key = (where.step, where.micro_batch)
+        cached = self.memo.get(key)
         if cached is None:
-            expected = self.state.expected(model, inputs, self.truth)
+            expected = self.state.expected(where.plan.model, inputs, self.truth)
             cached = (expected, expected.to(self.device))
-            self.memo[(step, mb)] = cached
-            self.history.record_answer(site, expected[: inputs.num_live])
+            self.memo[key] = cached
+            self.history.record_answer(self._site(where), expected[: inputs.num_live])
         expected, expected_on_device = cached
         self.checks += 1
         if (
-            isinstance(out, torch.Tensor)
+            type(out) is torch.Tensor
             and out.dtype == torch.int32
-            and out.device == self.device
+            and self.on_device(out)
             and out.shape == expected.shape
             and torch.equal(out, expected_on_device)
         ):
             return
-        raise _Stop(self._diagnose(site, model, inputs, out, expected))
+        divergence = self._diagnose(self._site(where), where.plan.model, inputs, out, expected)
+        if divergence is not None:  # None: a tensor subclass that holds the right rows
+            raise _Stop(divergence)
 
     def _shape_problem(self, site: dx.Site, out: Any, rows: int) -> dx.Divergence | None:
         where = f"At {site.describe()}, swa_write_location"
         if not isinstance(out, torch.Tensor):
             return site.divergence(dx.NON_TENSOR, f"{where} returned {type(out).__name__}, not a tensor.")
-        if out.device != self.device:
+        if not self.on_device(out):
             return site.divergence(
                 dx.WRONG_DEVICE, f"{where} returned a tensor on {out.device}, not on {self.device}."
             )
@@ -258,7 +269,8 @@ class _Run:
             )
         return None
 
-    def _diagnose(self, site: dx.Site, model: str, inputs: StepInputs, out: Any, expected: torch.Tensor) -> dx.Divergence:
+    def _diagnose(self, site: dx.Site, model: str, inputs: StepInputs, out: Any,
+                  expected: torch.Tensor) -> dx.Divergence | None:
         problem = self._shape_problem(site, out, expected.shape[0])
         if problem is not None:
             if problem.kind == dx.WRONG_LENGTH and out.dim() == 1:
@@ -276,6 +288,8 @@ class _Run:
             )
         padding = actual[n:]
         wrong = (padding != expected[n:]).nonzero().flatten().tolist()
+        if not wrong:
+            return None
         owned = self.state.live_targets(model, self.truth)
         aliased = [i for i in wrong if int(padding[i]) in owned]
         row = (aliased or wrong)[0]
@@ -308,16 +322,20 @@ class _Run:
 
     # ---- plumbing ----------------------------------------------------------------------
 
-    def _invoke(self, site: dx.Site, what: str, fn, *args):
+    def _invoke(self, where: "_Where", what: str, fn, *args):
         self.call += 1
         try:
             return self.guard.call(what, fn, *args)
         except SubjectFailure as failure:
-            kind = dx.TIMEOUT if failure.kind == "timeout" else dx.RAISED
-            if isinstance(failure.exc, GraphCaptureError):
-                kind = dx.CAPTURE
-            sentence = f"At {site.describe()}, {failure.message}."
-            raise _Stop(site.divergence(kind, sentence, detail=failure.detail)) from None
+            raise self._failed(where, failure) from None
+
+    def _failed(self, where: "_Where", failure: SubjectFailure) -> _Stop:
+        site = self._site(where)
+        kind = dx.TIMEOUT if failure.kind == "timeout" else dx.RAISED
+        if isinstance(failure.exc, GraphCaptureError):
+            kind = dx.CAPTURE
+        sentence = f"At {site.describe()}, {failure.message}."
+        return _Stop(site.divergence(kind, sentence, detail=failure.detail))
 
     def _sync(self, what: str) -> None:
         """Bring the subject's mapping tensors in line with the engine state."""
@@ -335,8 +353,7 @@ class _Run:
             if registered:
                 self.mappings[model] = truth.to(self.device, copy=True)
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
-                site = self._site(model=model, layer_id=None)
-                self._invoke(site, "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
+                self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
             elif not torch.equal(self.mappings[model].cpu(), truth):
                 self.mappings[model].copy_(truth)
 
@@ -365,20 +382,30 @@ class _Run:
         self.next_forward_id += 1
         return self.next_forward_id
 
-    def _site(self, plan: ForwardPlan | None = None, step: int = 0, micro_batch: int = 0,
-              layer_id: int | None = None, model: str | None = None) -> dx.Site:
+    def _site(self, where: "_Where") -> dx.Site:
+        plan = where.plan
         return dx.Site(
             forward=self.forward,
             event=plan.index if plan else -1,
             mode=plan.event.mode if plan else "setup",
-            model=plan.model if plan else model,
-            draft_step=step,
-            micro_batch=micro_batch,
-            layer_id=layer_id,
+            model=plan.model if plan else where.model,
+            draft_step=where.step,
+            micro_batch=where.micro_batch,
+            layer_id=where.layer_id,
             call=self.call,
             num_draft_steps=len(plan.steps) if plan else 1,
             num_micro_batches=plan.num_micro_batches if plan else 1,
         )
+
+
+class _Where(NamedTuple):
+    """Where a call happens; turned into a :class:`~harness.diagnosis.Site` only when needed."""
+
+    plan: ForwardPlan | None = None
+    step: int = 0
+    micro_batch: int = 0
+    layer_id: int | None = None
+    model: str | None = None
 
 
 def _source_dict(source: dx.Source) -> dict[str, Any]:

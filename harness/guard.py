@@ -1,18 +1,20 @@
 """Calling code under test without letting it crash or hang the harness.
 
-Arming a timer per call costs more than a cheap subject call, so one watchdog thread per
-guard polls a deadline instead; a call only writes two attributes. An overrun call is
-interrupted in the thread that made it: the main thread gets a real SIGALRM (which also
-breaks blocking sleeps), other threads an asynchronous exception at their next bytecode.
+Arming a timer per call would cost more than a cheap subject call, so a watchdog thread
+polls the deadline of the call in flight instead; a call only stores three attributes.
+An overrun call is interrupted with a real SIGALRM, which also breaks blocking sleeps. The
+handler raises only if the call that overran is still the one in flight, so a late signal
+can never hit the next call. Signals reach the main thread only: a guard entered on
+another thread converts exceptions but leaves hangs to its caller (join with a timeout).
 """
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import threading
 import time
 import traceback
+from time import monotonic
 from typing import Any, Callable
 
 
@@ -35,66 +37,49 @@ class SubjectFailure(Exception):
 class CallGuard:
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
+        self._serial = 0
         self._deadline = 0.0
-        self._thread_id = 0
         self._in_call = False
-        self._fired = False
-        self._lock = threading.Lock()
+        self._fired_serial = -1
         self._closed = False
-        self._uses_signal = False
+        self._watched = False
 
     def __enter__(self) -> "CallGuard":
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGALRM, self._on_alarm)
-            self._uses_signal = True
-        threading.Thread(target=self._watch, name="swafuzz-watchdog", daemon=True).start()
+            self._watched = True
+            threading.Thread(target=self._watch, name="swafuzz-watchdog", daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._closed = True
-        if self._uses_signal:
+        if self._watched:
             signal.signal(signal.SIGALRM, self._previous_handler)
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        self._serial += 1
+        self._deadline = monotonic() + self.timeout_s
+        self._in_call = True
         try:
-            try:
-                with self._lock:
-                    self._thread_id = threading.get_ident()
-                    self._deadline = time.monotonic() + self.timeout_s
-                    self._in_call = True
-                return fn(*args)
-            finally:
-                with self._lock:
-                    self._in_call = False
-                    fired, self._fired = self._fired, False
-                if fired and not self._by_signal(self._thread_id):
-                    # the exception may still be pending if the call returned first
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+            return fn(*args)
         except SubjectTimeout:
             raise SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s") from None
         except Exception as exc:  # noqa: BLE001 - any exception is the subject's divergence
             detail = "".join(traceback.format_exception(exc))
             raise SubjectFailure("raised", f"{what} raised {type(exc).__name__}: {exc}", detail, exc) from None
-
-    def _by_signal(self, thread_id: int) -> bool:
-        return self._uses_signal and thread_id == threading.main_thread().ident
+        finally:
+            self._in_call = False
 
     def _on_alarm(self, signum, frame) -> None:
-        if self._in_call:
+        if self._in_call and self._serial == self._fired_serial:
             raise SubjectTimeout()
 
     def _watch(self) -> None:
         poll = min(0.05, self.timeout_s / 4)
+        main = threading.main_thread().ident
         while not self._closed:
             time.sleep(poll)
-            with self._lock:
-                if not (self._in_call and time.monotonic() > self._deadline) or self._fired:
-                    continue
-                self._fired = True
-                thread_id = self._thread_id
-                if self._by_signal(thread_id):
-                    signal.pthread_kill(thread_id, signal.SIGALRM)
-                else:
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                        ctypes.c_ulong(thread_id), ctypes.py_object(SubjectTimeout)
-                    )
+            serial = self._serial
+            if self._in_call and serial != self._fired_serial and monotonic() > self._deadline:
+                self._fired_serial = serial
+                signal.pthread_kill(main, signal.SIGALRM)

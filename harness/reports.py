@@ -37,12 +37,22 @@ DIVERGENCE = "divergence"
 NO_DIVERGENCE = "no divergence"
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def write_atomically(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(temporary, 0o666 & ~_UMASK)  # mkstemp makes it private; reports are for sharing
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
             stream.flush()

@@ -10,6 +10,7 @@ the truth; callers that hand a mapping to code under test keep their own copy an
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass, field
 
@@ -23,25 +24,42 @@ SPECULATIVE_MODES = ("verify", "draft", "draft_extend")
 
 
 class _PageAllocator:
-    """Pages ``1..num_pages-1``; page 0 is the reserved dummy. Lowest free page first."""
+    """Pages ``1..num_pages-1``; page 0 is the reserved dummy. Lowest free page first.
+
+    A heap gives the lowest page in O(log n) (allocation is the engine model's hot path);
+    pages taken out of order are skipped lazily when they reach the top.
+    """
 
     def __init__(self, num_pages: int, what: str):
         self.num_pages = num_pages
         self.what = what
-        self.free = set(range(1, num_pages))
-
-    def take(self, choose=min) -> int:
-        if not self.free:
-            raise ScenarioError(f"the {self.what} is full ({self.num_pages - 1} pages in use)")
-        page = choose(self.free)
-        self.free.remove(page)
-        return page
-
-    def give_back(self, page: int) -> None:
-        self.free.add(page)
+        self.reset()
 
     def reset(self) -> None:
         self.free = set(range(1, self.num_pages))
+        self._heap = sorted(self.free)
+
+    def take(self) -> int:
+        while self._heap:
+            page = heapq.heappop(self._heap)
+            if page in self.free:
+                self.free.remove(page)
+                return page
+        raise ScenarioError(f"the {self.what} is full ({self.num_pages - 1} pages in use)")
+
+    def take_highest(self) -> int:
+        if not self.free:
+            raise ScenarioError(f"the {self.what} is full ({self.num_pages - 1} pages in use)")
+        page = max(self.free)
+        self.free.remove(page)
+        return page
+
+    def take_page(self, page: int) -> None:
+        self.free.remove(page)
+
+    def give_back(self, page: int) -> None:
+        self.free.add(page)
+        heapq.heappush(self._heap, page)
 
 
 @dataclass
@@ -91,6 +109,7 @@ class EngineState:
     def __init__(self, config: EngineConfig):
         self.config = config.validate()
         c = config
+        self.models = c.models
         self.full_pages = _PageAllocator(c.full_pool_size // c.full_page_size, "full KV pool")
         self.swa_pages = {
             m: _PageAllocator(c.swa_pool_size // c.swa_page_size, f"{m} SWA pool") for m in c.models
@@ -102,6 +121,8 @@ class EngineState:
         self.version = 0
         self.mapping_epoch = 0
         self.forwards_run = 0
+        # mapping writes are gathered per operation and applied in one indexed write each
+        self._pending: dict[str, tuple[list[int], list[int]]] = {m: ([], []) for m in c.models}
 
     # ---- truth -------------------------------------------------------------------------
 
@@ -142,6 +163,8 @@ class EngineState:
                 raise ScenarioError(f"'{event.op}' is not a state event")
         except ScenarioError as exc:
             raise ScenarioError(f"{where}: {exc}") from None
+        finally:
+            self._flush()
         self.version += 1
 
     def plan_forward(self, event: Event, index: int, where: str) -> ForwardPlan:
@@ -150,6 +173,8 @@ class EngineState:
             return self._plan_forward(event, index)
         except ScenarioError as exc:
             raise ScenarioError(f"{where}: {exc}") from None
+        finally:
+            self._flush()
 
     def finish_forward(self) -> None:
         """After a forward the engine evicts tokens that left the sliding window."""
@@ -160,6 +185,7 @@ class EngineState:
             for position in range(request.evicted_upto, upto):
                 self._unmap(request, position, free_pages=True)
             request.evicted_upto = upto
+        self._flush()
         self.version += 1
 
     # ---- internals ---------------------------------------------------------------------
@@ -188,24 +214,27 @@ class EngineState:
         return request.swa_pages[model][position // page] * page + position % page
 
     def _allocate_token(self, request: _Request) -> tuple[int, int]:
-        c = self.config
         position = request.length
-        if position // c.full_page_size == len(request.full_pages):
+        full_page, swa_page = self.config.full_page_size, self.config.swa_page_size
+        page_no, offset = divmod(position, full_page)
+        if page_no == len(request.full_pages):
             request.full_pages.append(self.full_pages.take())
-        full = self._full_slot(request, position)
-        for model in c.models:
+        full = request.full_pages[page_no] * full_page + offset
+        swa_no, swa_offset = divmod(position, swa_page)
+        for model in self.models:
             pages = request.swa_pages[model]
-            if position // c.swa_page_size not in pages:
-                pages[position // c.swa_page_size] = self.swa_pages[model].take()
-            self.mappings[model][full] = self._swa_slot(request, model, position)
-        request.length += 1
+            page = pages.get(swa_no)
+            if page is None:
+                page = pages[swa_no] = self.swa_pages[model].take()
+            self._set(model, full, page * swa_page + swa_offset)
+        request.length = position + 1
         return full, position
 
     def _unmap(self, request: _Request, position: int, free_pages: bool) -> None:
         c = self.config
         full = self._full_slot(request, position)
-        for model in c.models:
-            self.mappings[model][full] = DUMMY_SLOT
+        for model in self.models:
+            self._set(model, full, DUMMY_SLOT)
             page_no = position // c.swa_page_size
             if free_pages and position % c.swa_page_size == c.swa_page_size - 1:
                 self.swa_pages[model].give_back(request.swa_pages[model].pop(page_no))
@@ -213,7 +242,7 @@ class EngineState:
     def _finish(self, request: _Request) -> None:
         for position in range(request.evicted_upto, request.length):
             self._unmap(request, position, free_pages=False)
-        for model in self.config.models:
+        for model in self.models:
             for page in request.swa_pages[model].values():
                 self.swa_pages[model].give_back(page)
         for page in request.full_pages:
@@ -224,20 +253,36 @@ class EngineState:
     def _remap_pages(self, request: _Request, model: str, new_pages: dict[int, int]) -> None:
         request.swa_pages[model] = new_pages
         for position in range(request.evicted_upto, request.length):
-            self.mappings[model][self._full_slot(request, position)] = self._swa_slot(request, model, position)
+            self._set(model, self._full_slot(request, position), self._swa_slot(request, model, position))
+
+    def _set(self, model: str, full: int, swa: int) -> None:
+        slots, values = self._pending[model]
+        slots.append(full)
+        values.append(swa)
+
+    def _flush(self) -> None:
+        for model, (slots, values) in self._pending.items():
+            if slots:
+                last = dict(zip(slots, values))  # a later write to a slot wins, as one by one
+                self.mappings[model].index_put_(
+                    (torch.tensor(list(last), dtype=torch.int64),),
+                    torch.tensor(list(last.values()), dtype=torch.int64),
+                )
+                slots.clear()
+                values.clear()
 
     def _relocate(self, request: _Request) -> None:
-        for model in self.config.models:
+        for model in self.models:
             allocator = self.swa_pages[model]
             old = request.swa_pages[model]
-            moved = {page_no: allocator.take(choose=max) for page_no in sorted(old)}
+            moved = {page_no: allocator.take_highest() for page_no in sorted(old)}
             for page in old.values():
                 allocator.give_back(page)
             self._remap_pages(request, model, moved)
 
     def _register(self, shuffle: int) -> None:
         rng = random.Random(shuffle)
-        for model in self.config.models:
+        for model in self.models:
             allocator = self.swa_pages[model]
             allocator.reset()
             order = sorted(allocator.free)
@@ -245,7 +290,8 @@ class EngineState:
             self.mappings[model] = torch.zeros_like(self.mappings[model])
             for request in self.requests.values():
                 relaid = {page_no: order.pop() for page_no in sorted(request.swa_pages[model])}
-                allocator.free.difference_update(relaid.values())
+                for page in relaid.values():
+                    allocator.take_page(page)
                 self._remap_pages(request, model, relaid)
         self.mapping_epoch += 1
 

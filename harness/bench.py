@@ -1,0 +1,139 @@
+"""Benchmarks that print numbers (``swafuzz bench``); nothing here asserts a speed.
+
+- ``executor``: a 43-layer stage, batch 64, 20 decode forwards. Layer checks per second
+  through the harness, and the harness's cost as a ratio to calling the subject alone on
+  the same lifecycle in the same run.
+- ``fuzz``: seconds to the first divergence for every diverging built-in subject, median
+  and max over several seeds on one CPU thread; examples per second for ``step-keyed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+from typing import Callable
+
+import torch
+
+from reference import EngineState, Scenario
+
+from .api import ForwardBatch, ForwardMode, ModelSpec
+from .executor import run_scenario
+from .fuzz import fuzz
+from .registry import BUILTIN_SUBJECTS, DIVERGES, resolve_subject
+
+
+def decode_scenario(layers: int = 43, batch: int = 64, forwards: int = 20) -> Scenario:
+    return Scenario.from_dict({
+        "config": {
+            "start_layer": 0, "end_layer": layers, "sliding_window": 128,
+            "num_req_slots": batch + 1, "full_pool_size": batch * (forwards + 1) + 1,
+            "swa_pool_size": batch * (forwards + 1) + 1,
+        },
+        "events": [{"op": "admit", "count": batch}]
+        + [{"op": "forward", "requests": list(range(batch))}] * forwards,
+    })
+
+
+def _plan(scenario: Scenario) -> list:
+    """Run the engine model alone: the harness's own share of any lifecycle."""
+    state = EngineState(scenario.config)
+    plans = []
+    for index, event in enumerate(scenario.events):
+        where = f"events[{index}]"
+        if event.op == "forward":
+            plans.append(state.plan_forward(event, index, where))
+            state.finish_forward()
+        else:
+            state.apply(event, where)
+    return plans, state
+
+
+def _subject_alone(subject_cls, scenario: Scenario) -> Callable[[], int]:
+    """The same lifecycle as the executor drives, with inputs prepared beforehand."""
+    config = scenario.config
+    plans, state = _plan(scenario)
+    mapping = state.mappings["target"]
+    spec = ModelSpec("target", config.start_layer, config.end_layer, config.sliding_window, config.ring,
+                     config.num_req_slots, config.speculative, config.num_draft_tokens,
+                     config.full_pool_size, torch.device("cpu"))
+    layers = config.swa_layers
+
+    def run() -> int:
+        subject = subject_cls(spec)
+        subject.register_mapping(mapping)
+        backend = SimpleNamespace()
+        calls = 0
+        for forward_id, plan in enumerate(plans):
+            inputs = plan.steps[0][0]
+            batch = ForwardBatch(forward_id, ForwardMode.DECODE, 0, backend, inputs.req_slots,
+                                 inputs.token_counts, inputs.positions, inputs.out_cache_loc, inputs.num_live)
+            subject.init_forward_metadata(batch)
+            for layer_id in layers:
+                subject.swa_write_location(batch, layer_id)
+                calls += 1
+        return calls
+
+    return run
+
+
+def _best_of(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bench_executor(subjects=("uncached", "step-keyed"), repeats: int = 7, out=print) -> None:
+    """``overhead`` is harness time over subject-alone time. ``checking`` leaves out the
+    engine model (allocation and eviction bookkeeping, a fixed cost per token that any
+    driver of the lifecycle pays) and so is the cost of the reference and the comparisons."""
+    scenario = decode_scenario()
+    engine = _best_of(lambda: _plan(scenario), repeats)
+    out("executor: 43-layer stage, batch 64, 20 decode forwards, CPU")
+    out(f"engine model alone: {engine:.4f} s")
+    out(f"{'subject':12s} {'checks/s':>9s} {'harness s':>10s} {'alone s':>8s} {'overhead':>9s} {'checking':>9s}")
+    for name in subjects:
+        subject = resolve_subject(name).subject
+        checks = run_scenario(subject, scenario).checks
+        harness = _best_of(lambda: run_scenario(subject, scenario), repeats)
+        alone = _best_of(_subject_alone(subject, scenario), repeats)
+        out(f"{name:12s} {checks / harness:9.0f} {harness:10.4f} {alone:8.4f} {harness / alone:8.2f}x "
+            f"{(harness - engine) / alone:8.2f}x")
+
+
+def bench_fuzz(seeds: int = 10, out=print) -> None:
+    torch.set_num_threads(1)
+    out(f"fuzz: seconds to first divergence over {seeds} seeds (one CPU thread, ci settings)")
+    out(f"{'subject':30s} {'profile':12s} {'median s':>9s} {'max s':>7s} {'found':>6s}")
+    for info in BUILTIN_SUBJECTS:
+        if info.expected != DIVERGES:
+            continue
+        times, profile, found = [], "realistic", 0
+        for seed in range(seeds):
+            result = fuzz(info, profile="realistic", settings="ci", seed=seed, max_examples=2000)
+            if result.divergence is None:
+                profile = "adversarial"
+                result = fuzz(info, profile="adversarial", settings="ci", seed=seed, max_examples=2000)
+            found += result.divergence is not None
+            times.append(result.elapsed_s)
+        out(f"{info.name:30s} {profile:12s} {statistics.median(times):9.2f} {max(times):7.2f} {found:3d}/{seeds}")
+    for profile in ("realistic", "adversarial"):
+        result = fuzz(resolve_subject("step-keyed"), profile=profile, settings="ci", max_examples=300)
+        out(f"step-keyed {profile}: {result.examples / result.elapsed_s:.0f} examples/s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="swafuzz bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=("executor", "fuzz", "all"), default="all")
+    parser.add_argument("--seeds", type=int, default=10, help="seeds per subject for the fuzz suite")
+    args = parser.parse_args(argv)
+    if args.suite in ("executor", "all"):
+        bench_executor()
+    if args.suite in ("fuzz", "all"):
+        bench_fuzz(args.seeds)
+    return 0

@@ -1,0 +1,85 @@
+"""Real SGLang code as swafuzz subjects.
+
+Subject names are ``sglang:<target>`` (bound from the default source: a checkout named by
+``--sglang-source`` / ``$SWAFUZZ_SGLANG_SOURCE``, else the installed package) and
+``sglang:<target>@<version>`` (bound from that release's wheel, downloaded on first use).
+The binding mode is ``auto`` (import the installed package where it imports, else read
+its source), ``import`` or ``source``; ``$SWAFUZZ_SGLANG_MODE`` sets the default.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..registry import SubjectInfo
+from . import locate
+from .binding import BindError, ImportModeUnavailable
+from .locate import SglangUnavailable, SourceTree
+from .targets import TARGETS, Target, target
+
+SOURCE_ENV = "SWAFUZZ_SGLANG_SOURCE"
+MODE_ENV = "SWAFUZZ_SGLANG_MODE"
+MODES = ("auto", "import", "source")
+
+__all__ = [
+    "BindError", "ImportModeUnavailable", "SglangUnavailable", "SourceTree", "TARGETS", "Target",
+    "bind_target", "default_source", "discover", "resolve", "target",
+]
+
+
+def default_source(source: str | os.PathLike | None = None) -> SourceTree | None:
+    """The checkout given (or named by ``$SWAFUZZ_SGLANG_SOURCE``), else the installed
+    package, else None."""
+    path = source or os.environ.get(SOURCE_ENV)
+    if path:
+        return locate.checkout(path)
+    return locate.installed()
+
+
+def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: str | None = None) -> SubjectInfo:
+    mode = mode or os.environ.get(MODE_ENV) or "auto"
+    if mode not in MODES:
+        raise BindError(f"unknown SGLang binding mode {mode!r}; modes are {', '.join(MODES)}")
+    if mode == "import" and tree.origin != "installed":
+        raise BindError(f"import mode reads the installed package; {tree.label} is not installed")
+    if mode == "auto":
+        if tree.origin == "installed":
+            try:
+                return item.info(tree, "import", name)
+            except ImportModeUnavailable:
+                pass  # GPU-only dependencies missing: read the same files instead
+        mode = "source"
+    return item.info(tree, mode, name)
+
+
+def resolve(
+    name: str, *, source: str | os.PathLike | None = None, mode: str | None = None,
+    cache: str | os.PathLike | None = None,
+) -> SubjectInfo:
+    """The subject ``sglang:<target>`` or ``sglang:<target>@<version>``."""
+    bare, _, version = name.partition("@")
+    item = target(bare)
+    if version:
+        tree = locate.wheel(version, cache)
+    else:
+        tree = default_source(source)
+        if tree is None:
+            raise BindError(
+                f"no SGLang for {name!r}: install sglang, point --sglang-source (or "
+                f"${SOURCE_ENV}) at a checkout, or name a release, e.g. {bare}@0.5.23"
+            )
+    return bind_target(item, tree, mode, name)
+
+
+def discover(source: str | os.PathLike | None = None, mode: str | None = None) -> list[SubjectInfo]:
+    """Every target the default SGLang source has; empty when there is none."""
+    tree = default_source(source)
+    if tree is None:
+        return []
+    found = []
+    for item in TARGETS:
+        try:
+            found.append(bind_target(item, tree, mode))
+        except BindError:
+            continue  # this version does not have the target
+    return found

@@ -1,0 +1,417 @@
+"""Subjects that drive bound SGLang code through the engine lifecycle.
+
+The SGLang functions run on stand-ins: objects that hold only the attributes the functions
+read, the way SGLang's own unit tests call these methods. Three drivers cover the targets:
+
+- :class:`PoolStoreSubject`: the memory pool's SWA store functions with their inline cache.
+  The subject instance is the pool (every micro-batch shares it); the key store records the
+  location it was given, and that location is the subject's answer.
+- :class:`TranslatedLocSubject`: a backend's ``get_swa_out_cache_loc``, fed per-forward
+  metadata by a producer that follows SGLang's metadata-init rules.
+- :class:`RingSubject` and :class:`RingMergeSubject`: ``get_unified_swa_loc`` with ring-row
+  metadata, and with the real merge of that metadata before graph replay.
+
+Backends (the metadata holders) live on ``batch.backend``, one per role and draft step, as
+SGLang keeps one backend per model and one per step of a multi-step draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import torch
+
+from ..api import ForwardBatch, ForwardMode, Subject, Truth
+from .binding import Binding
+
+
+class StandInGap(AttributeError):
+    """Bound SGLang code read something that swafuzz's stand-ins do not model."""
+
+
+class StandIn:
+    """An object that carries exactly the attributes its role declares."""
+
+    role: ClassVar[str]
+    attributes: ClassVar[frozenset[str]]
+
+    def __init__(self, **values: Any) -> None:
+        if set(values) != self.attributes:
+            raise TypeError(
+                f"stand-in {self.role} takes {sorted(self.attributes)}, got {sorted(values)}"
+            )
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str) -> Any:
+        raise StandInGap(
+            f"SGLang code read {name!r} from the stand-in {self.role}, which swafuzz does not model"
+        )
+
+
+class PoolStandIn(StandIn):
+    role = "pool"
+    attributes = frozenset({
+        "full_to_swa_index_mapping", "start_layer", "_stage_start", "cached_loc",
+        "_should_cache_swa", "swa_kv_pool", "request_window", "swa_req_ring_size",
+        "unified_swa_ring_size",
+    })
+
+
+class BackendStandIn(StandIn):
+    role = "backend"
+    attributes = frozenset({
+        "forward_metadata", "token_to_kv_pool", "pre_kv_store_hook", "topk", "mtp_enabled",
+        "speculative_num_steps", "speculative_step_id",
+    })
+
+
+class ForwardMetadata(StandIn):
+    """The backend's per-forward metadata (SGLang's ``DSV4Metadata``)."""
+
+    role = "forward metadata"
+    attributes = frozenset({"core_attn_metadata", "late_layer_tail"})
+
+
+class CoreMetadata(StandIn):
+    role = "attention metadata"
+    attributes = frozenset({"swa_out_cache_loc", "unified"})
+
+
+class UnifiedStandIn(StandIn):
+    role = "unified metadata"
+    attributes = frozenset({"swa_loc"})
+
+
+class BatchStandIn(StandIn):
+    role = "forward batch"
+    attributes = frozenset({"forward_mode", "positions", "out_cache_loc", "req_pool_indices", "batch_size"})
+
+
+STAND_IN_ATTRIBUTES = {cls.role: cls.attributes for cls in (PoolStandIn, BackendStandIn)}
+
+
+class SglangMode:
+    """SGLang's forward-mode predicates over swafuzz's modes."""
+
+    def __init__(self, mode: ForwardMode):
+        self.mode = mode
+
+    def is_idle(self) -> bool:
+        return self.mode.is_idle()
+
+    def is_decode(self) -> bool:
+        return self.mode.is_decode()
+
+    def is_decode_or_idle(self) -> bool:
+        return self.mode.is_decode_or_idle()
+
+    def is_target_verify(self) -> bool:
+        return self.mode is ForwardMode.TARGET_VERIFY
+
+    def is_extend(self) -> bool:
+        return self.mode in (ForwardMode.EXTEND, ForwardMode.DRAFT_EXTEND, ForwardMode.TARGET_VERIFY)
+
+    def is_draft_extend(self) -> bool:
+        return self.mode is ForwardMode.DRAFT_EXTEND
+
+
+class SwaKeyStore:
+    """Stands in for the SWA key pool: remembers the location of the latest store.
+
+    ``kv_buffer[layer]`` is the store itself, so a kernel handed a layer's buffer records
+    into it too.
+    """
+
+    page_size = 1
+
+    def __init__(self) -> None:
+        self.last_loc: torch.Tensor | None = None
+        self.kv_buffer = self
+
+    def __getitem__(self, local_layer: int) -> "SwaKeyStore":
+        return self
+
+    def set_key_buffer_fused(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor) -> None:
+        self.last_loc = loc
+
+
+def fused_k_norm_rope_flashmla(*, out_loc: torch.Tensor, kvcache: SwaKeyStore, **_: Any) -> None:
+    """Stands in for the fused norm-RoPE-store kernel: records where it would write."""
+    kvcache.last_loc = out_loc
+
+
+def join_in_graph_metadata_prep() -> None:
+    """Stands in for the wait on metadata prepared on a side stream (there is none here)."""
+
+
+# the global names bound SGLang code gets in place of SGLang's own
+STAND_INS: dict[str, Any] = {
+    "DSV4Metadata": ForwardMetadata,
+    "fused_k_norm_rope_flashmla": fused_k_norm_rope_flashmla,
+    "join_in_graph_metadata_prep": join_in_graph_metadata_prep,
+}
+# names the module-level helpers use, from the standard library
+STANDARD_NAMES: dict[str, Any] = {
+    "fields": __import__("dataclasses").fields,
+    "warnings": __import__("warnings"),
+}
+
+POOL_CLASS = "DeepSeekV4TokenToKVPool"
+UNIFIED_METADATA_CLASS = "UnifiedKvMetadata"
+_EMPTY = torch.empty(0)
+
+
+class SglangSubject(Subject):
+    """Runs bound SGLang code; subclasses made per target and source set ``binding``."""
+
+    binding: ClassVar[Binding]
+    backend_class_name: ClassVar[str | None] = None
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        pool_code = self.binding.classes.get(POOL_CLASS)
+        pool_class = pool_code.build(PoolStandIn) if pool_code else PoolStandIn
+        self.pool = pool_class(
+            full_to_swa_index_mapping=None, start_layer=spec.start_layer,
+            _stage_start=spec.start_layer, cached_loc=None,
+            _should_cache_swa=True,  # the env flag that turns the pool's cache on
+            swa_kv_pool=SwaKeyStore(), request_window=None, swa_req_ring_size=None,
+            unified_swa_ring_size=spec.ring,
+        )
+        if self.backend_class_name is not None:
+            self.backend_class = self.binding.classes[self.backend_class_name].build(BackendStandIn)
+
+    def register_mapping(self, mapping: torch.Tensor) -> None:
+        super().register_mapping(mapping)
+        if hasattr(type(self.pool), "register_mapping"):
+            self.pool.register_mapping(mapping)
+
+    def forward_batch(self, batch: ForwardBatch) -> BatchStandIn:
+        return BatchStandIn(
+            forward_mode=SglangMode(batch.mode), positions=batch.positions,
+            out_cache_loc=batch.out_cache_loc, req_pool_indices=batch.req_pool_indices,
+            batch_size=int(batch.req_pool_indices.shape[0]),
+        )
+
+
+# ---- pool-level cache ----------------------------------------------------------------------
+
+
+def _fused_store_arguments(batch: ForwardBatch) -> dict[str, Any]:
+    return {"cache_k": _EMPTY}
+
+
+def _norm_rope_store_arguments(batch: ForwardBatch) -> dict[str, Any]:
+    return {"kv": _EMPTY, "kv_weight": _EMPTY, "eps": 1e-6, "freqs_cis": _EMPTY, "positions": batch.positions}
+
+
+STORE_ARGUMENTS = {
+    "set_swa_key_buffer_radix_fused": _fused_store_arguments,
+    "set_swa_key_buffer_radix_fused_norm_rope": _norm_rope_store_arguments,
+}
+
+
+class PoolStoreSubject(SglangSubject):
+    """A pool store function is called for every SWA layer with the forward's full-pool
+    locations; the location it hands the key store is its answer."""
+
+    truth = Truth.POOL
+    store: ClassVar[str]
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        key_store = self.pool.swa_kv_pool
+        key_store.last_loc = None
+        getattr(self.pool, self.store)(
+            layer_id=layer_id, raw_loc=batch.out_cache_loc, **STORE_ARGUMENTS[self.store](batch)
+        )
+        if key_store.last_loc is None:
+            raise RuntimeError(f"{self.store} stored no keys")
+        return key_store.last_loc
+
+
+# ---- metadata-level caches -----------------------------------------------------------------
+
+
+@dataclass
+class _BackendSlot:
+    """What the engine keeps per micro-batch: one backend per role and draft step."""
+
+    backends: dict[tuple[str, int], Any] = field(default_factory=dict)
+    built_for: dict[tuple[str, int], int] = field(default_factory=dict)  # forward id of the metadata
+    initialised_forward: int | None = None
+    pending_in_graph: set[tuple[str, int]] = field(default_factory=set)
+    captured: dict[int, ForwardMetadata] = field(default_factory=dict)  # graph batch size -> metadata
+
+
+def _role(mode: ForwardMode) -> str:
+    # SGLang runs multi-step draft decode and draft extend on backends of their own
+    if mode is ForwardMode.DRAFT_DECODE:
+        return "draft decode"
+    if mode is ForwardMode.DRAFT_EXTEND:
+        return "draft extend"
+    return "model"
+
+
+class _MetadataSubject(SglangSubject):
+    """Shared lifecycle of the backend getters: metadata built per forward by a producer,
+    read by the real getter in every layer."""
+
+    getter: ClassVar[str]
+
+    def _slot(self, batch: ForwardBatch) -> _BackendSlot:
+        return batch.backend.__dict__.setdefault("sglang", _BackendSlot())
+
+    def _backend(self, batch: ForwardBatch, step: int):
+        slot = self._slot(batch)
+        key = (_role(batch.mode), step)
+        backend = slot.backends.get(key)
+        if backend is None:
+            backend = slot.backends[key] = self.backend_class(
+                forward_metadata=None, token_to_kv_pool=self.pool, pre_kv_store_hook=None,
+                topk=1 if self.spec.speculative else 0, mtp_enabled=self.spec.speculative,
+                speculative_num_steps=0, speculative_step_id=step,
+            )
+        if batch.mode is ForwardMode.DRAFT_DECODE:
+            backend.speculative_num_steps = batch.num_draft_steps
+        return backend
+
+    def _skips_init(self, batch: ForwardBatch) -> bool:
+        # SGLang's init_forward_metadata returns at once for idle forwards under MTP
+        return self.spec.speculative and batch.mode.is_idle()
+
+    def _metadata(self, swa_out_cache_loc=None, unified=None) -> ForwardMetadata:
+        return ForwardMetadata(
+            core_attn_metadata=CoreMetadata(swa_out_cache_loc=swa_out_cache_loc, unified=unified),
+            late_layer_tail=None,
+        )
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        backend = self._backend(batch, batch.draft_step)
+        self._before_store(batch, backend)
+        return getattr(backend, self.getter)(self.forward_batch(batch))
+
+    def _before_store(self, batch: ForwardBatch, backend) -> None:
+        pass
+
+
+class TranslatedLocSubject(_MetadataSubject):
+    """``get_swa_out_cache_loc``: metadata holds ``out_cache_loc`` translated by the pool.
+
+    The producer follows SGLang's rules: eager init translates the forward's locations
+    (every mode; idle under MTP is skipped); each step of a multi-step draft has its own
+    backend holding that step's locations, built when the step's locations are known;
+    under graphs the translation is recorded inside the captured graph, so each replay
+    recomputes it from the static buffers and replay prep leaves it alone.
+    """
+
+    truth = Truth.POOL
+    getter = "get_swa_out_cache_loc"
+
+    def _translated(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc).to(torch.int32)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self._skips_init(batch):
+            return
+        slot = self._slot(batch)
+        slot.initialised_forward = batch.forward_id
+        self._build_step(batch, 0)
+
+    def _build_step(self, batch: ForwardBatch, step: int) -> None:
+        backend = self._backend(batch, step)
+        backend.forward_metadata = self._metadata(swa_out_cache_loc=self._translated(batch))
+        self._slot(batch).built_for[(_role(batch.mode), step)] = batch.forward_id
+
+    def _before_store(self, batch: ForwardBatch, backend) -> None:
+        slot = self._slot(batch)
+        key = (_role(batch.mode), batch.draft_step)
+        if key in slot.pending_in_graph:
+            # the first layer inside capture runs the in-graph init, so the graph records it
+            slot.pending_in_graph.discard(key)
+            backend.forward_metadata.core_attn_metadata.swa_out_cache_loc = self._translated(batch)
+        elif (
+            batch.draft_step > 0
+            and slot.initialised_forward == batch.forward_id
+            and slot.built_for.get(key) != batch.forward_id
+        ):
+            self._build_step(batch, batch.draft_step)
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        backend = self._backend(batch, 0)
+        backend.forward_metadata = self._metadata()
+        self._slot(batch).pending_in_graph.add((_role(batch.mode), 0))
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        # replay prep re-points swa_out_cache_loc (an assign-listed field), but the captured
+        # layers read the tensor the recorded in-graph init writes: nothing to do here
+        pass
+
+
+class RingSubject(_MetadataSubject):
+    """``get_unified_swa_loc``: decode metadata holds the ring rows.
+
+    The producer follows SGLang's rules: decode (and idle) metadata computes
+    ``req_slot * ring + position % ring`` from the request slots and positions of the
+    forward; other modes leave the rows unset; idle under MTP is skipped. Every step of a
+    multi-step draft gets metadata built once, from the positions at init. Before a graph
+    replay fresh metadata is built and merged into the captured one; this subject copies
+    the rows in place so that only the getter is under test (see :class:`RingMergeSubject`).
+    """
+
+    truth = Truth.RING
+    getter = "get_unified_swa_loc"
+
+    def _unified(self) -> Any:
+        return UnifiedStandIn(swa_loc=None)
+
+    def _build(self, batch: ForwardBatch) -> ForwardMetadata:
+        unified = self._unified()
+        if batch.mode.is_decode_or_idle():
+            n = batch.positions.shape[0]
+            ring = self.pool.unified_swa_ring_size
+            req_slot = batch.req_pool_indices[:n].to(torch.int64)
+            unified.swa_loc = (req_slot * ring + batch.positions.to(torch.int64) % ring).to(torch.int32)
+        return self._metadata(unified=unified)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self._skips_init(batch):
+            return
+        steps = batch.num_draft_steps if batch.mode is ForwardMode.DRAFT_DECODE else 1
+        for step in range(steps):
+            self._backend(batch, step).forward_metadata = self._build(batch)
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        metadata = self._build(batch)
+        self._slot(batch).captured[batch.num_tokens] = metadata
+        self._backend(batch, 0).forward_metadata = metadata
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        # replay prep builds metadata for idle too (request slots and positions zeroed)
+        captured = self._slot(batch).captured[batch.num_tokens]
+        fresh = self._build(batch)
+        self._merge(captured.core_attn_metadata.unified, fresh.core_attn_metadata.unified)
+        self._backend(batch, 0).forward_metadata = captured
+
+    def _merge(self, captured: Any, fresh: Any) -> None:
+        if captured.swa_loc is not None and fresh.swa_loc is not None:
+            captured.swa_loc.copy_(fresh.swa_loc)
+        else:
+            captured.swa_loc = fresh.swa_loc
+
+
+class RingMergeSubject(RingSubject):
+    """:class:`RingSubject` whose ring metadata is SGLang's ``UnifiedKvMetadata`` and whose
+    pre-replay merge is its real ``copy_`` (fields in the copy list are written in place,
+    fields in the assign list are re-pointed)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.unified_class = self.binding.classes[UNIFIED_METADATA_CLASS].build(SimpleNamespace)
+
+    def _unified(self) -> Any:
+        return self.unified_class()
+
+    def _merge(self, captured: Any, fresh: Any) -> None:
+        captured.copy_(fresh)

@@ -1,0 +1,136 @@
+"""Where SGLang's source comes from: an installed package, a checkout, or a released wheel.
+
+Every origin is read the same way, as a tree of files addressed by their path inside the
+package (``sglang/srt/...``). Wheels are fetched with ``pip download --no-deps`` into a
+cache outside the repository and read as zip files: old releases are never installed,
+so any number of them sit side by side.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ENV = "SWAFUZZ_SGLANG_CACHE"
+DEFAULT_CACHE_DIR = Path("~/.cache/swafuzz/sglang")
+MATRIX_VERSIONS = tuple(f"0.5.{minor}" for minor in range(12, 24))
+VERSION_FILE = "sglang/version.py"
+
+
+class SglangUnavailable(RuntimeError):
+    """No SGLang source can be found or downloaded."""
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    return Path(override or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    """SGLang's Python files from one origin.
+
+    ``root`` is a directory that holds the ``sglang`` package, or a wheel (a zip whose
+    top level is the package).
+    """
+
+    root: Path
+    origin: str  # "installed", "checkout" or "wheel"
+
+    def read(self, path: str) -> str | None:
+        """The text of ``path`` (``sglang/...``), or None when this tree lacks it."""
+        if self.root.suffix == ".whl":
+            with zipfile.ZipFile(self.root) as wheel:
+                try:
+                    return wheel.read(path).decode("utf-8")
+                except KeyError:
+                    return None
+        file = self.root / path
+        return file.read_text(encoding="utf-8") if file.is_file() else None
+
+    def location(self, path: str) -> str:
+        """A name for ``path`` in tracebacks and messages."""
+        return f"{self.root}/{path}" if self.root.suffix != ".whl" else f"{self.root.name}!/{path}"
+
+    @property
+    def version(self) -> str | None:
+        text = self.read(VERSION_FILE)
+        if text is None:
+            return None
+        for node in ast.parse(text).body:
+            if (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
+                and isinstance(node.value, ast.Constant)
+            ):
+                return str(node.value.value)
+        return None
+
+    @property
+    def label(self) -> str:
+        version = self.version or "unknown version"
+        return {
+            "installed": f"installed sglang {version}",
+            "checkout": f"sglang checkout {self.root} ({version})",
+            "wheel": f"sglang {version} wheel",
+        }[self.origin]
+
+
+def checkout(path: str | os.PathLike) -> SourceTree:
+    """A source checkout (the repository root, its ``python/`` folder, or a folder
+    that holds the ``sglang`` package directly)."""
+    base = Path(path).expanduser().resolve()
+    for root in (base / "python", base, base.parent):
+        if (root / "sglang" / "__init__.py").is_file():
+            return SourceTree(root, "checkout")
+    raise SglangUnavailable(f"{base} holds no sglang package (looked for python/sglang/ and sglang/)")
+
+
+def installed() -> SourceTree | None:
+    """The installed ``sglang`` package's files, found without importing it."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    return SourceTree(package_dir.parent, "installed")
+
+
+def wheel(version: str, cache: str | os.PathLike | None = None) -> SourceTree:
+    """The released wheel of ``version``, downloaded into the cache on first use."""
+    return SourceTree(fetch_wheel(version, cache), "wheel")
+
+
+def fetch_wheel(version: str, cache: str | os.PathLike | None = None) -> Path:
+    if not re.fullmatch(r"[0-9][0-9A-Za-z.+-]*", version):
+        raise SglangUnavailable(f"{version!r} is not a version number")
+    directory = cache_dir(cache)
+    found = _cached_wheel(directory, version)
+    if found is not None:
+        return found
+    directory.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+        "--disable-pip-version-check", f"sglang=={version}", "-d", str(directory),
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SglangUnavailable(f"pip download of sglang=={version} failed: {exc}") from None
+    found = _cached_wheel(directory, version)
+    if done.returncode != 0 or found is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise SglangUnavailable(
+            f"pip download of sglang=={version} failed (exit {done.returncode}): " + " | ".join(tail)
+        )
+    return found
+
+
+def _cached_wheel(directory: Path, version: str) -> Path | None:
+    matches = sorted(directory.glob(f"sglang-{version}-*.whl"))
+    return matches[0] if matches else None

@@ -1,0 +1,149 @@
+"""The table of SGLang targets: what code each binds, which releases have it, how it runs.
+
+Release ranges were read off the published wheels (0.5.10 to 0.5.23); ``last`` is None
+where the newest release checked still has the target. Binding never trusts the range: it
+looks for the code itself, so a checkout of any branch binds whatever it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..registry import SubjectInfo
+from .binding import Binding, BindError, ClassCode, FunctionCode, bind
+from .drivers import (
+    POOL_CLASS,
+    STAND_IN_ATTRIBUTES,
+    STAND_INS,
+    STANDARD_NAMES,
+    UNIFIED_METADATA_CLASS,
+    PoolStoreSubject,
+    RingMergeSubject,
+    RingSubject,
+    SglangSubject,
+    TranslatedLocSubject,
+)
+from .locate import SourceTree
+
+POOL_FILE = "sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+CUDA_BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend.py"
+HIP_BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py"
+METADATA_FILE = "sglang/srt/layers/attention/dsv4/metadata.py"
+CUDA_BACKEND = "DeepseekV4AttnBackend"
+HIP_BACKEND = "DeepseekV4HipRadixBackend"
+
+_POOL_TRANSLATION = ClassCode(POOL_FILE, POOL_CLASS, ("register_mapping", "translate_loc_from_full_to_swa"), role="pool")
+
+
+def _pool_store(store: str) -> ClassCode:
+    # raw_loc: the store translates full-pool locations itself (0.5.13 moved that out)
+    return ClassCode(
+        POOL_FILE, POOL_CLASS,
+        ("register_mapping", "translate_loc_from_full_to_swa", store, "_swa_local_layer_id"),
+        role="pool", parameters={store: "raw_loc"},
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    summary: str
+    driver: type[SglangSubject]
+    code: tuple[ClassCode | FunctionCode, ...]
+    first: str
+    last: str | None = None
+    driver_settings: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def subject_name(self) -> str:
+        return f"sglang:{self.name}"
+
+    def bind(self, tree: SourceTree, mode: str = "source") -> Binding:
+        return bind(tree, self.code, {**STANDARD_NAMES, **STAND_INS}, STAND_IN_ATTRIBUTES, mode)
+
+    def subject(self, binding: Binding) -> type[SglangSubject]:
+        version = (binding.version or "source").replace(".", "_")
+        class_name = f"Sglang_{self.name.replace('-', '_')}_{version}_{binding.mode}"
+        return type(class_name, (self.driver,), {
+            "binding": binding, "__doc__": f"{self.summary} ({binding.label}).",
+            **dict(self.driver_settings),
+        })
+
+    def info(self, tree: SourceTree, mode: str = "source", name: str | None = None) -> SubjectInfo:
+        binding = self.bind(tree, mode)
+        return SubjectInfo(
+            name or self.subject_name, self.subject(binding), expected="unknown", kind="sglang",
+            summary=f"{self.summary} ({binding.label})",
+        )
+
+    def releases(self) -> str:
+        return f"{self.first}+" if self.last is None else (
+            self.first if self.first == self.last else f"{self.first}-{self.last}"
+        )
+
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "pool-fused-store",
+        "DeepSeek-V4 pool set_swa_key_buffer_radix_fused with its inline translation cache",
+        PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused"),),
+        first="0.5.12", last="0.5.12",
+        driver_settings=(("store", "set_swa_key_buffer_radix_fused"),),
+    ),
+    Target(
+        "pool-norm-rope-store",
+        "DeepSeek-V4 pool set_swa_key_buffer_radix_fused_norm_rope with its inline translation cache",
+        PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused_norm_rope"),),
+        first="0.5.12", last="0.5.12",
+        driver_settings=(("store", "set_swa_key_buffer_radix_fused_norm_rope"),),
+    ),
+    Target(
+        "cuda-swa-out-cache-loc",
+        "CUDA DeepSeek-V4 backend get_swa_out_cache_loc over per-forward translated locations",
+        TranslatedLocSubject,
+        (_POOL_TRANSLATION, ClassCode(CUDA_BACKEND_FILE, CUDA_BACKEND, ("get_swa_out_cache_loc",), role="backend")),
+        first="0.5.13",
+        driver_settings=(("backend_class_name", CUDA_BACKEND),),
+    ),
+    Target(
+        "hip-swa-out-cache-loc",
+        "HIP DeepSeek-V4 backend get_swa_out_cache_loc over per-forward translated locations",
+        TranslatedLocSubject,
+        (_POOL_TRANSLATION, ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_swa_out_cache_loc",), role="backend")),
+        first="0.5.13",
+        driver_settings=(("backend_class_name", HIP_BACKEND),),
+    ),
+    Target(
+        "hip-unified-swa-loc",
+        "HIP DeepSeek-V4 backend get_unified_swa_loc over per-forward ring rows",
+        RingSubject,
+        (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_unified_swa_loc",), role="backend"),),
+        first="0.5.14",
+        driver_settings=(("backend_class_name", HIP_BACKEND),),
+    ),
+    Target(
+        "unified-metadata-merge",
+        "UnifiedKvMetadata.copy_ (the ring-row merge before graph replay) read by get_unified_swa_loc",
+        RingMergeSubject,
+        (
+            ClassCode(HIP_BACKEND_FILE, UNIFIED_METADATA_CLASS, ("copy_",), dataclass_fields=True),
+            FunctionCode(METADATA_FILE, "copy_metadata"),
+            ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_unified_swa_loc",), role="backend"),
+        ),
+        first="0.5.14",
+        driver_settings=(("backend_class_name", HIP_BACKEND),),
+    ),
+)
+
+_BY_NAME = {target.name: target for target in TARGETS}
+
+
+def target(name: str) -> Target:
+    """A target by its name, with or without the ``sglang:`` prefix."""
+    bare = name.removeprefix("sglang:")
+    if bare not in _BY_NAME:
+        raise BindError(
+            f"unknown SGLang target {name!r}; targets are "
+            + ", ".join(t.subject_name for t in TARGETS)
+        )
+    return _BY_NAME[bare]
