@@ -9,6 +9,7 @@ so any number of them sit side by side.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import re
@@ -21,7 +22,8 @@ from pathlib import Path
 CACHE_ENV = "SWAFUZZ_SGLANG_CACHE"
 DEFAULT_CACHE_DIR = Path("~/.cache/swafuzz/sglang")
 MATRIX_VERSIONS = tuple(f"0.5.{minor}" for minor in range(12, 24))
-VERSION_FILE = "sglang/version.py"
+# the build writes _version.py; older trees keep the number in version.py
+VERSION_FILES = ("sglang/_version.py", "sglang/version.py")
 
 
 class SglangUnavailable(RuntimeError):
@@ -58,18 +60,17 @@ class SourceTree:
         """A name for ``path`` in tracebacks and messages."""
         return f"{self.root}/{path}" if self.root.suffix != ".whl" else f"{self.root.name}!/{path}"
 
-    @property
+    @functools.cached_property
     def version(self) -> str | None:
-        text = self.read(VERSION_FILE)
-        if text is None:
-            return None
-        for node in ast.parse(text).body:
-            if (
-                isinstance(node, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
-                and isinstance(node.value, ast.Constant)
-            ):
-                return str(node.value.value)
+        for path in VERSION_FILES:
+            text = self.read(path)
+            for node in ast.parse(text).body if text else ():
+                if (
+                    isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
+                    and isinstance(node.value, ast.Constant)
+                ):
+                    return str(node.value.value)
         return None
 
     @property
