@@ -9,7 +9,9 @@ invalid scenario raises (:class:`reference.ScenarioError`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+import threading
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -20,7 +22,7 @@ from reference import EngineState, ForwardPlan, Scenario, StepInputs
 from . import diagnosis as dx
 from .api import SUBJECT_API_VERSION, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
 from .graphs import GraphCaptureError, make_graph
-from .guard import CallGuard, SubjectFailure
+from .guard import CallGuard, SubjectFailure, failure_of
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -34,6 +36,9 @@ class RunResult:
     divergence: dx.Divergence | None
     checks: int  # store-location answers compared
     forwards: int
+    # threaded runs: per forward event index, the micro-batch of each call in the order the
+    # calls entered the subject (an Event.order that replays the run without threads)
+    schedules: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -71,21 +76,32 @@ def run_scenario(
     *,
     device: str | torch.device = "cpu",
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    threads: bool = False,
 ) -> RunResult:
-    run = _Run(check_subject(subject), scenario, torch.device(device))
+    """Run ``scenario`` through ``subject`` and the reference; stop at the first divergence.
+
+    ``threads``: micro-batches of single-step forwards call the subject from their own
+    threads (a stress mode: interleavings vary from run to run; the result's ``schedules``
+    replay the one that happened).
+    """
+    run = _Run(check_subject(subject), scenario, torch.device(device), timeout_s, threads)
     with CallGuard(timeout_s) as guard:
         run.guard = guard
         try:
             run.setup()
             run.events()
         except _Stop as stop:
-            return RunResult(stop.divergence, run.checks, run.forward)
-    return RunResult(None, run.checks, run.forward)
+            return RunResult(stop.divergence, run.checks, run.forward, run.schedules)
+    return RunResult(None, run.checks, run.forward, run.schedules)
 
 
 class _Run:
-    def __init__(self, subject_cls: type[Subject], scenario: Scenario, device: torch.device):
+    def __init__(self, subject_cls: type[Subject], scenario: Scenario, device: torch.device,
+                 timeout_s: float, threads: bool):
         self.subject_cls = subject_cls
+        self.timeout_s = timeout_s
+        self.threads = threads
+        self.schedules: dict[int, tuple[int, ...]] = {}
         self.scenario = scenario
         self.config = scenario.config
         self.device = device
@@ -160,6 +176,9 @@ class _Run:
                     batch.positions = self._to_device(inputs.positions)
                     batch.out_cache_loc = self._to_device(inputs.out_cache_loc)
                     batch.draft_step = step
+            if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and event.mutation is None:
+                self._threaded_calls(plan, batches, step_inputs, store)
+                continue
             for mb, layer_id in plan.calls:
                 if event.mutation is not None and done == event.mutation.after_calls:
                     self._mutate(plan)
@@ -171,6 +190,60 @@ class _Run:
                     raise self._failed(where, failure) from None
                 self._check(where, step_inputs[mb], out)
                 done += 1
+
+    def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
+                        step_inputs: tuple[StepInputs, ...], store) -> None:
+        """Each micro-batch runs its layers on its own thread, as on concurrent streams.
+
+        Answers are cloned as they return (what the layer would write at that moment) and
+        checked afterwards in the order the calls ran.
+        """
+        count = plan.num_micro_batches
+        layers = [[layer for mb, layer in plan.calls if mb == m] for m in range(count)]
+        entered: list[int] = []
+        answers: list[list[Any]] = [[] for _ in range(count)]
+        lock = threading.Lock()
+        start = threading.Barrier(count)
+
+        def run_micro_batch(mb: int) -> None:
+            start.wait()
+            for layer_id in layers[mb]:
+                # one call at a time, so the recorded order is the order that happened and
+                # replays exactly; the threads decide which micro-batch goes next
+                with lock:
+                    entered.append(mb)
+                    try:
+                        out = store(batches[mb], layer_id)
+                    except BaseException as exc:  # noqa: BLE001 - reported as the subject's failure
+                        answers[mb].append(failure_of("swa_write_location", exc))
+                        return
+                    answers[mb].append(out.clone() if isinstance(out, torch.Tensor) else out)
+
+        workers = [threading.Thread(target=run_micro_batch, args=(mb,), daemon=True) for mb in range(count)]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # switch threads often, so interleavings actually vary
+        try:
+            for worker in workers:
+                worker.start()
+            budget = self.timeout_s * len(plan.calls)
+            for worker in workers:
+                worker.join(budget)
+        finally:
+            sys.setswitchinterval(interval)
+        self.schedules[plan.index] = tuple(entered)
+        if any(worker.is_alive() for worker in workers):
+            failure = SubjectFailure("timeout", f"micro-batch threads did not finish within {budget:g} s")
+            raise self._failed(_Where(plan), failure)
+        taken = [0] * count
+        for mb in entered:
+            index = taken[mb]
+            taken[mb] += 1
+            answer = answers[mb][index]
+            where = _Where(plan, 0, mb, layers[mb][index])
+            self.call += 1
+            if isinstance(answer, SubjectFailure):
+                raise self._failed(where, answer)
+            self._check(where, step_inputs[mb], answer)
 
     def _graph_forward(self, plan: ForwardPlan) -> None:
         key = (plan.model, plan.graph_batch_size, plan.calls)

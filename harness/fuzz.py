@@ -3,6 +3,7 @@ executor, shrinks the first divergence, and reports coverage."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -82,6 +83,8 @@ class FuzzResult:
     seed: int | None = None
     coverage: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
+    # False when a threaded divergence did not reproduce with its recorded interleaving
+    replays: bool = True
 
     @property
     def verdict(self) -> str:
@@ -115,6 +118,7 @@ def fuzz(
     device: str = "cpu",
     database_dir: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    threads: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
     on_divergence: Callable[[FuzzResult], None] | None = None,
 ) -> FuzzResult:
@@ -123,6 +127,11 @@ def fuzz(
     Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
     seconds have passed (checked between runs of :data:`CHUNK` examples). ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
+
+    ``threads`` is the stress mode: micro-batches call the subject from real threads. Thread
+    interleavings do not repeat, so nothing is shrunk or stored in the database; instead the
+    interleaving that diverged is pinned into the scenario (``Event.order``) and re-run
+    without threads, and ``replays`` says whether that reproduced it.
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
@@ -130,7 +139,9 @@ def fuzz(
     limit = max_examples if max_examples is not None else chosen.max_examples
     if seed is None:
         seed = 0 if chosen.deterministic else random.randrange(2**32)
-    database = DirectoryBasedExampleDatabase(str(database_path(database_dir))) if chosen.uses_database else None
+    database = None
+    if chosen.uses_database and not threads:
+        database = DirectoryBasedExampleDatabase(str(database_path(database_dir)))
     started = time.monotonic()
     result = FuzzResult(info.name, profile, chosen.name, examples=0, elapsed_s=0.0, seed=seed)
     coverage: Counter[str] = Counter()
@@ -151,9 +162,10 @@ def fuzz(
         for feature in features_of(scenario):
             hypothesis.event(feature)
             coverage[feature] += 1
-        outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
+        outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads)
         report_progress()
         if not outcome.passed:
+            scenario = pin_schedules(scenario, outcome.schedules)
             if not failures and on_divergence is not None:
                 on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage))
             failures.append((scenario, outcome.divergence))
@@ -171,15 +183,21 @@ def fuzz(
             report_multiple_bugs=False,
             verbosity=Verbosity.verbose if chosen.verbose else Verbosity.quiet,
             suppress_health_check=list(HealthCheck),
-            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+            phases=[Phase.generate] if threads else [
+                Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink,
+            ],
         )
         test = hypothesis.seed(seed + run)(hypothesis_settings(given(scenarios(profile))(check)))
         run += 1
         try:
             test()
-        except _Diverged:
+        except (_Diverged, hypothesis.errors.FlakyFailure):
             scenario, divergence = failures[-1]
             final = _found(result, scenario, divergence, elapsed(), coverage)
+            if threads:
+                replay = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
+                final.replays = not replay.passed
+                final.divergence = replay.divergence or divergence
             if on_divergence is not None:
                 on_divergence(final)
             report_progress(force=True)
@@ -188,6 +206,16 @@ def fuzz(
     result.coverage = dict(coverage)
     report_progress(force=True)
     return result
+
+
+def pin_schedules(scenario: Scenario, schedules: dict[int, tuple[int, ...]]) -> Scenario:
+    """The scenario with each threaded forward's recorded call order made explicit."""
+    if not schedules:
+        return scenario
+    events = list(scenario.events)
+    for index, order in schedules.items():
+        events[index] = dataclasses.replace(events[index], order=tuple(order))
+    return Scenario(scenario.config, tuple(events))
 
 
 def _found(result: FuzzResult, scenario: Scenario, divergence: Divergence, elapsed_s: float,

@@ -34,6 +34,11 @@ class SubjectFailure(Exception):
         self.exc = exc
 
 
+def failure_of(what: str, exc: BaseException) -> SubjectFailure:
+    detail = "".join(traceback.format_exception(exc))
+    return SubjectFailure("raised", f"{what} raised {type(exc).__name__}: {exc}", detail, exc)
+
+
 class CallGuard:
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
@@ -65,8 +70,7 @@ class CallGuard:
         except SubjectTimeout:
             raise SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s") from None
         except Exception as exc:  # noqa: BLE001 - any exception is the subject's divergence
-            detail = "".join(traceback.format_exception(exc))
-            raise SubjectFailure("raised", f"{what} raised {type(exc).__name__}: {exc}", detail, exc) from None
+            raise failure_of(what, exc) from None
         finally:
             self._in_call = False
 
