@@ -18,6 +18,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections import Counter
@@ -274,8 +275,9 @@ class InterruptWatch:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "InterruptWatch":
-        for signum in self.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._on_signal)
+        if threading.current_thread() is threading.main_thread():  # only it may set handlers
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -315,7 +317,7 @@ class FuzzJob:
     subject: str  # the spec as given
     profile: str
     settings: str
-    seed: int
+    seed: int | None  # None: an enumeration, not a random search
     device: str
     replay_dir: str
     database_dir: str
@@ -619,7 +621,9 @@ class Campaign:
 
 def _print_summary(report: Report, written: dict[str, Path]) -> None:
     head = f"swafuzz {report.command}: {report.verdict} in {report.subject}"
-    run = f"{report.examples} examples in {report.elapsed_s:.1f} s, seed {report.seed}"
+    run = f"{report.examples} examples in {report.elapsed_s:.1f} s"
+    if report.seed is not None:
+        run += f", seed {report.seed}"
     if not report.complete:
         run += f"; interrupted by {report.interrupted_by or 'a signal'}, the report is marked incomplete"
     print(f"{head} ({run})")
@@ -666,7 +670,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 def _cmd_exhaustive(args: argparse.Namespace) -> int:
     campaign = Campaign.from_args(args)
-    job = FuzzJob(subject=campaign.subject, profile=args.profile, settings="exhaustive", seed=0,
+    job = FuzzJob(subject=campaign.subject, profile=args.profile, settings="exhaustive", seed=None,
                   device=campaign.device, replay_dir=str(campaign.report_dir / "replays"),
                   database_dir=str(campaign.database_dir))
     log = DivergenceLog(job)

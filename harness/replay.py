@@ -130,14 +130,14 @@ def load_replay(path: str | os.PathLike) -> Replay:
         raise ReplayError(f"{path}: {exc}") from None
 
 
-def replay_file_name(subject: str, profile: str, seed: int | None) -> str:
+def replay_file_name(replay: Replay) -> str:
     """One file per run: a later, further-shrunk divergence of the same run replaces it."""
-    run = f"seed{seed}" if seed is not None else "unseeded"
-    return f"{_slug(subject)}-{_slug(profile)}-{run}.json"
+    run = f"seed{replay.seed}" if replay.seed is not None else _slug(replay.settings or "unseeded")
+    return f"{_slug(replay.subject)}-{_slug(replay.profile)}-{run}.json"
 
 
 def write_replay(replay: Replay, directory: str | os.PathLike) -> Path:
-    path = Path(directory) / replay_file_name(replay.subject, replay.profile, replay.seed)
+    path = Path(directory) / replay_file_name(replay)
     return write_atomically(path, json.dumps(replay.to_dict(), indent=2) + "\n")
 
 

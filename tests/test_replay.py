@@ -1,0 +1,207 @@
+"""Replay files: the schema round trip, strict loading, deterministic re-runs, emitted tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness import run_scenario
+from harness.registry import resolve_subject
+from harness.replay import (
+    FORMAT,
+    SCHEMA_VERSION,
+    Replay,
+    ReplayError,
+    emit_pytest,
+    load_replay,
+    render_pytest,
+    run_replay,
+    same_divergence,
+    write_replay,
+)
+from strategies.examples import EXAMPLES
+
+STALE_EXAMPLE = "first-swa-layer-not-start"
+
+
+def recorded(subject: str = "pool-start-layer", example: str = STALE_EXAMPLE, **fields) -> Replay:
+    """A replay of what ``pool-start-layer`` does on a hand-written bug-class scenario."""
+    scenario = EXAMPLES[example]
+    divergence = run_scenario(resolve_subject("pool-start-layer").subject, scenario).divergence
+    assert divergence is not None
+    return Replay(subject=subject, profile="realistic", scenario=scenario, divergence=divergence,
+                  seed=7, settings="dev", **fields)
+
+
+def run_pytest(path: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(path)],
+        capture_output=True, text=True, cwd=path.parent, env=env, timeout=120,
+    )
+
+
+# ---- schema --------------------------------------------------------------------------------
+
+
+def test_round_trip_through_a_file_is_exact(tmp_path):
+    replay = recorded()
+    path = write_replay(replay, tmp_path)
+    assert path.name == "pool-start-layer-realistic-seed7.json"
+    assert load_replay(path) == replay
+    data = json.loads(path.read_text())
+    assert data["format"] == FORMAT and data["schema_version"] == SCHEMA_VERSION
+    assert {"harness_version", "subject", "profile", "seed", "scenario", "diagnosis"} <= set(data)
+
+
+def test_a_later_divergence_of_the_same_run_replaces_the_file(tmp_path):
+    first = write_replay(recorded(), tmp_path)
+    second = write_replay(recorded(example="two-batch-overlap"), tmp_path)
+    assert first == second
+    assert load_replay(second).scenario == EXAMPLES["two-batch-overlap"]
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left behind
+
+
+def test_an_enumerated_divergence_is_named_after_its_settings(tmp_path):
+    path = write_replay(recorded(), tmp_path)
+    enumerated = Replay(**{**recorded().__dict__, "seed": None, "settings": "exhaustive"})
+    assert write_replay(enumerated, tmp_path).name == "pool-start-layer-realistic-exhaustive.json"
+    assert path.exists()
+
+
+def _write_json(tmp_path: Path, data) -> Path:
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+def _good() -> dict:
+    return recorded().to_dict()
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(schema_version=99), "schema version 99"),
+        (lambda d: d.update(schema_version=0), "schema version 0"),
+        (lambda d: d.pop("schema_version"), "schema version None"),
+        (lambda d: d.update(format="something-else"), "not a swafuzz replay file"),
+        (lambda d: d.pop("subject"), "field 'subject'"),
+        (lambda d: d.update(seed="seven"), "field 'seed'"),
+        (lambda d: d.update(seed=True), "field 'seed'"),
+        (lambda d: d["scenario"].update(events="none"), "field 'scenario' is invalid"),
+        (lambda d: d["scenario"]["config"].update(start_layer=9), "start_layer"),
+        (lambda d: d.update(diagnosis=[]), "field 'diagnosis' must be an object"),
+        (lambda d: d["diagnosis"].update(colour="red"), "unknown key(s) 'colour'"),
+        (lambda d: d["diagnosis"].pop("layer_id"), "field 'diagnosis' is incomplete"),
+        (lambda d: d["diagnosis"].update(sentence=None), "diagnosis.sentence"),
+    ],
+)
+def test_malformed_files_are_rejected_with_the_reason(tmp_path, mutate, message):
+    data = _good()
+    mutate(data)
+    path = _write_json(tmp_path, data)
+    with pytest.raises(ReplayError) as caught:
+        load_replay(path)
+    assert message in str(caught.value)
+    assert str(path) in str(caught.value)
+
+
+def test_an_unknown_schema_version_says_which_versions_are_read(tmp_path):
+    data = {**_good(), "schema_version": 2, "harness_version": "9.0.0"}
+    with pytest.raises(ReplayError, match=r"written by swafuzz 9\.0\.0.*reads schema version 1"):
+        load_replay(_write_json(tmp_path, data))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not valid JSON (line 1, column 2"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    ("", "not valid JSON"),
+])
+def test_files_that_are_not_replay_json_are_rejected(tmp_path, text, message):
+    with pytest.raises(ReplayError, match=message.replace("(", r"\(")):
+        load_replay(_write_json(tmp_path, text))
+
+
+def test_a_missing_file_is_a_replay_error(tmp_path):
+    with pytest.raises(ReplayError, match="no such replay file"):
+        load_replay(tmp_path / "absent.json")
+
+
+# ---- re-running ------------------------------------------------------------------------------
+
+
+def test_replay_reproduces_the_recorded_divergence_every_time():
+    replay = recorded()
+    for _ in range(3):
+        result = run_replay(replay)
+        assert result.divergence is not None
+        assert same_divergence(result.divergence, replay.divergence)
+        assert result.divergence == replay.divergence
+
+
+def test_replay_against_a_correct_subject_passes():
+    assert run_replay(recorded(), subject="uncached").passed
+    assert run_replay(recorded(subject="step-keyed")).passed
+
+
+def test_same_divergence_compares_the_failure_and_its_store():
+    a = recorded().divergence
+    moved = recorded(example="two-batch-overlap").divergence
+    assert same_divergence(a, a)
+    assert not same_divergence(a, moved)
+
+
+# ---- emitted pytest files ----------------------------------------------------------------------
+
+
+def test_emitted_test_is_standalone_and_fails_while_the_bug_is_there(tmp_path):
+    path = emit_pytest(recorded(), tmp_path / "test_regression.py", source="reports/replays/x.json")
+    text = path.read_text()
+    assert "import hypothesis" not in text and "from hypothesis" not in text
+    outcome = run_pytest(path)
+    assert outcome.returncode == 1, outcome.stdout + outcome.stderr
+    assert "1 failed" in outcome.stdout
+    assert "Stale cache" in outcome.stdout
+
+
+def test_emitted_test_passes_once_the_subject_is_fixed(tmp_path):
+    path = emit_pytest(recorded(subject="uncached"), tmp_path / "test_fixed.py", source="x.json")
+    outcome = run_pytest(path)
+    assert outcome.returncode == 0, outcome.stdout + outcome.stderr
+    assert "1 passed" in outcome.stdout
+
+
+USER_SUBJECT = '''
+    """A user's subject living outside the harness."""
+    from harness.builtin import PoolStartLayer
+
+
+    class MyCachedPool(PoolStartLayer):
+        """The pool-level cache, as a user would ship it."""
+'''
+
+
+def test_emitted_test_imports_a_user_subject_by_its_spec(tmp_path):
+    (tmp_path / "my_subjects.py").write_text(textwrap.dedent(USER_SUBJECT))
+    replay = recorded(subject="my_subjects:MyCachedPool")
+    text = render_pytest(replay, source="x.json")
+    assert "SUBJECT = 'my_subjects:MyCachedPool'" in text
+    path = emit_pytest(replay, tmp_path / "tests" / "test_user.py", source="x.json")
+    outcome = run_pytest(path, extra_path=tmp_path)
+    assert outcome.returncode == 1, outcome.stdout + outcome.stderr
+
+
+def test_emitted_test_keeps_any_sentence_inside_comments():
+    hostile = recorded().divergence.__class__(**{**recorded().divergence.to_dict(),
+                                                 "sentence": 'raised ValueError: """ \\x \' end'})
+    text = render_pytest(Replay(**{**recorded().__dict__, "divergence": hostile}), source="a\nb.json")
+    compile(text, "emitted.py", "exec")
