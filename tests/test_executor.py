@@ -1,0 +1,676 @@
+"""Specification of the differential executor (``harness.run_scenario``).
+
+Whatever a subject does, the run comes back as a RunResult: a divergence of its own kind,
+with a sentence that says where and what, never a harness crash or a hang.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from harness import SUBJECT_API_VERSION, RunResult, Subject, SubjectError, Truth, run_scenario
+from harness.builtin import PoolStartLayer, Uncached, UncachedRing
+from harness.diagnosis import Divergence
+from harness.executor import check_subject
+from reference import Scenario
+from strategies.examples import EXAMPLES
+
+QUICK = 0.5  # seconds a hanging subject is given
+
+
+def _scenario(config: dict, events: list[dict]) -> Scenario:
+    return Scenario.from_dict({"config": config, "events": events})
+
+
+_TWO = {"op": "admit", "count": 2}
+TWO_FORWARDS = _scenario(
+    {"start_layer": 0, "end_layer": 2},
+    [_TWO, {"op": "forward", "requests": [0, 1]}, {"op": "forward", "requests": [0, 1]}],
+)
+IDLE_PADDING = _scenario(
+    {"start_layer": 0, "end_layer": 2},
+    [_TWO, {"op": "forward", "requests": [0, 1]}, {"op": "forward", "mode": "idle", "pad": 2}],
+)
+GRAPH_PADDING = _scenario(
+    {"start_layer": 0, "end_layer": 2, "graph_batch_sizes": [4]},
+    [{"op": "admit", "count": 3}, {"op": "forward", "requests": [0, 1, 2], "graph": True}],
+)
+
+
+def _diverges(subject, scenario=TWO_FORWARDS, **kwargs) -> Divergence:
+    result = run_scenario(subject, scenario, **kwargs)
+    assert isinstance(result, RunResult)
+    assert not result.passed
+    assert result.divergence is not None
+    return result.divergence
+
+
+class _Correct(Uncached):
+    """A correct pool subject the failing subjects below start from."""
+
+    def right(self, batch):
+        return super().swa_write_location(batch, 0)
+
+
+# ---- the subject raises ------------------------------------------------------------------
+
+
+class _RaisesAtSecondForwardLayer1(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        if batch.forward_id == 2 and layer_id == 1:
+            raise ValueError("boom 42")
+        return self.right(batch)
+
+
+def test_a_raising_subject_is_a_raised_divergence_naming_the_exception():
+    d = _diverges(_RaisesAtSecondForwardLayer1)
+    assert d.kind == "raised"
+    assert d.sentence == "At forward 2 (decode), layer 1, swa_write_location raised ValueError: boom 42."
+    assert (d.forward, d.layer_id, d.event, d.mode) == (2, 1, 2, "decode")
+    assert "Traceback" in d.detail and "boom 42" in d.detail
+
+
+class _RaisesInInit(_Correct):
+    def __init__(self, spec):
+        raise RuntimeError("no pool")
+
+
+class _RaisesInRegister(_Correct):
+    def register_mapping(self, mapping):
+        raise KeyError("mapping")
+
+
+class _RaisesInDraftSetup(_Correct):
+    def __init__(self, spec):
+        super().__init__(spec)
+        if spec.model == "draft":
+            raise RuntimeError("no draft pool")
+
+
+class _RaisesInMetadata(_Correct):
+    def init_forward_metadata(self, batch):
+        raise IndexError("metadata")
+
+
+class _RaisesOnReRegister(_Correct):
+    def register_mapping(self, mapping):
+        if self.mapping is not None:
+            raise RuntimeError("registered twice")
+        super().register_mapping(mapping)
+
+
+def test_a_subject_raising_in_init_is_a_divergence_at_setup():
+    d = _diverges(_RaisesInInit)
+    assert d.kind == "raised"
+    assert (d.forward, d.mode, d.model, d.layer_id) == (0, "setup", "target", None)
+    assert d.sentence == "At setup of the target model, _RaisesInInit(spec) raised RuntimeError: no pool."
+
+
+def test_a_subject_raising_in_register_mapping_is_a_divergence_at_setup():
+    d = _diverges(_RaisesInRegister)
+    assert d.kind == "raised"
+    assert d.mode == "setup"
+    assert "register_mapping raised KeyError" in d.sentence
+
+
+def test_a_subject_raising_only_for_the_draft_model_names_the_draft_model():
+    scenario = _scenario({"draft_model": True, "speculative": True, "num_draft_tokens": 2}, [_TWO])
+    d = _diverges(_RaisesInDraftSetup, scenario)
+    assert d.kind == "raised" and d.model == "draft"
+    assert d.sentence.startswith("At setup of the draft model,")
+
+
+def test_a_subject_raising_in_init_forward_metadata_is_a_divergence():
+    d = _diverges(_RaisesInMetadata)
+    assert d.kind == "raised"
+    assert (d.forward, d.layer_id) == (1, None)
+    assert "init_forward_metadata raised IndexError" in d.sentence
+
+
+def test_a_subject_raising_when_a_new_mapping_is_registered_is_a_divergence():
+    scenario = _scenario({}, [_TWO, {"op": "forward", "requests": [0, 1]}, {"op": "register_mapping", "shuffle": 1}])
+    d = _diverges(_RaisesOnReRegister, scenario)
+    assert d.kind == "raised"
+    assert "register_mapping raised RuntimeError: registered twice" in d.sentence
+
+
+def test_a_subject_without_swa_write_location_override_is_a_raised_divergence():
+    class Bare(Subject):
+        truth = Truth.POOL
+
+    d = _diverges(Bare)
+    assert d.kind == "raised"
+    assert "NotImplementedError" in d.sentence
+
+
+# ---- the subject hangs -------------------------------------------------------------------
+
+
+class _Sleeps(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        time.sleep(30)
+        return self.right(batch)
+
+
+class _Spins(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        end = time.monotonic() + 30  # bounded, so a broken guard cannot hang the suite
+        while time.monotonic() < end:
+            pass
+        return self.right(batch)
+
+
+class _SwallowsExceptions(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            try:
+                time.sleep(0.01)
+            except Exception:  # noqa: BLE001 - a subject that hides every error
+                pass
+        return self.right(batch)
+
+
+class _SleepsInInit(_Correct):
+    def __init__(self, spec):
+        time.sleep(30)
+        super().__init__(spec)
+
+
+class _SleepsInMetadata(_Correct):
+    def init_forward_metadata(self, batch):
+        time.sleep(30)
+
+
+@pytest.mark.parametrize("subject", [_Sleeps, _Spins, _SwallowsExceptions], ids=["sleep", "busy-loop", "catches-Exception"])
+def test_a_hanging_subject_is_a_timeout_divergence(subject):
+    d = _diverges(subject, timeout_s=QUICK)
+    assert d.kind == "timeout"
+    assert d.sentence == "At forward 1 (decode), layer 0, swa_write_location did not return within 0.5 s."
+
+
+def test_a_subject_hanging_in_init_is_a_timeout_at_setup():
+    d = _diverges(_SleepsInInit, timeout_s=QUICK)
+    assert d.kind == "timeout" and d.mode == "setup"
+
+
+def test_a_subject_hanging_in_init_forward_metadata_is_a_timeout():
+    d = _diverges(_SleepsInMetadata, timeout_s=QUICK)
+    assert d.kind == "timeout"
+    assert "init_forward_metadata did not return within 0.5 s" in d.sentence
+
+
+def test_the_run_after_a_timeout_is_not_interrupted_by_it():
+    assert run_scenario(_Sleeps, TWO_FORWARDS, timeout_s=QUICK).divergence.kind == "timeout"
+    end = time.monotonic() + 2 * QUICK
+    while time.monotonic() < end:  # a stale alarm would land here
+        pass
+    assert run_scenario(Uncached, TWO_FORWARDS, timeout_s=QUICK).passed
+
+
+# ---- the subject returns something that is not an answer ----------------------------------
+
+
+class _ReturnsList(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return self.right(batch).tolist()
+
+
+class _ReturnsNaN(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        out = self.right(batch).to(torch.float32)
+        out[0] = float("nan")
+        return out
+
+
+class _ReturnsFloat(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return self.right(batch).to(torch.float32)
+
+
+class _ReturnsInt64(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return self.right(batch).to(torch.int64)
+
+
+class _ReturnsShort(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return self.right(batch)[:-1]
+
+
+class _ReturnsLong(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return torch.cat([self.right(batch), torch.zeros(1, dtype=torch.int32)])
+
+
+class _ReturnsColumn(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return self.right(batch)[:, None]
+
+
+class _ReturnsMeta(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return torch.empty(batch.num_tokens, dtype=torch.int32, device="meta")
+
+
+def test_a_non_tensor_answer_is_a_non_tensor_divergence():
+    d = _diverges(_ReturnsList)
+    assert d.kind == "non_tensor"
+    assert d.sentence == "At forward 1 (decode), layer 0, swa_write_location returned list, not a tensor."
+
+
+def test_a_float_answer_with_nan_is_a_wrong_dtype_divergence_mentioning_nan():
+    d = _diverges(_ReturnsNaN)
+    assert d.kind == "wrong_dtype"
+    assert "NaN" in d.sentence and "torch.float32" in d.sentence
+
+
+def test_a_float_answer_without_nan_does_not_claim_nan():
+    d = _diverges(_ReturnsFloat)
+    assert d.kind == "wrong_dtype"
+    assert "NaN" not in d.sentence
+
+
+def test_an_int64_answer_with_right_values_is_a_wrong_dtype_divergence():
+    d = _diverges(_ReturnsInt64)
+    assert d.kind == "wrong_dtype"
+    assert d.sentence == "At forward 1 (decode), layer 0, swa_write_location returned torch.int64, not torch.int32."
+
+
+@pytest.mark.parametrize("subject", [_ReturnsShort, _ReturnsLong, _ReturnsColumn], ids=["short", "long", "2-d"])
+def test_an_answer_of_the_wrong_shape_is_a_wrong_length_divergence(subject):
+    d = _diverges(subject)
+    assert d.kind == "wrong_length"
+    assert "for 2 rows" in d.sentence
+
+
+def test_an_answer_on_another_device_is_a_wrong_device_divergence():
+    d = _diverges(_ReturnsMeta)
+    assert d.kind == "wrong_device"
+    assert "meta" in d.sentence and "cpu" in d.sentence
+
+
+class _ReturnsFirstForwardRows(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        if batch.forward_id == 1:
+            self.first = self.right(batch)
+        return self.first
+
+
+def test_a_wrong_length_answer_that_is_an_earlier_forwards_rows_is_explained_as_stale():
+    scenario = _scenario({"end_layer": 1}, [
+        {"op": "admit", "count": 3}, {"op": "forward", "requests": [0, 1]},
+        {"op": "forward", "requests": [0, 1, 2]},
+    ])
+    d = _diverges(_ReturnsFirstForwardRows, scenario)
+    assert d.kind == "wrong_length"
+    assert d.source["kind"] == "earlier_forward"
+    assert d.sentence.startswith("Stale cache: at forward 2 (decode), layer 0, 2 rows came back for 3")
+
+
+# ---- padding rows ------------------------------------------------------------------------
+
+
+class _PadsToUnownedSlot(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        out = self.right(batch)
+        out[batch.num_live_tokens:] = 77
+        return out
+
+
+class _PadsToLiveSlot(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        out = self.right(batch)
+        out[batch.num_live_tokens:] = self.mapping[self.mapping != 0][0].to(torch.int32)
+        return out
+
+
+class _RingPadsToLiveRing(UncachedRing):
+    def swa_write_location(self, batch, layer_id):
+        out = super().swa_write_location(batch, layer_id).clone()
+        out[batch.num_live_tokens:] = self.spec.ring  # row 0 of request slot 1
+        return out
+
+
+def test_correct_padding_rows_on_the_dummy_slot_pass():
+    assert run_scenario(Uncached, IDLE_PADDING).passed
+    assert run_scenario(Uncached, GRAPH_PADDING).passed
+    assert run_scenario(UncachedRing, GRAPH_PADDING).passed
+
+
+def test_padding_rows_off_the_dummy_slot_are_a_padding_divergence():
+    d = _diverges(_PadsToUnownedSlot, IDLE_PADDING)
+    assert d.kind == "padding"
+    assert d.sentence == "At forward 2 (idle), layer 0, padding row 0 writes to 77, not to the dummy slot."
+    assert d.source["kind"] != "aliases_live"
+    assert d.actual == [77, 77] and d.expected == [0, 0]
+
+
+def test_a_padding_row_aliasing_a_live_slot_says_so():
+    d = _diverges(_PadsToLiveSlot, IDLE_PADDING)
+    assert d.kind == "padding"
+    assert d.source["kind"] == "aliases_live"
+    assert "which a live request owns" in d.sentence
+    assert d.sentence.startswith("At forward 2 (idle), layer 0, padding row 0 writes to ")
+
+
+def test_a_padding_row_aliasing_a_live_ring_says_so():
+    d = _diverges(_RingPadsToLiveRing, IDLE_PADDING)
+    assert d.kind == "padding"
+    assert d.source["kind"] == "aliases_live"
+    assert d.sentence == (
+        "At forward 2 (idle), layer 0, padding row 0 writes to 8, which a live request owns, "
+        "instead of the dummy slot."
+    )
+
+
+# ---- subjects that write into what they are given ----------------------------------------
+
+
+class _Scribbler(Subject):
+    """Correct rows computed from private copies; then writes garbage into every input."""
+
+    truth = Truth.POOL
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.slots = {}  # request slot per token, per forward (draft steps do not change it)
+        self.rows = {}
+
+    def swa_write_location(self, batch, layer_id):
+        if batch.forward_id not in self.slots:
+            self.slots[batch.forward_id] = batch.req_pool_indices.repeat_interleave(
+                batch.extend_seq_lens, output_size=batch.num_tokens
+            )
+        key = (batch.forward_id, batch.draft_step)
+        if key not in self.rows:
+            self.rows[key] = self.compute(batch.out_cache_loc, self.slots[batch.forward_id], batch.positions)
+        for tensor in (batch.out_cache_loc, batch.positions, batch.req_pool_indices):
+            tensor.fill_(3)
+        batch.extend_seq_lens.fill_(1)
+        return self.rows[key].clone()
+
+    def compute(self, loc, slots, positions):
+        return self.mapping[loc].to(torch.int32)
+
+
+class _RingScribbler(_Scribbler):
+    truth = Truth.RING
+
+    def compute(self, loc, slots, positions):
+        return (slots * self.spec.ring + positions % self.spec.ring).to(torch.int32)
+
+
+_SCRIBBLED = _scenario(
+    {"start_layer": 0, "end_layer": 3, "speculative": True, "num_draft_tokens": 2},
+    [
+        {"op": "admit", "count": 3},
+        {"op": "forward", "mode": "extend", "requests": [0, 1, 2], "tokens": [1, 3, 2]},
+        {"op": "forward", "requests": [0, 1, 2], "micro_batches": 2},
+        {"op": "forward", "mode": "draft", "requests": [0, 2], "steps": 2},
+        {"op": "forward", "mode": "idle", "pad": 2},
+        {"op": "forward", "requests": [0, 1, 2]},
+    ],
+)
+
+
+@pytest.mark.parametrize("subject", [_Scribbler, _RingScribbler], ids=["pool", "ring"])
+def test_a_subject_writing_into_its_inputs_cannot_corrupt_the_reference(subject):
+    result = run_scenario(subject, _SCRIBBLED)
+    assert result.passed, result.divergence and result.divergence.sentence
+    assert result.forwards == 5
+
+
+class _ZeroesItsMapping(_Correct):
+    """Answers right, then wipes the mapping it was given after forward 1's last layer."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = self.right(batch)
+        if batch.forward_id == 1 and layer_id == self.spec.end_layer - 1:
+            self.mapping.zero_()
+        return rows
+
+
+def test_a_subject_wiping_its_mapping_does_not_touch_the_engines():
+    # the engine's next in-place change brings the subject's tensor back in line
+    result = run_scenario(_ZeroesItsMapping, TWO_FORWARDS)
+    assert result.passed, result.divergence and result.divergence.sentence
+    assert result.checks == 4
+
+
+# ---- which classes are subjects ----------------------------------------------------------
+
+
+def test_check_subject_accepts_a_subject_class_and_returns_it():
+    assert check_subject(Uncached) is Uncached
+
+
+@pytest.mark.parametrize("thing", [Uncached.__new__(Uncached), lambda spec: None, "uncached", None],
+                         ids=["instance", "function", "string", "None"])
+def test_check_subject_rejects_non_classes(thing):
+    with pytest.raises(SubjectError, match="a subject is a class, got"):
+        check_subject(thing)
+
+
+def test_check_subject_rejects_a_class_without_truth():
+    class NoTruth(Subject):
+        def swa_write_location(self, batch, layer_id):
+            return None
+
+    with pytest.raises(SubjectError, match=r"NoTruth\.truth must be Truth\.POOL or Truth\.RING, got None"):
+        check_subject(NoTruth)
+
+
+def test_check_subject_rejects_a_truth_that_is_not_a_truth_member():
+    class StringTruth(Uncached):
+        truth = "pool"
+
+    with pytest.raises(SubjectError, match=r"StringTruth\.truth must be Truth\.POOL or Truth\.RING, got 'pool'"):
+        check_subject(StringTruth)
+
+
+@pytest.mark.parametrize("version", [SUBJECT_API_VERSION + 1, 0, None, "1"])
+def test_check_subject_rejects_another_api_version(version):
+    class Other(Uncached):
+        api_version = version
+
+    with pytest.raises(SubjectError, match=rf"Other targets subject API version {version!r}.*version {SUBJECT_API_VERSION}"):
+        check_subject(Other)
+
+
+def test_check_subject_rejects_a_class_without_swa_write_location():
+    class Duck:
+        truth = Truth.POOL
+        api_version = SUBJECT_API_VERSION
+
+    with pytest.raises(SubjectError, match="Duck has no swa_write_location method"):
+        check_subject(Duck)
+
+
+def test_run_scenario_refuses_a_non_subject_before_running():
+    with pytest.raises(SubjectError):
+        run_scenario("uncached", TWO_FORWARDS)
+
+
+# ---- what a run counts -------------------------------------------------------------------
+
+
+_COUNTED = _scenario(
+    {"start_layer": 0, "end_layer": 3, "non_swa_layers": [1], "speculative": True, "num_draft_tokens": 2},
+    [
+        {"op": "admit", "count": 4},
+        {"op": "forward", "requests": [0, 1]},  # 2 stores
+        {"op": "forward", "mode": "draft", "requests": [0, 1, 2, 3], "steps": 2, "micro_batches": 2},  # 8
+        {"op": "finish", "request": 3},
+        {"op": "forward", "requests": [0, 1, 2], "graph": True},  # 2
+        {"op": "forward", "mode": "idle", "pad": 1},  # 2
+        {"op": "forward", "mode": "verify", "requests": [2], "layers": [2, 0, 2]},  # 3
+    ],
+)
+
+
+@pytest.mark.parametrize("subject", [Uncached, UncachedRing])
+def test_a_passing_run_counts_every_store_check_and_every_forward(subject):
+    result = run_scenario(subject, _COUNTED)
+    assert result.passed
+    assert (result.checks, result.forwards) == (17, 5)
+
+
+def test_a_diverging_run_counts_up_to_and_including_the_diverging_check():
+    result = run_scenario(PoolStartLayer, EXAMPLES["first-swa-layer-not-start"])
+    assert (result.checks, result.forwards) == (3, 2)
+
+
+def test_a_run_diverging_at_setup_counts_nothing():
+    result = run_scenario(_RaisesInInit, TWO_FORWARDS)
+    assert (result.checks, result.forwards) == (0, 0)
+
+
+def test_a_scenario_without_forwards_passes_with_no_checks():
+    result = run_scenario(Uncached, _scenario({}, [_TWO, {"op": "finish", "request": 0}]))
+    assert result.passed and (result.checks, result.forwards) == (0, 0)
+
+
+# ---- what a diagnosis says ---------------------------------------------------------------
+
+
+class _RingStaleAtStep1(UncachedRing):
+    """Returns draft step 0's rows for micro-batch 1 at draft step 1, layer 1."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        if batch.draft_step == 0:
+            batch.backend.step0 = rows
+        if (batch.draft_step, batch.micro_batch, layer_id) == (1, 1, 1):
+            return batch.backend.step0
+        return rows
+
+
+def test_a_diagnosis_fills_every_field():
+    scenario = _scenario(
+        {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 2},
+        [{"op": "admit", "count": 4},
+         {"op": "forward", "mode": "draft", "requests": [0, 1, 2, 3], "steps": 2, "micro_batches": 2}],
+    )
+    d = _diverges(_RingStaleAtStep1, scenario)
+    ring = 9  # window 8 + 2 draft tokens - 1; requests 2 and 3 own request slots 3 and 4
+    assert d.kind == "wrong_rows"
+    assert (d.forward, d.event, d.mode, d.model) == (1, 1, "draft", "target")
+    assert (d.draft_step, d.micro_batch, d.layer_id) == (1, 1, 1)
+    assert d.expected == [3 * ring + 1, 4 * ring + 1]
+    assert d.actual == [3 * ring + 0, 4 * ring + 0]
+    assert d.source["kind"] == "earlier_step"
+    assert (d.source["forward"], d.source["draft_step"], d.source["micro_batch"]) == (1, 0, 1)
+    assert d.stale
+    assert d.sentence == (
+        "Stale cache: at forward 1 (draft), micro-batch 1, draft step 1, layer 1, all live rows "
+        "hold the rows of draft step 0: the cache was not refreshed between draft steps."
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Divergence.call is documented as the 0-based index of the diverging subject call, "
+    "but the executor counts the call before building the site (harness/executor.py), so it "
+    "is 1-based",
+)
+def test_a_diagnosis_counts_the_diverging_call_from_zero():
+    scenario = _scenario(
+        {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 2},
+        [{"op": "admit", "count": 4},
+         {"op": "forward", "mode": "draft", "requests": [0, 1, 2, 3], "steps": 2, "micro_batches": 2}],
+    )
+    # before it: __init__, register_mapping, 2 metadata inits and 7 stores
+    assert _diverges(_RingStaleAtStep1, scenario).call == 11
+
+
+def test_consecutive_subject_calls_have_consecutive_call_numbers():
+    # whichever base the executor uses, the first call and the next differ by one
+    first = _diverges(_RaisesInInit).call
+    second = _diverges(_RaisesInRegister).call
+    assert second == first + 1
+
+
+def test_a_divergence_survives_its_dict_form():
+    d = _diverges(PoolStartLayer, EXAMPLES["two-batch-overlap"])
+    assert Divergence.from_dict(d.to_dict()) == d
+
+
+class _OffByOne(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return self.right(batch) + 1000
+
+
+def test_rows_no_candidate_explains_are_wrong_rows_of_unknown_source():
+    d = _diverges(_OffByOne)
+    assert d.kind == "wrong_rows"
+    assert d.source["kind"] == "unknown"
+    assert not d.stale
+    assert d.sentence.startswith("At forward 1 (decode), layer 0, all live rows are wrong")
+
+
+# ---- graphs ------------------------------------------------------------------------------
+
+
+class _SyncsInCapture(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        if int(batch.out_cache_loc.max().item()) < 0:
+            raise AssertionError("unreachable")
+        return self.right(batch)
+
+
+def test_a_host_sync_inside_graph_capture_is_a_capture_divergence():
+    d = _diverges(_SyncsInCapture, EXAMPLES["graph-replay"])
+    assert d.kind == "capture"
+    assert "graph capture" in d.sentence
+
+
+def test_the_same_host_sync_outside_a_graph_passes():
+    assert run_scenario(_SyncsInCapture, TWO_FORWARDS).passed
+
+
+# ---- in-forward mutations ----------------------------------------------------------------
+
+
+class _SeesFirstLocs(_Correct):
+    """Records, at every store, what the forward-1 locations of request 0 translate to."""
+
+    seen: list[int] = []
+
+    def swa_write_location(self, batch, layer_id):
+        if batch.forward_id == 1 and layer_id == 0:
+            self.first = batch.out_cache_loc[:1].clone()
+        type(self).seen.append(int(self.mapping[self.first]))
+        return self.right(batch)
+
+
+def test_a_mutation_changes_the_mapping_from_the_next_store_on():
+    scenario = _scenario({"start_layer": 0, "end_layer": 2}, [
+        _TWO,
+        {"op": "forward", "requests": [0, 1], "mutation": {"after_calls": 1, "op": "relocate", "request": 0}},
+        {"op": "forward", "requests": [0, 1]},
+    ])
+    _SeesFirstLocs.seen = []
+    assert run_scenario(_SeesFirstLocs, scenario).passed
+    seen = _SeesFirstLocs.seen
+    assert seen[0] != seen[1] and seen[1:] == [seen[1]] * 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a mutation with after_calls equal to the forward's store calls passes validation "
+    "but is never applied (harness/executor.py _eager_forward checks it only before a store)",
+)
+def test_a_mutation_after_the_last_store_still_happens():
+    scenario = _scenario({"start_layer": 0, "end_layer": 2}, [
+        _TWO,
+        {"op": "forward", "requests": [0, 1], "mutation": {"after_calls": 2, "op": "relocate", "request": 0}},
+        {"op": "forward", "requests": [0, 1]},
+    ])
+    _SeesFirstLocs.seen = []
+    assert run_scenario(_SeesFirstLocs, scenario).passed
+    seen = _SeesFirstLocs.seen
+    assert seen[0] == seen[1] and seen[2] != seen[1]
