@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import socket
 import tempfile
 import xml.etree.ElementTree as ET
@@ -193,6 +194,8 @@ def render_markdown(report: Report) -> str:
 
 # ---- JUnit XML -----------------------------------------------------------------------------
 
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
 
 def render_junit(report: Report) -> str:
     failures = 1 if report.divergence is not None else 0
@@ -223,7 +226,10 @@ def render_junit(report: Report) -> str:
     system_out = ET.SubElement(case, "system-out")
     system_out.text = _run_line(report) + (f"\nreproduce: {report.replay_command}" if report.replay_command else "")
     ET.indent(suites)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+    text = ET.tostring(suites, encoding="unicode")
+    # ElementTree escapes markup but passes control characters (a subject's ANSI colours)
+    # that no XML parser accepts
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub("\ufffd", text) + "\n"
 
 
 # ---- the outcome grid ------------------------------------------------------------------------
@@ -239,18 +245,30 @@ WRONG = "wrong"
 ERROR = "error"
 NOT_RUN = "not_run"
 
-# outcome: (legend label, colour, text drawn in the cell)
+# outcome: (legend label, colour)
 OUTCOME_STYLE = {
-    OK: ("ok", "#3a9d5d", ""),
-    STALE_FORWARD: ("stale: rows of an earlier forward", "#d7301f", "F"),
-    STALE_STEP: ("stale: rows of an earlier draft step", "#f16913", "S"),
-    STALE_CAPTURE: ("stale: rows recorded at graph capture", "#a50f15", "G"),
-    OTHER_MICRO_BATCH: ("another micro-batch's rows", "#7a3db8", "MB"),
-    OLD_MAPPING: ("translated with an old mapping", "#e6a400", "M"),
-    DUMMY: ("the dummy slot", "#3b3b3b", "0"),
-    WRONG: ("other wrong rows (fallback, padding, unexplained)", "#c51b7d", "×"),
-    ERROR: ("error: raised, hung or returned a bad tensor", "#67000d", "!"),
-    NOT_RUN: ("not run (after the divergence)", "#e4e4e4", ""),
+    OK: ("ok", "#3a9d5d"),
+    STALE_FORWARD: ("stale: rows of forward k (Fk)", "#d7301f"),
+    STALE_STEP: ("stale: rows of draft step k (Sk)", "#f16913"),
+    STALE_CAPTURE: ("stale: rows recorded at the graph capture in forward k (Gk)", "#a50f15"),
+    OTHER_MICRO_BATCH: ("micro-batch k's rows (MBk)", "#7a3db8"),
+    OLD_MAPPING: ("translated with an old mapping (M)", "#e6a400"),
+    DUMMY: ("the dummy slot (0)", "#3b3b3b"),
+    WRONG: ("other wrong rows: fallback, padding, unexplained (×)", "#c51b7d"),
+    ERROR: ("error: raised, hung or returned a bad tensor (!)", "#67000d"),
+    NOT_RUN: ("not run (after the divergence)", "#e4e4e4"),
+}
+
+# outcome: (what the cell shows, the source field whose number follows it)
+_MARKS = {
+    STALE_FORWARD: ("F", "forward"),
+    STALE_STEP: ("S", "draft_step"),
+    STALE_CAPTURE: ("G", "forward"),
+    OTHER_MICRO_BATCH: ("MB", "micro_batch"),
+    OLD_MAPPING: ("M", None),
+    DUMMY: ("0", None),
+    WRONG: ("×", None),
+    ERROR: ("!", None),
 }
 
 _SOURCE_OUTCOME = {
@@ -273,6 +291,7 @@ class Cell:
     micro_batch: int
     layer_id: int | None  # None: the call before the layers (metadata init, capture)
     outcome: str
+    mark: str = ""  # the text drawn in the cell
     note: str = ""
     is_source: bool = False  # a store of the forward, step and micro-batch whose rows came back
 
@@ -286,13 +305,16 @@ class ForwardRow:
     micro_batches: int
 
 
-def outcome_of(divergence: Divergence) -> tuple[str, str]:
-    """The grid outcome of the diverging store and a short note for its tooltip."""
+def outcome_of(divergence: Divergence) -> tuple[str, str, str]:
+    """The grid outcome of the diverging store, its mark ("F1") and a note for its tooltip."""
     source = divergence.source or {}
     if divergence.kind not in _VALUE_KINDS:
-        return ERROR, divergence.kind
+        return ERROR, _MARKS[ERROR][0], divergence.kind
     outcome = _SOURCE_OUTCOME.get(source.get("kind"), WRONG)
-    return outcome, source.get("phrase", divergence.kind)
+    prefix, numbered_by = _MARKS[outcome]
+    number = source.get(numbered_by) if numbered_by else None
+    mark = f"{prefix}{number}" if number is not None else prefix
+    return outcome, mark, source.get("phrase", divergence.kind)
 
 
 def _schedule(scenario: Scenario) -> tuple[list[ForwardRow], list[tuple[int, int, int, int]]]:
@@ -331,18 +353,18 @@ def cells_from_divergence(scenario: Scenario, divergence: Divergence) -> tuple[l
     ``layer_id=None`` in front of its forward's row, and that whole forward did not run.
     """
     rows, stores = _schedule(scenario)
-    outcome, note = outcome_of(divergence)
+    outcome, mark, note = outcome_of(divergence)
     failing = (divergence.forward or 0, divergence.draft_step or 0, divergence.micro_batch or 0,
                divergence.layer_id)
     source = divergence.source or {}
     source_row = (source.get("forward"), source.get("draft_step"), source.get("micro_batch"))
     cells: list[Cell] = []
     if divergence.layer_id is None:
-        cells.append(Cell(*failing, outcome=outcome, note=note))
+        cells.append(Cell(*failing, outcome=outcome, mark=mark, note=note))
     reached = True
     for store in stores:
         if store == failing:
-            cells.append(Cell(*store, outcome=outcome, note=note))
+            cells.append(Cell(*store, outcome=outcome, mark=mark, note=note))
             reached = False
             continue
         if divergence.layer_id is None and store[0] >= failing[0]:
@@ -390,38 +412,42 @@ def _row_label(row: ForwardRow, step: int, mb: int) -> str:
     return " · ".join(parts)
 
 
-def _cell_html(cell: Cell | None, failing: bool) -> str:
+def _cell_html(cell: Cell | None) -> str:
     if cell is None:
         return '<td class="none" title="no SWA store at this layer"></td>'
-    label, colour, text = OUTCOME_STYLE[cell.outcome]
+    label, colour = OUTCOME_STYLE[cell.outcome]
+    failing = cell.outcome not in (OK, NOT_RUN)
     classes = [c for c, on in (("failing", failing), ("source", cell.is_source)) if on]
     title = label + (f": {cell.note}" if cell.note else "") + (" (source of the stale rows)" if cell.is_source else "")
     text_colour = "#555" if cell.outcome == NOT_RUN else "#fff"
     return (f'<td class="{" ".join(classes)}" style="background:{colour};color:{text_colour}" '
-            f'title="{_esc(title)}">{_esc(text)}</td>')
+            f'title="{_esc(title)}">{_esc(cell.mark)}</td>')
 
 
 def render_grid(scenario: Scenario, rows: list[ForwardRow], cells: list[Cell]) -> str:
     """The forwards x layers table; micro-batches and draft steps get their own rows."""
     layers = list(scenario.config.stage_layers)
     by_store = {(c.forward, c.draft_step, c.micro_batch, c.layer_id): c for c in cells}
-    failing = {(c.forward, c.draft_step, c.micro_batch, c.layer_id) for c in cells if c.outcome not in (OK, NOT_RUN)}
-    header = "".join(f"<th>{layer}</th>" for layer in layers)
-    out = [f'<table class="grid"><tr><th class="row">layer →</th><th></th>{header}</tr>']
+    # a column in front of the layers, only for a failure before the first layer
+    before_layers = any(c.layer_id is None for c in cells)
+    header = ("<th>init</th>" if before_layers else "") + "".join(f"<th>{layer}</th>" for layer in layers)
+    out = [f'<table class="grid"><tr><th class="row">layer →</th>{header}</tr>']
     for row in rows:
         for step in range(row.draft_steps):
             for mb in range(row.micro_batches):
                 start = ' class="forward-start"' if step == mb == 0 else ""
-                before = by_store.get((row.forward, step, mb, None))
-                tds = [_cell_html(before, True) if before else "<td></td>"]
+                tds = []
+                if before_layers:
+                    before = by_store.get((row.forward, step, mb, None))
+                    tds.append(_cell_html(before) if before else '<td class="none"></td>')
                 for layer in layers:
                     key = (row.forward, step, mb, layer)
-                    tds.append(_cell_html(by_store.get(key), key in failing))
+                    tds.append(_cell_html(by_store.get(key)))
                 out.append(f'<tr{start}><th class="row">{_esc(_row_label(row, step, mb))}</th>{"".join(tds)}</tr>')
     out.append("</table>")
     legend = "".join(
         f'<span class="swatch" style="background:{colour}"></span>{_esc(label)}'
-        for label, colour, _ in OUTCOME_STYLE.values()
+        for label, colour in OUTCOME_STYLE.values()
     )
     out.append(f'<p class="legend">{legend}<span class="swatch" style="border:2px dashed #111"></span>'
                "where the stale rows came from</p>")
