@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..api import ForwardBatch, ForwardMode, Subject, Truth
+from ..api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
 from .binding import Binding
 
 
@@ -157,6 +157,13 @@ STANDARD_NAMES: dict[str, Any] = {
     "fields": __import__("dataclasses").fields,
     "warnings": __import__("warnings"),
 }
+
+# The modes in which SGLang's DeepSeek-V4 model reads get_unified_swa_loc: its unified-KV
+# store takes the ring rows from the getter on the decode arm (is_decode_or_idle) and, from
+# 0.5.20 under fp8, for target-verify; prefill and extend rows are stored by the backend.
+RING_GETTER_MODES = frozenset({
+    ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY,
+})
 
 POOL_CLASS = "DeepSeekV4TokenToKVPool"
 UNIFIED_METADATA_CLASS = "UnifiedKvMetadata"
@@ -404,7 +411,12 @@ class RingSubject(_MetadataSubject):
 class RingMergeSubject(RingSubject):
     """:class:`RingSubject` whose ring metadata is SGLang's ``UnifiedKvMetadata`` and whose
     pre-replay merge is its real ``copy_`` (fields in the copy list are written in place,
-    fields in the assign list are re-pointed)."""
+    fields in the assign list are re-pointed).
+
+    Only stores that SGLang's model routes through the getter read the merged metadata
+    (:data:`RING_GETTER_MODES`); the others are answered with per-token ring rows, as the
+    backend's own store writes them, so that findings are about the merge.
+    """
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -412,6 +424,13 @@ class RingMergeSubject(RingSubject):
 
     def _unified(self) -> Any:
         return self.unified_class()
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        if batch.mode in RING_GETTER_MODES:
+            return super().swa_write_location(batch, layer_id)
+        ring = self.pool.unified_swa_ring_size
+        slots = tokens_request_slots(batch).to(torch.int64)
+        return (slots * ring + batch.positions.to(torch.int64) % ring).to(torch.int32)
 
     def _merge(self, captured: Any, fresh: Any) -> None:
         captured.copy_(fresh)
