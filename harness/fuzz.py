@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -137,10 +136,12 @@ def fuzz(
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     chosen = settings_profile(settings)
     limit = max_examples if max_examples is not None else chosen.max_examples
-    if seed is None:
-        seed = 0 if chosen.deterministic else random.randrange(2**32)
+    # Hypothesis neither reads nor writes its database for seeded runs, so a run is either
+    # reproducible from its seed (ci, or --seed) or remembered in the database (the rest)
+    if seed is None and chosen.deterministic:
+        seed = 0
     database = None
-    if chosen.uses_database and not threads:
+    if seed is None and chosen.uses_database and not threads:
         database = DirectoryBasedExampleDatabase(str(database_path(database_dir)))
     started = time.monotonic()
     result = FuzzResult(info.name, profile, chosen.name, examples=0, elapsed_s=0.0, seed=seed)
@@ -187,7 +188,9 @@ def fuzz(
                 Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink,
             ],
         )
-        test = hypothesis.seed(seed + run)(hypothesis_settings(given(scenarios(profile))(check)))
+        test = hypothesis_settings(given(scenarios(profile))(check))
+        if seed is not None:
+            test = hypothesis.seed(seed + run)(test)
         run += 1
         try:
             test()

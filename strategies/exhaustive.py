@@ -86,8 +86,10 @@ def enumerate_scenarios(
 ) -> Iterator[Scenario]:
     """Every scenario of the scope (see module docstring), in a fixed order.
 
-    ``max_forwards`` counts the forwards under test, after the bystander's decode.
+    ``max_forwards`` counts the forwards under test, after the bystander's decode. Scenarios
+    with fewer forwards come first.
     """
+    configs = []
     for config in _configs(max_layers):
         swa = [l for l in range(config["start_layer"], config["end_layer"]) if l not in config["non_swa_layers"]]
         variants = [
@@ -95,7 +97,10 @@ def enumerate_scenarios(
             if v.get("micro_batches", 1) <= max_micro_batches
             and not (v.get("skip_layers") and len(swa) == len(v["skip_layers"]))
         ]
-        for count in range(1, max_forwards + 1):
+        configs.append((config, variants))
+    # fewest forwards first, so the first divergence found is a shortest one
+    for count in range(1, max_forwards + 1):
+        for config, variants in configs:
             for forwards in itertools.product(variants, repeat=count):
                 for betweens in itertools.product(BETWEEN_FORWARDS, repeat=count - 1):
                     events: list[dict] = [{"op": "admit", "count": 3}, _WARM_UP]

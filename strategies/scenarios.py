@@ -77,12 +77,15 @@ class _Sim:
         self.peak_live = max(self.peak_live, len(self.live))
 
 
-@st.composite
-def scenarios(draw, profile: str = REALISTIC) -> Scenario:
-    """A valid scenario of the given profile (the reference never rejects one)."""
+def scenarios(profile: str = REALISTIC) -> st.SearchStrategy[Scenario]:
+    """Valid scenarios of the given profile (the reference never rejects one)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    adversarial = profile == ADVERSARIAL
+    return _scenarios(profile == ADVERSARIAL)
+
+
+@st.composite
+def _scenarios(draw, adversarial: bool) -> Scenario:
 
     start_layer = draw(_small_or(0, 1, 60))
     num_layers = draw(_small_or(1, 3, 64))

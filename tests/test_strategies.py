@@ -1,0 +1,93 @@
+"""Strategies make valid scenarios of their profile, and the exhaustive scope is what it says."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from harness import run_scenario
+from harness.builtin import Uncached
+from reference import EngineState
+from strategies.examples import EXAMPLES
+from strategies.exhaustive import enumerate_scenarios
+from strategies.features import ALL_FEATURES, features_of
+from strategies.scenarios import ADVERSARIAL, REALISTIC, adversarial_reasons, scenarios, weakest_profile
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _run_engine_model(scenario) -> None:
+    state = EngineState(scenario.config)
+    for index, event in enumerate(scenario.events):
+        where = f"events[{index}]"
+        if event.op == "forward":
+            state.plan_forward(event, index, where)
+            state.finish_forward()
+        else:
+            state.apply(event, where)
+
+
+@pytest.mark.parametrize("profile", [REALISTIC, ADVERSARIAL])
+def test_generated_scenarios_are_accepted_by_the_engine_model_and_round_trip(profile):
+    @FAST
+    @given(scenarios(profile))
+    def check(scenario):
+        _run_engine_model(scenario)
+        assert type(scenario).from_dict(scenario.to_dict()) == scenario
+
+    check()
+
+
+def test_realistic_strategy_draws_only_what_the_engine_does():
+    @FAST
+    @given(scenarios(REALISTIC))
+    def check(scenario):
+        assert adversarial_reasons(scenario) == []
+
+    check()
+
+
+def test_unknown_profile_is_rejected_with_the_choices():
+    with pytest.raises(ValueError, match="realistic"):
+        scenarios("lenient")
+
+
+@pytest.mark.parametrize(
+    "name, profile",
+    [
+        ("first-swa-layer-not-start", REALISTIC),
+        ("pipeline-stage", REALISTIC),
+        ("two-batch-overlap", REALISTIC),
+        ("multi-step-draft", REALISTIC),
+        ("ragged-extend", REALISTIC),
+        ("graph-replay", REALISTIC),
+        ("idle-replay-skips-init", REALISTIC),
+        ("in-place-change-mid-forward", ADVERSARIAL),
+        ("register-then-skip-start", ADVERSARIAL),
+        ("skipped-metadata-init", ADVERSARIAL),
+    ],
+)
+def test_weakest_profile_of_each_bug_class_example(name, profile):
+    assert weakest_profile(EXAMPLES[name]) == profile
+
+
+def test_adversarial_reasons_name_the_event_and_the_feature():
+    reasons = adversarial_reasons(EXAMPLES["in-place-change-mid-forward"])
+    assert reasons == ["events[1]: the mapping changes between layers of one forward"]
+
+
+def test_exhaustive_scope_is_valid_and_realistic_scope_is_a_subset():
+    adversarial = list(enumerate_scenarios(max_forwards=1, max_layers=2))
+    realistic = list(enumerate_scenarios(max_forwards=1, max_layers=2, profile=REALISTIC))
+    assert 0 < len(realistic) < len(adversarial)
+    assert set(map(repr, realistic)) <= set(map(repr, adversarial))
+    for scenario in adversarial:
+        assert run_scenario(Uncached, scenario).passed
+
+
+def test_exhaustive_scope_switches_every_feature_on_somewhere():
+    seen = set()
+    for scenario in enumerate_scenarios(max_forwards=2, max_layers=2):
+        seen |= features_of(scenario)
+    missing = set(ALL_FEATURES) - seen - {"draft_model", "paged_pools", "permuted_layers"}
+    assert missing == set()
