@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--settings", choices=sorted(SETTINGS_PROFILES),
                       help="search settings profile (default: $SWAFUZZ_SETTINGS, else dev); "
                            "ci is deterministic and keeps no example database")
+    fuzz.add_argument("--threads", action="store_true",
+                      help="stress mode: micro-batches call the subject from real threads; a "
+                           "divergence is not shrunk, its interleaving is pinned into the replay file")
     _add_run_options(fuzz)
     _add_device(fuzz)
     _add_outputs(fuzz)
@@ -323,6 +326,7 @@ class FuzzJob:
     database_dir: str
     budget_s: float | None = None
     max_examples: int | None = None
+    threads: bool = False
 
 
 class DivergenceLog:
@@ -374,7 +378,7 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
         result = fuzz_engine.fuzz(
             info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
             budget_s=job.budget_s, seed=job.seed, device=job.device, database_dir=job.database_dir,
-            on_progress=progress, on_divergence=divergence,
+            threads=job.threads, on_progress=progress, on_divergence=divergence,
         )
     except KeyboardInterrupt:
         found = log.latest
@@ -590,6 +594,7 @@ class Campaign:
             subject=self.subject, profile=profile, settings=chosen.name, seed=seed,
             device=self.device, replay_dir=str(self.report_dir / "replays"),
             database_dir=str(self.database_dir), budget_s=args.budget, max_examples=args.max_examples,
+            threads=getattr(args, "threads", False),
         )
 
     def progress_line(self) -> ProgressLine:
@@ -606,6 +611,7 @@ class Campaign:
             weakest_profile=result.weakest_profile,
             replay_file=str(replay_path) if replay_path and result.divergence else None,
             complete=not interrupted, interrupted_by=watch.signal_name if interrupted else None,
+            replays=result.replays,
         )
         written = write_reports(report, self.report_dir)
         if self.as_json:

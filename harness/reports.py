@@ -87,6 +87,7 @@ class Report:
     replay_file: str | None = None
     complete: bool = True
     interrupted_by: str | None = None  # the signal's name when a run was cut short
+    replays: bool = True  # False: a threaded divergence did not come back without threads
     finished_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -127,6 +128,7 @@ class Report:
             out["weakest_profile"] = self.weakest_profile
             out["replay_file"] = self.replay_file
             out["replay_command"] = self.replay_command
+            out["replays"] = self.replays
             out["scenario"] = self.scenario.to_dict() if self.scenario is not None else None
         return out
 
@@ -151,6 +153,10 @@ def _run_line(report: Report) -> str:
     return f"{report.examples} examples in {report.elapsed_s:.1f} s ({rate:.1f}/s)"
 
 
+_NO_REPLAY_NOTE = ("Found with threads; replaying its recorded interleaving without threads did not "
+                   "reproduce it, so the replay file may pass while the bug is there.")
+
+
 def _incomplete_note(report: Report) -> str:
     by = f" by {report.interrupted_by}" if report.interrupted_by else ""
     return f"Incomplete: the run was interrupted{by} after {report.examples} examples."
@@ -163,6 +169,8 @@ def render_markdown(report: Report) -> str:
         lines += [f"> **{_incomplete_note(report)}**", ""]
     if report.divergence is not None:
         lines += [f"> {report.divergence.sentence}", ""]
+        if not report.replays:
+            lines += [f"> {_NO_REPLAY_NOTE}", ""]
     info = report.subject_info
     settings = f", settings {report.settings}" if report.settings else ""
     seed = f", seed {report.seed}" if report.seed is not None else ""
@@ -484,6 +492,8 @@ def render_html(report: Report, cells: tuple[list[ForwardRow], list[Cell]] | Non
             + (f" — {_esc(divergence.sentence)}" if divergence is not None else "") + "</p>"]
     if not report.complete:
         body.append(f'<p class="verdict partial">{_esc(_incomplete_note(report))}</p>')
+    if divergence is not None and not report.replays:
+        body.append(f'<p class="verdict partial">{_esc(_NO_REPLAY_NOTE)}</p>')
     body.append(_facts_html(report))
     if divergence is not None and report.scenario is not None:
         rows, grid_cells = cells or cells_from_divergence(report.scenario, divergence)

@@ -1,0 +1,438 @@
+"""The swafuzz command line: every subcommand, every exit code, the JSON contract, and the
+round trip fuzz -> replay file -> replay -> emitted pytest file."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import harness
+from harness import cli
+from harness import fuzz as fuzz_engine
+from harness import run_scenario
+from harness.fuzz import FuzzResult, Progress
+from harness.progress import ProgressLine, format_progress
+from harness.registry import BUILTIN_SUBJECTS
+from harness.replay import Replay, load_replay, write_replay
+from strategies.examples import EXAMPLES
+
+STALE_EXAMPLE = "first-swa-layer-not-start"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class FakeEngine:
+    """Stands in for the fuzzing engine: reports progress, then finds ``example``'s
+    divergence (when the subject has one) or nothing."""
+
+    def __init__(self, example: str | None = None):
+        self.example = example
+        self.calls: list[dict] = []
+
+    def fuzz(self, info, **options):
+        self.calls.append(options)
+        options["on_progress"](Progress(10, 0.5, options["budget_s"], 3, 0))
+        found = FuzzResult(info.name, options["profile"], options["settings"] or "dev", examples=10,
+                           elapsed_s=0.5, seed=options["seed"], coverage={"micro_batches": 3})
+        if self.example is not None:
+            scenario = EXAMPLES[self.example]
+            found.scenario = scenario
+            found.divergence = run_scenario(info.subject, scenario).divergence
+            found.weakest_profile = "realistic"
+            options["on_divergence"](found)
+        return found
+
+    def exhaustive(self, info, **options):
+        self.calls.append(options)
+        return self.fuzz(info, profile=options["profile"], settings="exhaustive", budget_s=None, seed=None,
+                         on_progress=options["on_progress"], on_divergence=lambda found: None)
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    fake = FakeEngine()
+    monkeypatch.setattr(fuzz_engine, "fuzz", fake.fuzz)
+    monkeypatch.setattr(fuzz_engine, "exhaustive", fake.exhaustive)
+    return fake
+
+
+# ---- usage errors (exit 2) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "required: COMMAND"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["fuzz"], "--subject"),
+    (["fuzz", "--subject", "nope"], "unknown subject 'nope'; built-in subjects are uncached"),
+    (["fuzz", "--subject", "no_such_module_xyz:Thing"], "cannot import module 'no_such_module_xyz'"),
+    (["fuzz", "--subject", "harness.builtin:NotThere"], "has no attribute 'NotThere'"),
+    (["fuzz", "--subject", "harness.api:Truth"], "Truth.truth must be"),
+    (["fuzz", "--subject", "uncached", "--budget", "0"], "must be more than 0 seconds"),
+    (["fuzz", "--subject", "uncached", "--budget", "soon"], "expected a number of seconds"),
+    (["fuzz", "--subject", "uncached", "--max-examples", "0"], "must be at least 1"),
+    (["fuzz", "--subject", "uncached", "--workers", "0"], "must be at least 1"),
+    (["fuzz", "--subject", "uncached", "--seed", "-3"], "must be 0 or more"),
+    (["fuzz", "--subject", "uncached", "--profile", "gentle"], "invalid choice: 'gentle'"),
+    (["fuzz", "--subject", "uncached", "--device", "tpu"], "--device 'tpu'"),
+    (["fuzz", "--subject", "uncached", "--device", "mps"], "swafuzz runs on cpu or cuda"),
+    (["replay"], "FILE"),
+    (["exhaustive", "--subject", "uncached", "--max-layers", "x"], "expected a whole number"),
+])
+def test_usage_errors_exit_2_with_a_message(capsys, engine, tmp_path, argv, message):
+    if argv[:1] in (["fuzz"], ["exhaustive"]) and "--subject" in argv:
+        argv = [*argv, "--report-dir", str(tmp_path)]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert engine.calls == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_exits_2(capsys, engine, tmp_path):
+    code, _, err = run_cli(capsys, "fuzz", "--subject", "uncached", "--device", "cuda", "--report-dir", str(tmp_path))
+    assert code == 2
+    assert "no CUDA or ROCm device is available" in err and "--device cpu" in err
+
+
+def test_an_unwritable_report_dir_exits_2(capsys, engine, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code, _, err = run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(blocker))
+    assert code == 2 and "cannot create it" in err
+
+
+def test_an_unknown_settings_profile_in_the_environment_exits_2(capsys, engine, tmp_path, monkeypatch):
+    monkeypatch.setenv(fuzz_engine.SETTINGS_ENV, "turbo")
+    code, _, err = run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))
+    assert code == 2 and "turbo" in err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["fuzz", "--help"], ["--version"]])
+def test_help_and_version_exit_0(capsys, argv):
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0 and "swafuzz" in out
+
+
+def test_fuzz_help_documents_the_database_and_exit_codes(capsys):
+    _, out, _ = run_cli(capsys, "fuzz", "--help")
+    assert ".hypothesis-db" in out
+    _, out, _ = run_cli(capsys, "--help")
+    assert "0 no divergence, 1 divergence found, 2 usage or input error" in out
+
+
+def test_a_harness_bug_is_not_reported_as_a_divergence(capsys, monkeypatch, tmp_path):
+    def broken(info, **options):
+        raise RuntimeError("engine exploded")
+
+    monkeypatch.setattr(fuzz_engine, "fuzz", broken)
+    code, _, err = run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))
+    assert code == cli.EXIT_INTERNAL
+    assert "internal error" in err and "engine exploded" in err
+
+
+# ---- subjects ----------------------------------------------------------------------------------
+
+
+def test_subjects_lists_every_builtin(capsys):
+    code, out, _ = run_cli(capsys, "subjects")
+    assert code == 0
+    for info in BUILTIN_SUBJECTS:
+        assert info.name in out
+    assert "module:attr" in out
+
+
+def test_subjects_json_is_one_object(capsys):
+    code, out, _ = run_cli(capsys, "subjects", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert [s["name"] for s in data["subjects"]] == [info.name for info in BUILTIN_SUBJECTS]
+    assert {"truth", "expected", "diverges_on", "summary"} <= set(data["subjects"][0])
+
+
+# ---- fuzz (with a stand-in engine) --------------------------------------------------------------
+
+
+def test_fuzz_divergence_json_and_files(capsys, engine, tmp_path):
+    engine.example = STALE_EXAMPLE
+    code, out, _ = run_cli(capsys, "fuzz", "--subject", "pool-start-layer", "--seed", "11", "--budget", "30",
+                           "--report-dir", str(tmp_path), "--json")
+    assert code == 1
+    data = json.loads(out)  # exactly one JSON object on stdout
+    assert data["verdict"] == "divergence" and data["complete"] is True
+    assert data["subject"] == "pool-start-layer" and data["profile"] == "realistic"
+    assert data["examples"] == 10 and data["elapsed_s"] == 0.5 and data["seed"] == 11
+    assert data["diagnosis"]["kind"] == "wrong_rows" and data["diagnosis"]["sentence"].startswith("Stale cache")
+    replay = load_replay(data["replay_file"])
+    assert replay.subject == "pool-start-layer" and replay.seed == 11
+    assert replay.scenario == EXAMPLES[STALE_EXAMPLE]
+    assert {Path(p).name for p in data["reports"].values()} == {"summary.md", "report.json", "junit.xml", "report.html"}
+    assert json.loads((tmp_path / "report.json").read_text())["verdict"] == "divergence"
+    (call,) = engine.calls
+    assert call["database_dir"] == str(tmp_path / ".hypothesis-db")
+    assert call["seed"] == 11 and call["budget_s"] == 30.0 and call["device"] == "cpu"
+
+
+def test_fuzz_without_divergence_exits_0(capsys, engine, tmp_path):
+    code, out, _ = run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path),
+                           "--database", str(tmp_path / "db"), "--settings", "nightly", "--profile", "adversarial")
+    assert code == 0
+    assert "no divergence in uncached" in out
+    (call,) = engine.calls
+    assert call["database_dir"] == str(tmp_path / "db")
+    assert call["settings"] == "nightly" and call["profile"] == "adversarial"
+    assert call["seed"] is not None  # chosen here, so the reports can name it
+    assert json.loads((tmp_path / "report.json").read_text())["verdict"] == "no divergence"
+
+
+def test_fuzz_ci_settings_default_to_seed_0(capsys, engine, tmp_path):
+    run_cli(capsys, "fuzz", "--subject", "uncached", "--settings", "ci", "--report-dir", str(tmp_path))
+    assert engine.calls[0]["seed"] == 0
+
+
+def test_fuzz_accepts_a_user_subject_and_records_its_spec(capsys, engine, tmp_path):
+    engine.example = STALE_EXAMPLE
+    code, out, _ = run_cli(capsys, "fuzz", "--subject", "harness.builtin:PoolStartLayer",
+                           "--report-dir", str(tmp_path), "--json")
+    assert code == 1
+    data = json.loads(out)
+    assert data["subject"] == "harness.builtin:PoolStartLayer" and data["subject_info"]["kind"] == "user"
+    assert load_replay(data["replay_file"]).subject == "harness.builtin:PoolStartLayer"
+
+
+# ---- gate and exhaustive ------------------------------------------------------------------------
+
+
+def test_gate_is_the_ci_preset_and_prints_the_markdown(capsys, engine, tmp_path):
+    engine.example = STALE_EXAMPLE
+    code, out, _ = run_cli(capsys, "gate", "--subject", "pool-start-layer", "--report-dir", str(tmp_path))
+    assert code == 1
+    assert out.startswith("### swafuzz gate: ❌ divergence in `pool-start-layer`")
+    (call,) = engine.calls
+    assert call["settings"] == "ci" and call["profile"] == "realistic"
+    assert call["budget_s"] == cli.GATE_BUDGET_S and call["seed"] == 0
+    assert (tmp_path / "junit.xml").exists() and (tmp_path / "summary.md").read_text() in out
+
+
+def test_gate_passes_and_takes_a_budget(capsys, engine, tmp_path):
+    code, out, _ = run_cli(capsys, "gate", "--subject", "uncached", "--budget", "5", "--report-dir",
+                           str(tmp_path), "--json")
+    assert code == 0 and json.loads(out)["verdict"] == "no divergence"
+    assert engine.calls[0]["budget_s"] == 5.0
+
+
+def test_exhaustive_passes_its_bounds(capsys, engine, tmp_path):
+    engine.example = STALE_EXAMPLE
+    code, out, _ = run_cli(capsys, "exhaustive", "--subject", "pool-start-layer", "--max-forwards", "3",
+                           "--max-layers", "2", "--max-micro-batches", "1", "--report-dir", str(tmp_path), "--json")
+    assert code == 1
+    call = engine.calls[0]
+    assert (call["max_forwards"], call["max_layers"], call["max_micro_batches"]) == (3, 2, 1)
+    assert call["profile"] == "adversarial"
+    data = json.loads(out)
+    assert Path(data["replay_file"]).name == "pool-start-layer-adversarial-exhaustive.json"
+
+
+def test_exhaustive_for_real_on_a_tiny_scope(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "exhaustive", "--subject", "uncached", "--max-forwards", "1",
+                           "--max-layers", "1", "--max-micro-batches", "1", "--report-dir", str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["verdict"] == "no divergence" and data["examples"] > 0
+
+
+# ---- replay ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def replay_file(tmp_path) -> Path:
+    scenario = EXAMPLES[STALE_EXAMPLE]
+    divergence = run_scenario(BUILTIN_SUBJECTS[4].subject, scenario).divergence
+    assert BUILTIN_SUBJECTS[4].name == "pool-start-layer" and divergence is not None
+    replay = Replay(subject="pool-start-layer", profile="realistic", scenario=scenario,
+                    divergence=divergence, seed=3, settings="dev")
+    return write_replay(replay, tmp_path / "replays")
+
+
+def test_replay_exits_1_while_the_bug_is_there(capsys, replay_file):
+    code, out, _ = run_cli(capsys, "replay", str(replay_file))
+    assert code == 1
+    assert "divergence still there in pool-start-layer" in out and "Stale cache" in out
+
+
+def test_replay_exits_0_once_fixed(capsys, replay_file):
+    code, out, _ = run_cli(capsys, "replay", str(replay_file), "--subject", "uncached")
+    assert code == 0 and "fixed" in out
+
+
+def test_replay_json(capsys, replay_file):
+    code, out, _ = run_cli(capsys, "replay", str(replay_file), "--json")
+    data = json.loads(out)
+    assert code == 1 and data["verdict"] == "divergence" and data["reproduced"] is True
+    assert data["replay_file"] == str(replay_file) and data["examples"] == 1
+
+
+def test_replay_says_when_the_divergence_changed(capsys, replay_file):
+    data = json.loads(replay_file.read_text())
+    data["diagnosis"]["layer_id"] = 2
+    replay_file.write_text(json.dumps(data))
+    code, out, _ = run_cli(capsys, "replay", str(replay_file))
+    assert code == 1 and "but differently" in out
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: {**d, "schema_version": 7}, "schema version 7"),
+    (lambda d: {**d, "format": "other"}, "not a swafuzz replay file"),
+    (lambda d: {**d, "scenario": {"events": [{"op": "explode"}]}}, "field 'scenario' is invalid"),
+    (lambda d: {**d, "subject": "gone_module_xyz:Cls"}, "cannot import module"),
+    (lambda d: {**d, "scenario": {"events": [{"op": "finish", "request": 4}]}}, "cannot run"),
+])
+def test_bad_replay_files_exit_2_and_overwrite_nothing(capsys, replay_file, tmp_path, damage, message):
+    replay_file.write_text(json.dumps(damage(json.loads(replay_file.read_text()))))
+    emitted = tmp_path / "test_existing.py"
+    emitted.write_text("# keep me\n")
+    code, _, err = run_cli(capsys, "replay", str(replay_file), "--emit-pytest", str(emitted))
+    assert code == 2 and message in err
+    if "cannot run" not in message:
+        assert emitted.read_text() == "# keep me\n"
+
+
+def test_replay_of_text_that_is_not_json_exits_2(capsys, tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{"format": "swafuzz-replay", ')
+    code, _, err = run_cli(capsys, "replay", str(path))
+    assert code == 2 and "not valid JSON" in err
+    code, _, err = run_cli(capsys, "replay", str(tmp_path / "absent.json"))
+    assert code == 2 and "no such replay file" in err
+
+
+def _pytest(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
+                          capture_output=True, text=True, cwd=path.parent, timeout=120)
+
+
+def test_round_trip_fuzz_replay_emitted_pytest(capsys, tmp_path):
+    """The real engine finds pool-start-layer's stale cache; every later step agrees."""
+    code, out, _ = run_cli(capsys, "fuzz", "--subject", "pool-start-layer", "--seed", "1",
+                           "--max-examples", "300", "--report-dir", str(tmp_path), "--json")
+    assert code == 1, out
+    found = json.loads(out)
+    replay_path = found["replay_file"]
+    assert load_replay(replay_path).divergence.to_dict() == found["diagnosis"]
+
+    emitted = tmp_path / "regression" / "test_stale.py"
+    code, out, _ = run_cli(capsys, "replay", replay_path, "--emit-pytest", str(emitted))
+    assert code == 1 and "still there" in out
+    outcome = _pytest(emitted)
+    assert outcome.returncode == 1, outcome.stdout + outcome.stderr
+    assert "1 failed" in outcome.stdout
+
+    code, _, _ = run_cli(capsys, "replay", replay_path, "--subject", "step-keyed")
+    assert code == 0
+
+
+def test_real_fuzz_of_a_correct_subject_exits_0(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "fuzz", "--subject", "uncached", "--max-examples", "25",
+                           "--report-dir", str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["verdict"] == "no divergence" and data["examples"] == 25
+    assert data["features_covered"]
+
+
+# ---- workers -----------------------------------------------------------------------------------
+
+
+def test_merge_results_keeps_the_winner_and_adds_up_the_rest():
+    scenario = EXAMPLES[STALE_EXAMPLE]
+    divergence = run_scenario(BUILTIN_SUBJECTS[4].subject, scenario).divergence
+    winner = FuzzResult("s", "realistic", "dev", examples=5, elapsed_s=2.0, divergence=divergence,
+                        scenario=scenario, seed=8, coverage={"idle": 1, "micro_batches": 2})
+    other = FuzzResult("s", "realistic", "dev", examples=7, elapsed_s=3.0, seed=9,
+                       coverage={"idle": 4}, interrupted=True)
+    merged = cli.merge_results([other, winner], winner)
+    assert merged.divergence == divergence and merged.seed == 8 and merged.scenario == scenario
+    assert merged.examples == 12 and merged.elapsed_s == 3.0
+    assert merged.coverage == {"idle": 5, "micro_batches": 2}
+    assert not merged.interrupted
+
+
+def test_workers_spread_a_clean_run_over_processes(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "fuzz", "--subject", "uncached", "--workers", "2", "--max-examples", "20",
+                           "--seed", "4", "--report-dir", str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["workers"] == 2 and data["examples"] == 20
+
+
+def test_workers_stop_at_the_first_divergence(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "fuzz", "--subject", "pool-start-layer", "--workers", "2", "--seed", "1",
+                           "--budget", "60", "--report-dir", str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 1 and data["verdict"] == "divergence" and data["workers"] == 2
+    assert data["seed"] in (1, 2)
+    assert load_replay(data["replay_file"]).seed == data["seed"]
+    assert data["elapsed_s"] < 60
+
+
+# ---- bench -------------------------------------------------------------------------------------
+
+
+def test_bench_hands_its_arguments_to_the_benchmark_runner(capsys, monkeypatch):
+    seen = []
+    fake = types.ModuleType("harness.bench")
+    fake.main = lambda argv: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "harness.bench", fake)
+    monkeypatch.setattr(harness, "bench", fake, raising=False)
+    assert cli.main(["bench", "--help", "--repeats", "3"]) == 0
+    assert seen == [["--help", "--repeats", "3"]]
+
+
+# ---- progress and interrupts ------------------------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_draws_on_a_terminal_only():
+    update = Progress(examples=120, elapsed_s=4.0, budget_s=10.0, features_covered=9, divergences=1)
+    terminal, pipe = Terminal(), io.StringIO()
+    ProgressLine(terminal, min_interval_s=0).update(update)
+    ProgressLine(pipe, min_interval_s=0).update(update)
+    ProgressLine(Terminal(), enabled=False).update(update)
+    assert pipe.getvalue() == ""
+    line = terminal.getvalue()
+    assert line.startswith("\r") and "120 examples" in line and "30.0/s" in line
+    assert "features 9/16" in line and "divergences 1" in line and "6s left" in line and "[####" in line
+
+
+def test_progress_line_is_throttled_and_erased():
+    clock = iter([0.0, 0.05, 1.0]).__next__
+    stream = Terminal()
+    line = ProgressLine(stream, min_interval_s=0.2, clock=clock)
+    for examples in (1, 2, 3):
+        line.update(Progress(examples, 1.0, None, 0, 0))
+    assert stream.getvalue().count("\r") == 2  # the second update came too soon
+    line.note("divergence: stale")
+    line.close()
+    assert "divergence: stale\n" in stream.getvalue()
+    assert "swafuzz" in format_progress(Progress(5, 0.0, None, 0, 0))
+
+
+def test_interrupt_watch_raises_once_then_only_notes():
+    with cli.InterruptWatch() as watch:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # noted, not raised
+    assert watch.signal_name == "SIGTERM" and watch.exit_code == 143
