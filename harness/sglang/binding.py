@@ -26,6 +26,7 @@ import importlib
 import inspect
 import linecache
 import symtable
+import sys
 import textwrap
 import types
 from dataclasses import dataclass, field
@@ -126,7 +127,6 @@ def bind(
     for item in code:
         if isinstance(item, ClassCode):
             bound = binder.bound_class(item)
-            _check_parameters(label, item, bound)
             if item.role is not None:
                 _check_self_reads(label, item, bound, stand_in_attributes[item.role])
             classes[item.name] = bound
@@ -165,6 +165,10 @@ class _SourceBinder:
             node = _find(class_node.body, ast.FunctionDef, name)
             if node is None:
                 raise BindError(f"{self.label}: {item.name} has no method {name}() (in {item.path})")
+            arguments = node.args
+            _require_parameter(self.label, item, name, [
+                a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+            ])
             methods[name] = self._compile(item.path, node, f"{item.name}.{name}")
         fields = _dataclass_fields(class_node) if item.dataclass_fields else ()
         if item.dataclass_fields and not fields:
@@ -272,14 +276,20 @@ class _ImportBinder:
             function = cls.__dict__.get(name)
             if not inspect.isfunction(function):
                 raise BindError(f"{self.label}: {item.name} has no method {name}() (in {item.module})")
+            _require_parameter(self.label, item, name, list(inspect.signature(function).parameters))
             methods[name] = self._rebind(function)
         fields = tuple(f.name for f in dataclasses.fields(cls)) if item.dataclass_fields else ()
         return BoundClass(item.name, methods, fields, real=cls if item.dataclass_fields else None)
 
     def _import(self, module_name: str) -> types.ModuleType:
+        loaded = set(sys.modules)
         try:
             return importlib.import_module(module_name)
         except Exception as exc:  # noqa: BLE001 - any import failure means: use source mode
+            # a failed package import leaves its finished submodules behind without their
+            # parent, and the next attempt would fail with a KeyError instead of the cause
+            for name in set(sys.modules) - loaded:
+                del sys.modules[name]
             raise ImportModeUnavailable(
                 f"{self.label}: cannot import {module_name}: {type(exc).__name__}: {exc}"
             ) from None
@@ -310,13 +320,10 @@ def _function_ast(function: types.FunctionType) -> ast.FunctionDef | None:
         return None
 
 
-def _check_parameters(label: str, item: ClassCode, bound: BoundClass) -> None:
-    for method, parameter in item.parameters.items():
-        taken = list(inspect.signature(bound.methods[method]).parameters)
-        if parameter not in taken:
-            raise BindError(
-                f"{label}: {item.name}.{method}({', '.join(taken)}) does not take {parameter!r}"
-            )
+def _require_parameter(label: str, item: ClassCode, method: str, taken: list[str]) -> None:
+    parameter = item.parameters.get(method)
+    if parameter is not None and parameter not in taken:
+        raise BindError(f"{label}: {item.name}.{method}({', '.join(taken)}) does not take {parameter!r}")
 
 
 def _check_self_reads(label: str, item: ClassCode, bound: BoundClass, attributes: frozenset[str]) -> None:
