@@ -22,6 +22,10 @@ pool and attention backend:
 State the engine keeps on the attention backend (per micro-batch, per model) belongs on
 ``batch.backend``, a namespace that outlives the forward; state the engine keeps on the pool
 belongs on the subject instance, which every micro-batch shares.
+
+On a GPU each micro-batch's layers run on ``batch.stream`` and the engine's side stream is
+``batch.side_stream`` (both None elsewhere); a subject that orders its own work with streams
+sets ``requires = frozenset({"gpu_streams"})`` and is refused, not passed, off the GPU.
 """
 
 from __future__ import annotations
@@ -99,6 +103,9 @@ class ForwardBatch:
     draft_step: int = 0
     num_draft_steps: int = 1
     in_graph: bool = False
+    # the micro-batch's compute stream and the engine's side stream (None off the GPU)
+    stream: "torch.cuda.Stream | None" = None
+    side_stream: "torch.cuda.Stream | None" = None
 
     @property
     def num_tokens(self) -> int:
@@ -111,6 +118,8 @@ class Subject:
 
     api_version: ClassVar[int] = SUBJECT_API_VERSION
     truth: ClassVar[Truth]
+    # "gpu_streams": the subject orders work with streams, so only a GPU can check it
+    requires: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec

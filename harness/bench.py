@@ -5,6 +5,8 @@
   the same lifecycle in the same run.
 - ``fuzz``: seconds to the first divergence for every diverging built-in subject, median
   and max over several seeds on one CPU thread; examples per second for ``step-keyed``.
+- ``device``: per-layer cost of the uncached translation against the cached designs, for
+  batch sizes 1 to 256, on a GPU (or ``--device cpu``).
 """
 
 from __future__ import annotations
@@ -51,29 +53,35 @@ def _plan(scenario: Scenario) -> list:
     return plans, state
 
 
-def _subject_alone(subject_cls, scenario: Scenario) -> Callable[[], int]:
+def _subject_alone(subject_cls, scenario: Scenario, device: str = "cpu") -> Callable[[], int]:
     """The same lifecycle as the executor drives, with inputs prepared beforehand."""
     config = scenario.config
+    where = torch.device(device)
     plans, state = _plan(scenario)
-    mapping = state.mappings["target"]
+    mapping = state.mappings["target"].to(where)
     spec = ModelSpec("target", config.start_layer, config.end_layer, config.sliding_window, config.ring,
                      config.num_req_slots, config.speculative, config.num_draft_tokens,
-                     config.full_pool_size, torch.device("cpu"))
+                     config.full_pool_size, where)
     layers = config.swa_layers
+    inputs = [plan.steps[0][0] for plan in plans]
+    tensors = [
+        [t.to(where) for t in (i.req_slots, i.token_counts, i.positions, i.out_cache_loc)] for i in inputs
+    ]
+    finish = torch.cuda.synchronize if where.type == "cuda" else (lambda: None)
 
     def run() -> int:
         subject = subject_cls(spec)
         subject.register_mapping(mapping)
         backend = SimpleNamespace()
         calls = 0
-        for forward_id, plan in enumerate(plans):
-            inputs = plan.steps[0][0]
-            batch = ForwardBatch(forward_id, ForwardMode.DECODE, 0, backend, inputs.req_slots,
-                                 inputs.token_counts, inputs.positions, inputs.out_cache_loc, inputs.num_live)
+        for forward_id, (live, (slots, counts, positions, locs)) in enumerate(zip(inputs, tensors)):
+            batch = ForwardBatch(forward_id, ForwardMode.DECODE, 0, backend, slots, counts, positions,
+                                 locs, live.num_live)
             subject.init_forward_metadata(batch)
             for layer_id in layers:
                 subject.swa_write_location(batch, layer_id)
                 calls += 1
+        finish()
         return calls
 
     return run
@@ -106,6 +114,25 @@ def bench_executor(subjects=("uncached", "step-keyed"), repeats: int = 7, out=pr
             f"{(harness - engine) / alone:8.2f}x")
 
 
+def bench_device(device: str = "cuda", batch_sizes=(1, 4, 16, 64, 256), repeats: int = 5,
+                 subjects=("uncached", "pool-start-layer", "swa-out-shape-guard", "step-keyed"),
+                 out=print) -> None:
+    """Per-layer cost of producing the write location (43 layers, 20 decode forwards),
+    subjects called directly, wall time including launches, device synchronized at the end."""
+    out(f"device: per-layer cost in microseconds on {device} (43 layers, 20 decode forwards)")
+    out(f"{'batch':>5s} " + " ".join(f"{name:>20s}" for name in subjects))
+    for batch in batch_sizes:
+        scenario = decode_scenario(batch=batch)
+        calls = 20 * len(scenario.config.swa_layers)
+        costs = []
+        for name in subjects:
+            run = _subject_alone(resolve_subject(name).subject, scenario, device)
+            run()  # warm-up: allocator, kernels
+            costs.append(_best_of(run, repeats) / calls * 1e6)
+        baseline = costs[0]
+        out(f"{batch:5d} " + " ".join(f"{cost:9.2f} ({cost / baseline:5.2f}x)" for cost in costs))
+
+
 def bench_fuzz(seeds: int = 10, out=print) -> None:
     torch.set_num_threads(1)
     out(f"fuzz: seconds to first divergence over {seeds} seeds (one CPU thread, ci settings)")
@@ -129,11 +156,18 @@ def bench_fuzz(seeds: int = 10, out=print) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="swafuzz bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("executor", "fuzz", "all"), default="all")
+    parser.add_argument("--suite", choices=("executor", "fuzz", "device", "all"), default="all",
+                        help="all = executor and fuzz; device runs on its own")
     parser.add_argument("--seeds", type=int, default=10, help="seeds per subject for the fuzz suite")
+    parser.add_argument("--device", default="cuda", help="device for the device suite (default cuda)")
     args = parser.parse_args(argv)
     if args.suite in ("executor", "all"):
         bench_executor()
     if args.suite in ("fuzz", "all"):
         bench_fuzz(args.seeds)
+    if args.suite == "device":
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            print("swafuzz bench: no GPU is visible to torch; use --device cpu for host numbers")
+            return 2
+        bench_device(args.device)
     return 0

@@ -242,3 +242,23 @@ class UnifiedGraphCopy(_UnifiedGraphMerge):
 
     def _merge(self, captured: SimpleNamespace, fresh: SimpleNamespace) -> None:
         captured.unified_swa_loc.copy_(fresh.unified_swa_loc)
+
+
+# ---- stream ordering (GPU only) -------------------------------------------------------------
+
+
+class StreamUnsynced(Subject):
+    """Translates once per forward on the engine's side stream, overlapping other preparation,
+    and hands the result to every layer without making the layer's stream wait for it."""
+
+    truth = Truth.POOL
+    requires = frozenset({"gpu_streams"})
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        side = batch.side_stream
+        side.wait_stream(torch.cuda.current_stream(side.device))
+        with torch.cuda.stream(side):
+            batch.backend.swa_rows = _translate(self.mapping, batch.out_cache_loc)
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        return batch.backend.swa_rows

@@ -15,7 +15,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import secrets
 import signal
 import sys
 import threading
@@ -25,6 +24,7 @@ from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from queue import Empty
 from typing import Any, Callable
@@ -120,11 +120,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=_seconds, metavar="SECONDS", help="stop after this many seconds")
     parser.add_argument("--max-examples", type=_positive_int, metavar="N", help="stop after N scenarios")
     parser.add_argument("--seed", type=_seed, metavar="N",
-                        help="random seed (default: a fresh one, printed and recorded in the reports)")
+                        help="random seed: the run repeats exactly, but keeps no example database "
+                             "(default: unseeded, failures are kept in the database)")
     parser.add_argument(
         "--workers", type=_positive_int, default=1, metavar="N",
-        help="fuzz in N processes with seeds SEED..SEED+N-1, each with the full time budget and "
-             "1/N of --max-examples; the first divergence stops the others",
+        help="fuzz in N processes (with seeds SEED..SEED+N-1 when seeded), each with the full "
+             "time budget and 1/N of --max-examples; the first divergence stops the others",
     )
 
 
@@ -320,7 +321,8 @@ class FuzzJob:
     subject: str  # the spec as given
     profile: str
     settings: str
-    seed: int | None  # None: an enumeration, not a random search
+    seed: int | None  # None: unseeded, failures are remembered in the database instead
+    run: str  # names the run's replay file
     device: str
     replay_dir: str
     database_dir: str
@@ -346,11 +348,11 @@ class DivergenceLog:
             return None
         replay = Replay(
             subject=self.job.subject, profile=result.profile or self.job.profile, scenario=result.scenario,
-            divergence=result.divergence, seed=result.seed if result.seed is not None else self.job.seed,
+            divergence=result.divergence, seed=result.seed,
             settings=result.settings or self.job.settings, device=self.job.device,
         )
         self.latest = result
-        self.path = write_replay(replay, self.job.replay_dir)
+        self.path = write_replay(replay, self.job.replay_dir, self.job.run)
         return self.path
 
 
@@ -392,8 +394,6 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
         )
     finally:
         watch.disarm()
-    if result.seed is None:
-        result.seed = job.seed
     log.record(result)
     return result, log.path
 
@@ -586,12 +586,10 @@ class Campaign:
             chosen = fuzz_engine.settings_profile(settings)
         except ValueError as exc:  # only $SWAFUZZ_SETTINGS can name an unknown one here
             raise UsageError(f"${fuzz_engine.SETTINGS_ENV}: {exc}") from None
-        if args.seed is not None:
-            seed = args.seed
-        else:
-            seed = 0 if chosen.deterministic else secrets.randbelow(2**32)
+        seed = 0 if args.seed is None and chosen.deterministic else args.seed
+        run = f"seed{seed}" if seed is not None else datetime.now().strftime("%Y%m%d-%H%M%S")
         return FuzzJob(
-            subject=self.subject, profile=profile, settings=chosen.name, seed=seed,
+            subject=self.subject, profile=profile, settings=chosen.name, seed=seed, run=run,
             device=self.device, replay_dir=str(self.report_dir / "replays"),
             database_dir=str(self.database_dir), budget_s=args.budget, max_examples=args.max_examples,
             threads=getattr(args, "threads", False),
@@ -655,13 +653,19 @@ def _fuzz(args: argparse.Namespace, settings: str | None, profile: str, print_ma
                 )
             else:
                 per_worker = -(-args.max_examples // workers) if args.max_examples else None
-                jobs = [replace(base, seed=base.seed + i, max_examples=per_worker) for i in range(workers)]
+                jobs = [_worker_job(base, i, per_worker) for i in range(workers)]
                 result, path = WorkerPool(jobs, line, watch).run()
         finally:
             watch.disarm()
             line.close()
         return campaign.finish(result, path, watch, budget_s=args.budget, workers=workers,
                                print_markdown=print_markdown)
+
+
+def _worker_job(base: FuzzJob, index: int, max_examples: int | None) -> FuzzJob:
+    if base.seed is None:
+        return replace(base, run=f"{base.run}-w{index}", max_examples=max_examples)
+    return replace(base, seed=base.seed + index, run=f"seed{base.seed + index}", max_examples=max_examples)
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
@@ -677,7 +681,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 def _cmd_exhaustive(args: argparse.Namespace) -> int:
     campaign = Campaign.from_args(args)
     job = FuzzJob(subject=campaign.subject, profile=args.profile, settings="exhaustive", seed=None,
-                  device=campaign.device, replay_dir=str(campaign.report_dir / "replays"),
+                  run="exhaustive", device=campaign.device, replay_dir=str(campaign.report_dir / "replays"),
                   database_dir=str(campaign.database_dir))
     log = DivergenceLog(job)
     line = campaign.progress_line()

@@ -22,6 +22,7 @@ from reference import EngineState, ForwardPlan, Scenario, StepInputs
 from . import diagnosis as dx
 from .api import SUBJECT_API_VERSION, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
 from .graphs import GraphCaptureError, make_graph
+from .devices import HostTimeline, timeline_for
 from .guard import CallGuard, SubjectFailure, failure_of
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -29,6 +30,11 @@ DEFAULT_TIMEOUT_S = 10.0
 
 class SubjectError(TypeError):
     """The subject cannot be run at all (not a subject class, wrong API version)."""
+
+
+class NotCheckable(SubjectError):
+    """The subject's behaviour cannot be observed on this device: it is not checked, and
+    so it is never reported as passing."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,14 @@ def check_subject(subject: Any) -> type[Subject]:
     return subject
 
 
+def check_device(subject: type[Subject], device: torch.device) -> None:
+    if "gpu_streams" in getattr(subject, "requires", ()) and device.type != "cuda":
+        raise NotCheckable(
+            f"{subject.__name__} orders its work with GPU streams, which are not real on "
+            f"{device.type}: it is not checkable there (run with --device cuda)"
+        )
+
+
 def run_scenario(
     subject: type[Subject],
     scenario: Scenario,
@@ -77,14 +91,20 @@ def run_scenario(
     device: str | torch.device = "cpu",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     threads: bool = False,
+    stream_delay_cycles: int = 0,
 ) -> RunResult:
     """Run ``scenario`` through ``subject`` and the reference; stop at the first divergence.
 
     ``threads``: micro-batches of single-step forwards call the subject from their own
     threads (a stress mode: interleavings vary from run to run; the result's ``schedules``
     replay the one that happened).
+
+    ``stream_delay_cycles`` (GPU only): a sleep kernel of that many cycles is queued on the
+    engine's side stream before each metadata init, widening race windows.
     """
-    run = _Run(check_subject(subject), scenario, torch.device(device), timeout_s, threads)
+    device = torch.device(device)
+    check_device(check_subject(subject), device)
+    run = _Run(subject, scenario, device, timeout_s, threads, timeline_for(device, stream_delay_cycles))
     with CallGuard(timeout_s) as guard:
         run.guard = guard
         try:
@@ -97,8 +117,9 @@ def run_scenario(
 
 class _Run:
     def __init__(self, subject_cls: type[Subject], scenario: Scenario, device: torch.device,
-                 timeout_s: float, threads: bool):
+                 timeout_s: float, threads: bool, timeline: HostTimeline):
         self.subject_cls = subject_cls
+        self.timeline = timeline
         self.timeout_s = timeout_s
         self.threads = threads
         self.schedules: dict[int, tuple[int, ...]] = {}
@@ -164,12 +185,19 @@ class _Run:
         event = plan.event
         subject = self.subjects[plan.model]
         batches = [self._batch(plan, mb, plan.steps[0][mb]) for mb in range(plan.num_micro_batches)]
+        timeline = self.timeline
+        timeline.begin_forward()
         if not event.skip_init:
+            timeline.delay_side_stream()
             for mb, batch in enumerate(batches):
                 where = _Where(plan, micro_batch=mb)
                 self._invoke(where, "init_forward_metadata", subject.init_forward_metadata, batch)
         done = 0
+        pending: list[tuple[_Where, StepInputs, Any]] = []
         call, store = self.guard.call, subject.swa_write_location
+        if timeline.deferred:
+            # the read is part of the call: a race the sanitizer sees there is the subject's
+            store = lambda batch, layer_id: timeline.consume(subject.swa_write_location(batch, layer_id))  # noqa: E731
         for step, step_inputs in enumerate(plan.steps):
             if step:
                 for batch, inputs in zip(batches, step_inputs):
@@ -181,15 +209,32 @@ class _Run:
                 continue
             for mb, layer_id in plan.calls:
                 if event.mutation is not None and done == event.mutation.after_calls:
+                    self._check_all(pending)
                     self._mutate(plan)
                 where = _Where(plan, step, mb, layer_id)
                 self.call += 1
+                batch = batches[mb]
                 try:
-                    out = call("swa_write_location", store, batches[mb], layer_id)
+                    with timeline.on(batch.stream):
+                        out = call("swa_write_location", store, batch, layer_id)
                 except SubjectFailure as failure:
                     raise self._failed(where, failure) from None
-                self._check(where, step_inputs[mb], out)
+                if timeline.deferred:
+                    pending.append((where, step_inputs[mb], out))
+                else:
+                    self._check(where, step_inputs[mb], out)
                 done += 1
+            self._check_all(pending)
+        if event.mutation is not None and done == event.mutation.after_calls:
+            self._mutate(plan)  # after the last store: it shows in the next forward
+
+    def _check_all(self, pending: list) -> None:
+        """Check answers whose reads were queued on device streams, in call order."""
+        if pending:
+            self.timeline.settle()
+            for where, inputs, out in pending:
+                self._check(where, inputs, out)
+            pending.clear()
 
     def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
                         step_inputs: tuple[StepInputs, ...], store) -> None:
@@ -263,6 +308,7 @@ class _Run:
         if not plan.event.skip_init:
             self._invoke(_Where(plan), "init_replay_metadata", subject.init_replay_metadata, static)
         self._invoke(_Where(plan), "graph replay", graph.replay)
+        self.timeline.settle()
         for (mb, layer_id), sink in zip(plan.calls, sinks):
             self._check(_Where(plan, 0, mb, layer_id), inputs, sink)
 
@@ -407,6 +453,8 @@ class _Run:
         kind = dx.TIMEOUT if failure.kind == "timeout" else dx.RAISED
         if isinstance(failure.exc, GraphCaptureError):
             kind = dx.CAPTURE
+        elif type(failure.exc).__name__ == "CUDASanitizerErrors":
+            kind = dx.RACE
         sentence = f"At {site.describe()}, {failure.message}."
         return _Stop(site.divergence(kind, sentence, detail=failure.detail))
 
@@ -442,6 +490,8 @@ class _Run:
             out_cache_loc=self._to_device(inputs.out_cache_loc),
             num_live_tokens=inputs.num_live,
             num_draft_steps=len(plan.steps),
+            stream=self.timeline.stream_for(mb),
+            side_stream=self.timeline.side_stream,
         )
 
     def _backend(self, model: str, mb: int) -> SimpleNamespace:
@@ -465,7 +515,7 @@ class _Run:
             draft_step=where.step,
             micro_batch=where.micro_batch,
             layer_id=where.layer_id,
-            call=self.call,
+            call=self.call - 1,  # calls are counted as they start
             num_draft_steps=len(plan.steps) if plan else 1,
             num_micro_batches=plan.num_micro_batches if plan else 1,
         )

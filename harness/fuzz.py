@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import hypothesis
+import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given
 from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -21,7 +22,7 @@ from strategies.features import features_of
 from strategies.scenarios import PROFILES, scenarios, weakest_profile
 
 from .diagnosis import Divergence
-from .executor import DEFAULT_TIMEOUT_S, run_scenario
+from .executor import DEFAULT_TIMEOUT_S, check_device, run_scenario
 from .registry import SubjectInfo
 
 SETTINGS_ENV = "SWAFUZZ_SETTINGS"
@@ -134,6 +135,7 @@ def fuzz(
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    check_device(info.subject, torch.device(device))
     chosen = settings_profile(settings)
     limit = max_examples if max_examples is not None else chosen.max_examples
     # Hypothesis neither reads nor writes its database for seeded runs, so a run is either
@@ -247,6 +249,7 @@ def exhaustive(
     equivalent to the reference on that whole scope. Otherwise the first divergence in the
     enumeration order is returned; the enumeration lists short scenarios first.
     """
+    check_device(info.subject, torch.device(device))
     started = time.monotonic()
     result = FuzzResult(info.name, profile, "exhaustive", examples=0, elapsed_s=0.0)
     coverage: Counter[str] = Counter()

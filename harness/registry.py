@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from strategies.features import (
     DRAFT_MULTISTEP,
     FIRST_SWA_LAYER_NOT_START,
+    GPU_STREAMS,
     GRAPH_REPLAY,
     MAPPING_CHANGE_IN_FORWARD,
     MICRO_BATCHES,
@@ -50,6 +51,7 @@ class SubjectInfo:
             "truth": self.truth,
             "expected": self.expected,
             "diverges_on": list(self.diverges_on),
+            "requires": sorted(getattr(self.subject, "requires", ())),
             "summary": self.summary or (self.subject.__doc__ or "").strip().splitlines()[0],
         }
 
@@ -91,6 +93,7 @@ BUILTIN_SUBJECTS: tuple[SubjectInfo, ...] = (
         "unified-graph-copy", builtin.UnifiedGraphCopy, DIVERGES,
         (RAGGED_EXTEND, SKIP_METADATA_INIT),
     ),
+    SubjectInfo("stream-unsynced", builtin.StreamUnsynced, DIVERGES, (GPU_STREAMS,)),
 )
 
 _BY_NAME = {info.name: info for info in BUILTIN_SUBJECTS}

@@ -130,14 +130,16 @@ def load_replay(path: str | os.PathLike) -> Replay:
         raise ReplayError(f"{path}: {exc}") from None
 
 
-def replay_file_name(replay: Replay) -> str:
-    """One file per run: a later, further-shrunk divergence of the same run replaces it."""
-    run = f"seed{replay.seed}" if replay.seed is not None else _slug(replay.settings or "unseeded")
-    return f"{_slug(replay.subject)}-{_slug(replay.profile)}-{run}.json"
+def replay_file_name(replay: Replay, run: str | None = None) -> str:
+    """``run`` names the run (default: its seed, else its settings). Every divergence one run
+    reports goes to the same file, so a later, further-shrunk one replaces the first."""
+    if run is None:
+        run = f"seed{replay.seed}" if replay.seed is not None else replay.settings or "unseeded"
+    return f"{_slug(replay.subject)}-{_slug(replay.profile)}-{_slug(run)}.json"
 
 
-def write_replay(replay: Replay, directory: str | os.PathLike) -> Path:
-    path = Path(directory) / replay_file_name(replay)
+def write_replay(replay: Replay, directory: str | os.PathLike, run: str | None = None) -> Path:
+    path = Path(directory) / replay_file_name(replay, run)
     return write_atomically(path, json.dumps(replay.to_dict(), indent=2) + "\n")
 
 

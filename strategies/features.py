@@ -25,6 +25,9 @@ GRAPH_REPLAY = "graph_replay"
 DRAFT_MODEL = "draft_model"
 PAGED_POOLS = "paged_pools"
 
+# Not a scenario feature: the device's stream ordering, observable on a GPU only.
+GPU_STREAMS = "gpu_streams"
+
 ALL_FEATURES = (
     FIRST_SWA_LAYER_NOT_START, PIPELINE_STAGE, PERMUTED_LAYERS, MICRO_BATCHES,
     REGISTER_MAPPING, MAPPING_CHANGE_IN_FORWARD, IN_PLACE_MAPPING_CHANGE, DRAFT_MULTISTEP,

@@ -10,13 +10,15 @@ import pytest
 import torch
 
 from harness import Subject, Truth, run_scenario
+from harness.executor import NotCheckable
 from harness.fuzz import exhaustive, fuzz
 from harness.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT, SubjectInfo, resolve_subject
 from strategies.exhaustive import enumerate_scenarios
 from strategies.features import ALL_FEATURES
 from strategies.scenarios import ADVERSARIAL, PROFILES, REALISTIC
 
-DIVERGING = [info for info in BUILTIN_SUBJECTS if info.expected == DIVERGES]
+CHECKABLE_ON_CPU = [info for info in BUILTIN_SUBJECTS if not info.subject.requires]
+DIVERGING = [info for info in CHECKABLE_ON_CPU if info.expected == DIVERGES]
 EQUIVALENTS = [info for info in BUILTIN_SUBJECTS if info.expected == EQUIVALENT]
 
 
@@ -55,6 +57,11 @@ def test_equivalent_builtins_survive_hundreds_of_examples(info, profile):
     result = fuzz(info, profile=profile, settings="ci", max_examples=250)
     assert result.divergence is None, result.divergence.sentence
     assert result.examples == 250
+
+
+def test_subject_that_needs_gpu_streams_is_not_checkable_on_cpu_rather_than_passing():
+    with pytest.raises(NotCheckable, match="not checkable"):
+        fuzz(resolve_subject("stream-unsynced"), settings="ci", max_examples=10)
 
 
 def test_ci_settings_are_deterministic():
