@@ -23,6 +23,7 @@ import builtins
 import copy
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import linecache
 import symtable
@@ -251,6 +252,10 @@ def _dataclass_fields(node: ast.ClassDef) -> tuple[str, ...]:
 # ---- import mode ---------------------------------------------------------------------------
 
 
+# an import that failed fails again in this process; trying costs seconds, so remember it
+_IMPORT_FAILURES: dict[tuple[str, str | None], str] = {}
+
+
 class _ImportBinder:
     def __init__(self, label: str, stand_ins: dict[str, Any]):
         self.label = label
@@ -282,17 +287,21 @@ class _ImportBinder:
         return BoundClass(item.name, methods, fields, real=cls if item.dataclass_fields else None)
 
     def _import(self, module_name: str) -> types.ModuleType:
-        loaded = set(sys.modules)
-        try:
-            return importlib.import_module(module_name)
-        except Exception as exc:  # noqa: BLE001 - any import failure means: use source mode
-            # a failed package import leaves its finished submodules behind without their
-            # parent, and the next attempt would fail with a KeyError instead of the cause
-            for name in set(sys.modules) - loaded:
-                del sys.modules[name]
-            raise ImportModeUnavailable(
-                f"{self.label}: cannot import {module_name}: {type(exc).__name__}: {exc}"
-            ) from None
+        # keyed by where the package lives: another sys.path may hold another sglang
+        package = importlib.util.find_spec(module_name.partition(".")[0])
+        key = (module_name, package.origin if package else None)
+        failure = _IMPORT_FAILURES.get(key)
+        if failure is None:
+            loaded = set(sys.modules)
+            try:
+                return importlib.import_module(module_name)
+            except Exception as exc:  # noqa: BLE001 - any import failure means: use source mode
+                # a failed package import leaves its finished submodules behind without their
+                # parent, and the next attempt would fail with a KeyError instead of the cause
+                for name in set(sys.modules) - loaded:
+                    del sys.modules[name]
+                failure = _IMPORT_FAILURES[key] = f"{type(exc).__name__}: {exc}"
+        raise ImportModeUnavailable(f"{self.label}: cannot import {module_name}: {failure}")
 
     def _rebind(self, function: types.FunctionType) -> types.FunctionType:
         replaced = {k: v for k, v in self.stand_ins.items() if k in function.__code__.co_names}

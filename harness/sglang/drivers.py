@@ -17,6 +17,8 @@ SGLang keeps one backend per model and one per step of a multi-step draft.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -153,10 +155,7 @@ STAND_INS: dict[str, Any] = {
     "join_in_graph_metadata_prep": join_in_graph_metadata_prep,
 }
 # names the module-level helpers use, from the standard library
-STANDARD_NAMES: dict[str, Any] = {
-    "fields": __import__("dataclasses").fields,
-    "warnings": __import__("warnings"),
-}
+STANDARD_NAMES: dict[str, Any] = {"fields": dataclasses.fields, "warnings": warnings}
 
 # The modes in which SGLang's DeepSeek-V4 model reads get_unified_swa_loc: its unified-KV
 # store takes the ring rows from the getter on the decode arm (is_decode_or_idle) and, from
@@ -286,7 +285,7 @@ class _MetadataSubject(SglangSubject):
 
     def _skips_init(self, batch: ForwardBatch) -> bool:
         # SGLang's init_forward_metadata returns at once for idle forwards under MTP
-        return self.spec.speculative and batch.mode.is_idle()
+        return self._backend(batch, 0).mtp_enabled and batch.mode.is_idle()
 
     def _metadata(self, swa_out_cache_loc=None, unified=None) -> ForwardMetadata:
         return ForwardMetadata(
