@@ -6,10 +6,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -193,13 +195,25 @@ def test_fuzz_without_divergence_exits_0(capsys, engine, tmp_path):
     (call,) = engine.calls
     assert call["database_dir"] == str(tmp_path / "db")
     assert call["settings"] == "nightly" and call["profile"] == "adversarial"
-    assert call["seed"] is not None  # chosen here, so the reports can name it
+    assert call["seed"] is None  # unseeded: the engine keeps failures in the database
     assert json.loads((tmp_path / "report.json").read_text())["verdict"] == "no divergence"
 
 
 def test_fuzz_ci_settings_default_to_seed_0(capsys, engine, tmp_path):
-    run_cli(capsys, "fuzz", "--subject", "uncached", "--settings", "ci", "--report-dir", str(tmp_path))
+    engine.example = STALE_EXAMPLE
+    run_cli(capsys, "fuzz", "--subject", "pool-start-layer", "--settings", "ci", "--report-dir", str(tmp_path))
     assert engine.calls[0]["seed"] == 0
+    assert (tmp_path / "replays" / "pool-start-layer-realistic-seed0.json").exists()
+
+
+def test_unseeded_workers_write_one_replay_file_each(capsys, engine, tmp_path):
+    base = cli.FuzzJob(subject="s", profile="realistic", settings="dev", seed=None, run="20260101-120000",
+                       device="cpu", replay_dir=str(tmp_path), database_dir=str(tmp_path))
+    jobs = [cli._worker_job(base, i, 5) for i in range(2)]
+    assert [(j.seed, j.run, j.max_examples) for j in jobs] == [(None, "20260101-120000-w0", 5),
+                                                               (None, "20260101-120000-w1", 5)]
+    seeded = [cli._worker_job(replace(base, seed=7), i, None) for i in range(2)]
+    assert [(j.seed, j.run) for j in seeded] == [(7, "seed7"), (8, "seed8")]
 
 
 def test_fuzz_accepts_a_user_subject_and_records_its_spec(capsys, engine, tmp_path):
@@ -368,8 +382,9 @@ def test_merge_results_keeps_the_winner_and_adds_up_the_rest():
 
 
 def test_workers_spread_a_clean_run_over_processes(capsys, tmp_path):
-    code, out, _ = run_cli(capsys, "fuzz", "--subject", "uncached", "--workers", "2", "--max-examples", "20",
-                           "--seed", "4", "--report-dir", str(tmp_path), "--json")
+    code, out, err = run_cli(capsys, "fuzz", "--subject", "uncached", "--workers", "2", "--max-examples", "20",
+                             "--seed", "4", "--report-dir", str(tmp_path), "--json")
+    assert code == 0, err
     data = json.loads(out)
     assert code == 0 and data["workers"] == 2 and data["examples"] == 20
 
@@ -436,3 +451,11 @@ def test_interrupt_watch_raises_once_then_only_notes():
             os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGINT)  # noted, not raised
     assert watch.signal_name == "SIGTERM" and watch.exit_code == 143
+
+
+def test_the_console_script_and_python_m_are_the_same_program():
+    script = shutil.which("swafuzz")
+    commands = [[sys.executable, "-m", "harness", "subjects", "--json"]] + ([[script, "subjects", "--json"]] if script else [])
+    outputs = [subprocess.run(c, capture_output=True, text=True, timeout=120) for c in commands]
+    assert all(o.returncode == 0 for o in outputs)
+    assert len({o.stdout for o in outputs}) == 1

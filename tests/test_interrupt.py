@@ -1,0 +1,135 @@
+"""Interrupt safety: a `swafuzz fuzz` process stopped by SIGINT or SIGTERM leaves every
+divergence found so far on disk and writes its report, marked incomplete."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.replay import load_replay
+
+# Diverges in nearly every scenario with two forwards, and is slow only when it diverges: the
+# search finds it at once, shrinking takes seconds, and a signal sent as soon as the first
+# replay file appears lands in the middle of the run.
+SLOW_STALE_SUBJECT = '''
+    import time
+
+    import torch
+
+    from harness.api import Subject, Truth
+
+
+    class SlowStale(Subject):
+        """Translates once and returns those rows forever; takes its time when they are stale."""
+
+        truth = Truth.POOL
+
+        def swa_write_location(self, batch, layer_id):
+            fresh = self.mapping[batch.out_cache_loc].to(torch.int32)
+            cached = self.__dict__.setdefault("rows", fresh)
+            if cached.shape != fresh.shape or not torch.equal(cached, fresh):
+                time.sleep(0.1)
+            return cached
+'''
+
+
+def start_fuzz(tmp_path: Path, *options: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", "fuzz", "--report-dir", str(tmp_path / "reports"), "--json", *options],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def wait_for(condition, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process.poll() is not None:
+            pytest.fail(f"swafuzz ended early ({process.returncode}): {process.stderr.read()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("swafuzz did not get going in time")
+        time.sleep(0.05)
+
+
+def stop(process: subprocess.Popen, signum: int) -> tuple[int, dict]:
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    return process.returncode, json.loads(out) if out.strip() else {"stderr": err}
+
+
+def reports(tmp_path: Path) -> dict:
+    directory = tmp_path / "reports"
+    junit = ET.parse(directory / "junit.xml").getroot()
+    return {
+        "json": json.loads((directory / "report.json").read_text()),
+        "markdown": (directory / "summary.md").read_text(),
+        "html": (directory / "report.html").read_text(),
+        "junit_case": junit.find("testsuite/testcase"),
+    }
+
+
+@pytest.mark.parametrize("signum, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_clean_run_stopped_by_a_signal_writes_an_incomplete_report(tmp_path, signum, exit_code):
+    process = start_fuzz(tmp_path, "--subject", "uncached", "--budget", "600")
+    # the replay folder is made just before the fuzzer starts
+    wait_for(lambda: (tmp_path / "reports" / "replays").is_dir(), process)
+    time.sleep(1.0)
+    code, printed = stop(process, signum)
+    assert code == exit_code, printed
+    name = signal.Signals(signum).name
+    assert printed["verdict"] == "no divergence" and printed["complete"] is False
+    assert printed["interrupted_by"] == name
+    written = reports(tmp_path)
+    assert written["json"]["complete"] is False and written["json"]["interrupted_by"] == name
+    assert f"Incomplete: the run was interrupted by {name}" in written["markdown"]
+    assert "Incomplete" in written["html"]
+    assert written["junit_case"].find("skipped") is not None
+    assert not list((tmp_path / "reports" / "replays").iterdir())
+
+
+def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path):
+    (tmp_path / "slow_subject.py").write_text(textwrap.dedent(SLOW_STALE_SUBJECT))
+    process = start_fuzz(tmp_path, "--subject", "slow_subject:SlowStale", "--budget", "600")
+    replays = tmp_path / "reports" / "replays"
+    wait_for(lambda: replays.is_dir() and any(replays.glob("*.json")), process)
+    code, printed = stop(process, signal.SIGINT)
+
+    assert code == 1, printed  # a divergence was found: that outranks the interruption
+    assert printed["verdict"] == "divergence" and printed["complete"] is False
+    (replay_file,) = replays.glob("*.json")
+    assert Path(printed["replay_file"]).name == replay_file.name
+    recorded = load_replay(replay_file)
+    assert recorded.subject == "slow_subject:SlowStale"
+    written = reports(tmp_path)
+    assert written["json"]["verdict"] == "divergence" and written["json"]["complete"] is False
+    assert written["junit_case"].find("failure") is not None
+    # the example database holds the failure too (an unseeded run keeps one)
+    database = tmp_path / "reports" / ".hypothesis-db"
+    assert database.is_dir() and any(path.is_file() for path in database.rglob("*"))
+
+    # and the replay file replays, still diverging
+    replayed = subprocess.run([sys.executable, "-m", "harness", "replay", str(replay_file)], cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
+                              timeout=120)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+
+
+def test_a_run_over_workers_stops_them_all_and_reports(tmp_path):
+    process = start_fuzz(tmp_path, "--subject", "uncached", "--budget", "600", "--workers", "2")
+    wait_for(lambda: (tmp_path / "reports" / "replays").is_dir(), process)
+    time.sleep(4.0)  # the workers start their own interpreters
+    code, printed = stop(process, signal.SIGTERM)
+    assert code == 143, printed
+    assert printed["complete"] is False and printed["workers"] == 2
+    assert reports(tmp_path)["json"]["interrupted_by"] == "SIGTERM"
