@@ -577,12 +577,6 @@ def test_a_diagnosis_fills_every_field():
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Divergence.call is documented as the 0-based index of the diverging subject call, "
-    "but the executor counts the call before building the site (harness/executor.py), so it "
-    "is 1-based",
-)
 def test_a_diagnosis_counts_the_diverging_call_from_zero():
     scenario = _scenario(
         {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 2},
@@ -665,11 +659,6 @@ def test_a_mutation_changes_the_mapping_from_the_next_store_on():
     assert seen[0] != seen[1] and seen[1:] == [seen[1]] * 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a mutation with after_calls equal to the forward's store calls passes validation "
-    "but is never applied (harness/executor.py _eager_forward checks it only before a store)",
-)
 def test_a_mutation_after_the_last_store_still_happens():
     scenario = _scenario({"start_layer": 0, "end_layer": 2}, [
         _TWO,
