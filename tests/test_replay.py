@@ -39,13 +39,11 @@ def recorded(subject: str = "pool-start-layer", example: str = STALE_EXAMPLE, **
                   seed=7, settings="dev", **fields)
 
 
-def run_pytest(path: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
+def run_pytest(directory: Path, extra_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(extra_path), os.environ.get("PYTHONPATH")]))}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(path)],
-        capture_output=True, text=True, cwd=path.parent, env=env, timeout=120,
+        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "."],
+        capture_output=True, text=True, cwd=directory, env=env, timeout=120,
     )
 
 
@@ -163,23 +161,6 @@ def test_same_divergence_compares_the_failure_and_its_store():
 # ---- emitted pytest files ----------------------------------------------------------------------
 
 
-def test_emitted_test_is_standalone_and_fails_while_the_bug_is_there(tmp_path):
-    path = emit_pytest(recorded(), tmp_path / "test_regression.py", source="reports/replays/x.json")
-    text = path.read_text()
-    assert "import hypothesis" not in text and "from hypothesis" not in text
-    outcome = run_pytest(path)
-    assert outcome.returncode == 1, outcome.stdout + outcome.stderr
-    assert "1 failed" in outcome.stdout
-    assert "Stale cache" in outcome.stdout
-
-
-def test_emitted_test_passes_once_the_subject_is_fixed(tmp_path):
-    path = emit_pytest(recorded(subject="uncached"), tmp_path / "test_fixed.py", source="x.json")
-    outcome = run_pytest(path)
-    assert outcome.returncode == 0, outcome.stdout + outcome.stderr
-    assert "1 passed" in outcome.stdout
-
-
 USER_SUBJECT = '''
     """A user's subject living outside the harness."""
     from harness.builtin import PoolStartLayer
@@ -190,14 +171,24 @@ USER_SUBJECT = '''
 '''
 
 
-def test_emitted_test_imports_a_user_subject_by_its_spec(tmp_path):
+def test_emitted_tests_are_standalone_and_fail_exactly_while_the_bug_is_there(tmp_path):
+    """One pytest run over three emitted files: a built-in subject with the bug, the same
+    scenario against a correct subject, and a user's module:attr subject with the bug."""
     (tmp_path / "my_subjects.py").write_text(textwrap.dedent(USER_SUBJECT))
-    replay = recorded(subject="my_subjects:MyCachedPool")
-    text = render_pytest(replay, source="x.json")
-    assert "SUBJECT = 'my_subjects:MyCachedPool'" in text
-    path = emit_pytest(replay, tmp_path / "tests" / "test_user.py", source="x.json")
-    outcome = run_pytest(path, extra_path=tmp_path)
+    tests = tmp_path / "regressions"
+    buggy = emit_pytest(recorded(), tests / "test_buggy.py", source="reports/replays/x.json")
+    emit_pytest(recorded(subject="uncached"), tests / "test_fixed.py", source="x.json")
+    user = recorded(subject="my_subjects:MyCachedPool")
+    assert "SUBJECT = 'my_subjects:MyCachedPool'" in render_pytest(user, source="x.json")
+    emit_pytest(user, tests / "test_user.py", source="x.json")
+    text = buggy.read_text()
+    assert "import hypothesis" not in text and "from hypothesis" not in text
+
+    outcome = run_pytest(tests, extra_path=tmp_path)
     assert outcome.returncode == 1, outcome.stdout + outcome.stderr
+    assert "2 failed, 1 passed" in outcome.stdout
+    assert "FAILED test_buggy.py" in outcome.stdout and "FAILED test_user.py" in outcome.stdout
+    assert "Stale cache" in outcome.stdout
 
 
 def test_emitted_test_keeps_any_sentence_inside_comments():
