@@ -263,6 +263,13 @@ def render(matrix: Matrix, report_path: Path) -> str:
     lines.append("- diagnoses by verdict: " + (", ".join(
         f"{verdict} {len(numbers)} ({', '.join(f'#{n}' for n in numbers)})"
         for verdict, numbers in sorted(verdicts.items())) or "no divergence"))
+    lines += ["", "## Reachable in SGLang", ""]
+    reachable = [(n, key, members) for n, (key, members) in numbered if key[4] == "reachable"]
+    for number, (target, column, example, sentence, _, _), members in reachable:
+        label = f"example `{example}`" if example else f"{column} fuzzing"
+        lines.append(f"- #{number} `sglang:{target}` {', '.join(f.version for f in members)} ({label}): {sentence}")
+    if not reachable:
+        lines.append("No divergence that SGLang's real lifecycle can reach.")
     lines += ["", "## Which releases have which target", "",
               "| target | code | releases |", "| --- | --- | --- |"]
     for target in TARGETS:
