@@ -383,15 +383,14 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
             threads=job.threads, on_progress=progress, on_divergence=divergence,
         )
     except KeyboardInterrupt:
-        found = log.latest
-        result = FuzzResult(
-            subject=info.name, profile=job.profile, settings=job.settings,
-            examples=last[0].examples if last else (found.examples if found else 0),
-            elapsed_s=time.monotonic() - started, seed=job.seed, interrupted=True,
-            divergence=found.divergence if found else None, scenario=found.scenario if found else None,
-            weakest_profile=found.weakest_profile if found else None,
-            coverage=dict(found.coverage) if found else {},
-        )
+        examples = last[0].examples if last else 0
+        elapsed = time.monotonic() - started
+        if log.latest is not None:
+            result = replace(log.latest, examples=max(examples, log.latest.examples), elapsed_s=elapsed,
+                             interrupted=True)
+        else:
+            result = FuzzResult(info.name, job.profile, job.settings, examples=examples, elapsed_s=elapsed,
+                                seed=job.seed, interrupted=True)
     finally:
         watch.disarm()
     log.record(result)
@@ -430,7 +429,6 @@ def _worker(index: int, job: FuzzJob) -> tuple[FuzzResult, str | None]:
             on_replay=lambda found, path: _worker_queue.put(
                 ("divergence", index, (found.divergence.sentence, str(path)))),
         )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     return result, str(path) if path else None
 
 
@@ -468,8 +466,11 @@ class WorkerPool:
                 self._drain(queue)
                 for future in done:
                     self._collect(futures[future], future, outcomes)
-                if (self.winner is not None or self.watch.interrupted) and not self.stopping:
-                    self._stop_workers(spare=None if self.watch.interrupted else self.winner)
+                if self.watch.interrupted and (not self.stopping or self.spared is not None):
+                    self._stop_workers(spare=None)  # the person asked: the winner stops too
+                    stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
+                elif self.winner is not None and not self.stopping:
+                    self._stop_workers(spare=self.winner)
                     stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
             self._drain(queue)
             for index in (futures[f] for f in pending):
@@ -494,6 +495,7 @@ class WorkerPool:
         results = list(outcomes.values()) or [self._from_progress()]
         merged = merge_results(results + ([winner] if winner and winner not in results else []), winner)
         merged.interrupted = self.watch.interrupted
+        merged.elapsed_s = time.monotonic() - self.started  # the wall time, process start-ups included
         return merged, self.replay_files.get(self.winner) if winner else None
 
     def _from_replay_file(self, index: int) -> FuzzResult | None:
