@@ -350,5 +350,5 @@ def test_import_mode_is_refused_for_a_checkout(tmp_path):
 
 
 def test_a_folder_without_sglang_is_refused(tmp_path):
-    with pytest.raises(locate.SglangUnavailable, match="holds no sglang package"):
-        locate.checkout(tmp_path)
+    with pytest.raises(BindError, match="holds no sglang package"):
+        sglang.resolve("sglang:hip-unified-swa-loc", source=tmp_path)

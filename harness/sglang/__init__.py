@@ -31,9 +31,12 @@ def default_source(source: str | os.PathLike | None = None) -> SourceTree | None
     """The checkout given (or named by ``$SWAFUZZ_SGLANG_SOURCE``), else the installed
     package, else None."""
     path = source or os.environ.get(SOURCE_ENV)
-    if path:
+    if not path:
+        return locate.installed()
+    try:
         return locate.checkout(path)
-    return locate.installed()
+    except SglangUnavailable as exc:
+        raise BindError(str(exc)) from None
 
 
 def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: str | None = None) -> SubjectInfo:
@@ -60,7 +63,10 @@ def resolve(
     bare, _, version = name.partition("@")
     item = target(bare)
     if version:
-        tree = locate.wheel(version, cache)
+        try:
+            tree = locate.wheel(version, cache)
+        except SglangUnavailable as exc:
+            raise BindError(f"no SGLang for {name!r}: {exc}") from None
     else:
         tree = default_source(source)
         if tree is None:
