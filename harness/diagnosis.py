@@ -128,6 +128,7 @@ class History:
     answers: list[_Answer] = field(default_factory=list)
     captures: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     old_mappings: dict[str, list[tuple[str, torch.Tensor]]] = field(default_factory=dict)
+    registrations: list[int] = field(default_factory=list)  # forwards run before each
 
     def record_answer(self, site: Site, live_rows: torch.Tensor) -> None:
         last = self.answers[-1] if self.answers else None
@@ -165,9 +166,14 @@ class History:
                     "the cache was not refreshed between draft steps", s.forward, s.draft_step, s.micro_batch,
                 )
             else:
+                registered = [r for r in self.registrations if s.forward <= r < site.forward]
+                consequence = (
+                    f"the cache outlived the new mapping registered after forward {registered[-1]}"
+                    if registered else "a cached value was not refreshed for this forward"
+                )
                 source = Source(
                     EARLIER_FORWARD, f"the rows of forward {s.forward} ({s.mode})",
-                    "a cached value was not refreshed for this forward", s.forward, s.draft_step, s.micro_batch,
+                    consequence, s.forward, s.draft_step, s.micro_batch,
                 )
             out.append((source, answer.rows))
         for forward, rows in reversed(self.captures):

@@ -465,6 +465,8 @@ class _Run:
         self.seen_version = self.state.version
         registered = self.state.mapping_epoch != self.seen_epoch or not self.mappings
         self.seen_epoch = self.state.mapping_epoch
+        if registered and self.mappings:
+            self.history.registrations.append(self.forward)
         for model, truth in self.state.mappings.items():
             old = self.snapshots.get(model)
             if old is not None and not torch.equal(old, truth):

@@ -6,6 +6,11 @@ objects it read and wrote, and replay re-runs the operations on those same objec
 results back into the tensors captured as outputs. Python code (``if`` on cached state,
 attribute lookups, re-pointing a field at a new tensor) runs at capture only, exactly as on
 a GPU, so a consumer that captured a tensor keeps reading that tensor.
+
+Work a GPU cannot capture is refused at capture: host reads of device values and ops whose
+output size depends on tensor values (boolean masks, ``repeat_interleave`` without
+``output_size``). Host reads that bypass the dispatcher (``.tolist()``, ``.numpy()``) are
+invisible to the model; a real GPU run catches those.
 """
 
 from __future__ import annotations
@@ -25,6 +30,18 @@ class GraphCaptureError(RuntimeError):
 _HOST_SYNC_OPS = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::equal"}
 
 
+def _sizes_output_from_data(func, args, kwargs) -> bool:
+    """Ops whose output size depends on tensor values: a GPU must sync to launch them."""
+    name = func._schema.name
+    if name == "aten::repeat_interleave" and func._overloadname == "Tensor":
+        return kwargs.get("output_size", args[1] if len(args) > 1 else None) is None
+    if name == "aten::index":
+        return any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ())
+        )
+    return False
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self, ops: list):
         super().__init__()
@@ -32,7 +49,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func._schema.name in _HOST_SYNC_OPS:
+        if func._schema.name in _HOST_SYNC_OPS or _sizes_output_from_data(func, args, kwargs):
             raise GraphCaptureError(
                 f"{func._schema.name} reads a device value on the host during graph capture"
             )

@@ -4,7 +4,8 @@ Arming a timer per call would cost more than a cheap subject call, so a watchdog
 polls the deadline of the call in flight instead; a call only stores three attributes.
 An overrun call is interrupted with a real SIGALRM, which also breaks blocking sleeps. The
 handler raises only if the call that overran is still the one in flight, so a late signal
-can never hit the next call. Signals reach the main thread only: a guard entered on
+can never hit the next call; a call that swallows the alarm is re-alarmed every timeout
+period and reported as timed out when it finally returns. Signals reach the main thread only: a guard entered on
 another thread converts exceptions but leaves hangs to its caller (join with a timeout).
 """
 
@@ -63,10 +64,14 @@ class CallGuard:
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         self._serial += 1
+        serial = self._serial
         self._deadline = monotonic() + self.timeout_s
         self._in_call = True
         try:
-            return fn(*args)
+            result = fn(*args)
+            if self._fired_serial == serial:  # the subject swallowed the alarm
+                raise SubjectTimeout()
+            return result
         except SubjectTimeout:
             raise SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s") from None
         except Exception as exc:  # noqa: BLE001 - any exception is the subject's divergence
@@ -84,6 +89,8 @@ class CallGuard:
         while not self._closed:
             time.sleep(poll)
             serial = self._serial
-            if self._in_call and serial != self._fired_serial and monotonic() > self._deadline:
+            if self._in_call and monotonic() > self._deadline:
+                # again every timeout period, in case the subject swallowed the last alarm
                 self._fired_serial = serial
+                self._deadline = monotonic() + self.timeout_s
                 signal.pthread_kill(main, signal.SIGALRM)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .scenario import EngineConfig, Event, Mutation, ScenarioError
+from .scenario import EngineConfig, Event, Mutation, ScenarioError, store_schedule
 from .truth import DUMMY_SLOT, ring_rows, translate_pool
 
 DRAFT_MODES = ("draft", "draft_extend")
@@ -343,24 +343,12 @@ class EngineState:
         return fitting[0]
 
     def _calls(self, event: Event) -> tuple[tuple[int, int], ...]:
-        c = self.config
-        for name, layers in (("layers", event.layers or ()), ("skip_layers", event.skip_layers)):
-            for layer in layers:
-                if layer not in c.stage_layers:
-                    raise ScenarioError(
-                        f"{name}: layer {layer} is outside the stage [{c.start_layer}, {c.end_layer})"
-                    )
-        base = event.layers if event.layers is not None else tuple(c.stage_layers)
-        skipped = set(event.skip_layers) | set(c.non_swa_layers)
-        schedule = [layer for layer in base if layer not in skipped]
+        """(micro-batch, layer) of one step's stores; the event was checked against the
+        configuration when its scenario was built."""
+        schedule = store_schedule(event, self.config)
         count = event.micro_batches
         if event.order is None:
             return tuple((mb, layer) for layer in schedule for mb in range(count))
-        if sorted(event.order) != sorted(mb for mb in range(count) for _ in schedule):
-            raise ScenarioError(
-                f"order must name each of the {count} micro-batches exactly {len(schedule)} "
-                f"times (once per store), got {list(event.order)}"
-            )
         position = [0] * count
         calls = []
         for mb in event.order:

@@ -338,13 +338,19 @@ class Scenario:
     config: EngineConfig = field(default_factory=EngineConfig)
     events: tuple[Event, ...] = ()
 
+    def __post_init__(self) -> None:
+        for index, event in enumerate(self.events):
+            if event.op == "forward":
+                _check_against_config(event, self.config, f"events[{index}]")
+
+
     @classmethod
     def from_dict(cls, data: Any) -> "Scenario":
         if not isinstance(data, dict):
             raise _fail("scenario", f"expected an object, got {type(data).__name__}")
         _reject_unknown(data, {"version", "config", "events"}, "scenario")
         version = data.get("version", SCENARIO_VERSION)
-        if version != SCENARIO_VERSION:
+        if isinstance(version, bool) or version != SCENARIO_VERSION:
             raise _fail("scenario.version", f"this harness reads version {SCENARIO_VERSION}, got {version!r}")
         config = EngineConfig.from_dict(data.get("config", {}))
         events = data.get("events", [])
@@ -359,3 +365,27 @@ class Scenario:
             "config": self.config.to_dict(),
             "events": [e.to_dict() for e in self.events],
         }
+
+
+def _check_against_config(event: Event, config: EngineConfig, where: str) -> None:
+    stage = config.stage_layers
+    for name, layers in (("layers", event.layers or ()), ("skip_layers", event.skip_layers)):
+        for layer in layers:
+            if layer not in stage:
+                raise _fail(f"{where}.{name}", f"layer {layer} is outside the stage [{stage.start}, {stage.stop})")
+    if event.order is not None:
+        stores = len(store_schedule(event, config))
+        expected = sorted(mb for mb in range(event.micro_batches) for _ in range(stores))
+        if sorted(event.order) != expected:
+            raise _fail(
+                f"{where}.order",
+                f"must name each of the {event.micro_batches} micro-batches exactly {stores} times "
+                f"(once per store), got {list(event.order)}",
+            )
+
+
+def store_schedule(event: Event, config: EngineConfig) -> list[int]:
+    """The layers of one step of a forward that store SWA keys, in the order they run."""
+    base = event.layers if event.layers is not None else tuple(config.stage_layers)
+    skipped = set(event.skip_layers) | set(config.non_swa_layers)
+    return [layer for layer in base if layer not in skipped]

@@ -43,6 +43,8 @@ def translate_pool(mapping: torch.Tensor, out_cache_loc: torch.Tensor) -> torch.
     if bool(bad.any()):
         first = int(loc[bad][0])
         raise TruthError(f"out_cache_loc {first} is outside the full pool [0, {table.numel()})")
+    if table.numel() and int(table[DUMMY_SLOT]) != DUMMY_SLOT:
+        raise TruthError(f"mapping[0] is {int(table[DUMMY_SLOT])}: the dummy full slot must map to the dummy SWA slot 0")
     swa = table[loc]
     unmapped = (loc != DUMMY_SLOT) & (swa == DUMMY_SLOT)
     if bool(unmapped.any()):

@@ -6,7 +6,7 @@ and reports group findings by them: all three use these names.
 
 from __future__ import annotations
 
-from reference import Scenario
+from reference import Scenario, store_schedule
 
 FIRST_SWA_LAYER_NOT_START = "first_swa_layer_not_start"
 PIPELINE_STAGE = "pipeline_stage"
@@ -53,9 +53,7 @@ def features_of(scenario: Scenario) -> set[str]:
             found.add(IN_PLACE_MAPPING_CHANGE)
         if event.op != "forward":
             continue
-        layers = list(event.layers) if event.layers is not None else list(c.stage_layers)
-        skipped = set(event.skip_layers) | set(c.non_swa_layers)
-        swa = [layer for layer in layers if layer not in skipped]
+        swa = store_schedule(event, c)
         if swa and swa[0] != c.start_layer:
             found.add(FIRST_SWA_LAYER_NOT_START)
         if event.layers is not None and event.layers != tuple(c.stage_layers):

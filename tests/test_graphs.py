@@ -145,14 +145,27 @@ def test_item_outside_capture_is_allowed():
 
 
 def test_a_shape_that_changes_at_replay_raises():
-    counts, values = _t(1, 2), _t(5, 6)
+    keep, values = torch.tensor([True, False, True]), _t(5, 6, 7)
     graph = RecordedGraph()
     with graph.capture():
-        out = values.repeat_interleave(counts)
-    assert out.tolist() == [5, 6, 6]
-    counts.copy_(_t(2, 2))
+        out = values.masked_select(keep)
+    assert out.tolist() == [5, 7]
+    keep.copy_(torch.tensor([True, True, True]))
     with pytest.raises(GraphCaptureError, match="shape"):
         graph.replay()
+
+
+@pytest.mark.parametrize(
+    "expand",
+    [lambda values, counts: values.repeat_interleave(counts), lambda values, counts: values[counts > 1]],
+    ids=["repeat_interleave without output_size", "boolean mask"],
+)
+def test_ops_whose_output_size_depends_on_values_are_refused_at_capture(expand):
+    counts, values = _t(1, 2), _t(5, 6)
+    graph = RecordedGraph()
+    with pytest.raises(GraphCaptureError, match="during graph capture"):
+        with graph.capture():
+            expand(values, counts)
 
 
 def test_a_fixed_output_size_keeps_a_ragged_expansion_replayable():

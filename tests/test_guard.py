@@ -153,11 +153,6 @@ def _swallows_everything(limit: float = 1.0) -> str:
     return "late answer"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a call that swallows SubjectTimeout and returns later is accepted as if on time: "
-    "CallGuard.call does not check whether the alarm fired for it (harness/guard.py)",
-)
 def test_a_call_that_swallows_the_timeout_is_still_a_timeout():
     with CallGuard(0.1) as guard:
         with pytest.raises(SubjectFailure, match="did not return"):

@@ -109,11 +109,6 @@ def test_translate_pool_accepts_the_largest_int32_swa_slot():
     assert translate_pool(_mapping({3: INT32_MAX}), _loc([3])).tolist() == [INT32_MAX]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="translate_pool returns mapping[0] for the dummy location even when the mapping "
-    "maps the dummy full slot to a real SWA slot (reference/truth.py translate_pool)",
-)
 def test_translate_pool_never_sends_dummy_location_to_a_real_slot():
     corrupt = _mapping({0: 5, 3: 7})
     try:
