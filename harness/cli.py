@@ -720,14 +720,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     subject = args.subject or recorded.subject
     info = _resolve(subject)
     device = check_device(args.device or recorded.device)
-    if args.emit_pytest is not None:
-        emit_pytest(replace(recorded, subject=subject, device=device), args.emit_pytest, source=str(args.file))
     started = time.monotonic()
     try:
         run = run_replay(recorded, subject=subject, device=device)
     except ScenarioError as exc:
         raise ReplayError(f"{args.file}: the recorded scenario cannot run: {exc}") from None
     elapsed = time.monotonic() - started
+    if args.emit_pytest is not None:
+        emit_pytest(replace(recorded, subject=subject, device=device), args.emit_pytest, source=str(args.file))
     found = run.divergence
     reproduced = found is not None and same_divergence(found, recorded.divergence)
     if args.json:
