@@ -103,10 +103,22 @@ def subject_names() -> list[str]:
     return [info.name for info in BUILTIN_SUBJECTS]
 
 
+def all_subjects() -> list[SubjectInfo]:
+    """The built-in subjects, then the real SGLang targets the default SGLang source has."""
+    from . import sglang
+
+    return [*BUILTIN_SUBJECTS, *sglang.discover()]
+
+
 def resolve_subject(spec: str) -> SubjectInfo:
-    """A built-in name, or ``module:attr`` naming a Subject class or a SubjectInfo."""
+    """A built-in name, ``sglang:<target>[@<version>]`` (real SGLang code), or
+    ``module:attr`` naming a Subject class or a SubjectInfo."""
     if spec in _BY_NAME:
         return _BY_NAME[spec]
+    if spec.startswith("sglang:"):  # before module:attr, since "sglang" is a module too
+        from . import sglang  # harness.sglang imports this module
+
+        return sglang.resolve(spec)
     if ":" not in spec:
         raise SubjectError(
             f"unknown subject {spec!r}; built-in subjects are {', '.join(subject_names())}, "

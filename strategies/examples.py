@@ -64,7 +64,8 @@ EXAMPLES: dict[str, Scenario] = {
         [_TWO, {"op": "forward", "requests": [0, 1]},
          {"op": "forward", "requests": [0, 1], "skip_init": True}],
     ),
-    # 7b. an idle graph replay under speculative decoding skips metadata init
+    # 7b. an idle graph replay that skips metadata init (eager idle forwards under speculative
+    # decoding skip it; released graph runners prepare metadata before every replay)
     "idle-replay-skips-init": _scenario(
         {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 2},
         [_TWO, {"op": "forward", "requests": [0, 1], "graph": True},

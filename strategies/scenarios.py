@@ -35,7 +35,8 @@ REALISTIC_FEATURES = {
     "multi-step draft decode": "several steps per forward, positions advancing, metadata built once",
     "idle forwards (metadata init skipped under speculative decoding)": "a data-parallel rank "
     "with no requests: with speculative decoding on, metadata init is skipped and the previous "
-    "forward's metadata stays in place",
+    "forward's metadata stays in place; a graph replay prepares metadata even when idle (the "
+    "decode graph runner of released SGLang does so before every replay)",
     "two micro-batches, layers interleaved": "two-batch overlap splits a batch into two "
     "micro-batches that share the pool but have their own backend and metadata",
     "graph capture and replay with padding": "decode runs as captured graphs at fixed batch "
@@ -195,7 +196,7 @@ def _forwards(draw, sim: _Sim, adversarial: bool, speculative: bool, num_draft_t
             event["layers"] = draw(st.lists(st.sampled_from(stage), min_size=1, max_size=2 * len(stage)))
         if draw(st.booleans()):
             event["skip_layers"] = draw(st.lists(st.sampled_from(stage), unique=True, min_size=1))
-    elif mode == "idle" and speculative:
+    elif mode == "idle" and speculative and not event.get("graph"):
         event["skip_init"] = True
 
     base = event.get("layers", stage)
@@ -227,8 +228,8 @@ def adversarial_reasons(scenario: Scenario) -> list[str]:
             reasons.append(f"{where}: layers skipped, permuted or repeated within a forward")
         if e.mutation is not None:
             reasons.append(f"{where}: the mapping changes between layers of one forward")
-        idle_under_speculation = e.mode == "idle" and c.speculative
-        if e.skip_init != idle_under_speculation:
+        eager_idle_under_speculation = e.mode == "idle" and c.speculative and not e.graph
+        if e.skip_init != eager_idle_under_speculation:
             reasons.append(f"{where}: metadata init {'skipped' if e.skip_init else 'run'} on a "
                            f"{e.mode} forward{' under speculative decoding' if c.speculative else ''}")
         if e.order is not None or e.micro_batches > 2:
