@@ -12,6 +12,7 @@ Exit codes, for every subcommand:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -260,6 +261,12 @@ def _print_json(data: dict[str, Any]) -> None:
     print(json.dumps(data, indent=2))
 
 
+def _stdout_to_stderr(enabled: bool = True) -> contextlib.AbstractContextManager:
+    """Keeps stdout for the one JSON object: whatever a subject or Hypothesis's verbose
+    settings print while the run goes on lands on stderr."""
+    return contextlib.redirect_stdout(sys.stderr) if enabled else contextlib.nullcontext()
+
+
 # ---- interrupts ----------------------------------------------------------------------------
 
 
@@ -356,14 +363,12 @@ class DivergenceLog:
         return self.path
 
 
-def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress: Callable[[Progress], None],
-            on_replay: Callable[[FuzzResult, Path], None]) -> tuple[FuzzResult, Path | None]:
-    """Fuzz once in this process; a KeyboardInterrupt ends it with what was found so far.
-
-    ``watch`` is disarmed as soon as the fuzzer stops, so that a second signal cannot cut
-    short the writing of the last replay file.
-    """
-    log = DivergenceLog(job)
+def run_until_interrupted(start: Callable[[Callable[[Progress], None]], FuzzResult],
+                          partial: Callable[[int, float], FuzzResult], on_progress: Callable[[Progress], None],
+                          watch: InterruptWatch) -> FuzzResult:
+    """``start(progress_callback)``; a KeyboardInterrupt ends it with ``partial(examples run,
+    seconds elapsed)``. ``watch`` is disarmed as soon as the run stops, so that a second
+    signal cannot cut short the writing of what it found."""
     last: list[Progress] = []
     started = time.monotonic()
 
@@ -371,28 +376,39 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
         last[:] = [update]
         on_progress(update)
 
+    try:
+        return start(progress)
+    except KeyboardInterrupt:
+        return partial(last[0].examples if last else 0, time.monotonic() - started)
+    finally:
+        watch.disarm()
+
+
+def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress: Callable[[Progress], None],
+            on_replay: Callable[[FuzzResult, Path], None]) -> tuple[FuzzResult, Path | None]:
+    """Fuzz once in this process, writing each divergence's replay file as it is reported."""
+    log = DivergenceLog(job)
+
     def divergence(result: FuzzResult) -> None:
         path = log.record(result)
         if path is not None:
             on_replay(result, path)
 
-    try:
-        result = fuzz_engine.fuzz(
+    def partial(examples: int, elapsed_s: float) -> FuzzResult:
+        if log.latest is not None:
+            return replace(log.latest, examples=max(examples, log.latest.examples), elapsed_s=elapsed_s,
+                           interrupted=True)
+        return FuzzResult(info.name, job.profile, job.settings, examples=examples, elapsed_s=elapsed_s,
+                          seed=job.seed, interrupted=True)
+
+    result = run_until_interrupted(
+        lambda progress: fuzz_engine.fuzz(
             info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
             budget_s=job.budget_s, seed=job.seed, device=job.device, database_dir=job.database_dir,
             threads=job.threads, on_progress=progress, on_divergence=divergence,
-        )
-    except KeyboardInterrupt:
-        examples = last[0].examples if last else 0
-        elapsed = time.monotonic() - started
-        if log.latest is not None:
-            result = replace(log.latest, examples=max(examples, log.latest.examples), elapsed_s=elapsed,
-                             interrupted=True)
-        else:
-            result = FuzzResult(info.name, job.profile, job.settings, examples=examples, elapsed_s=elapsed,
-                                seed=job.seed, interrupted=True)
-    finally:
-        watch.disarm()
+        ),
+        partial, on_progress, watch,
+    )
     log.record(result)
     return result, log.path
 
@@ -421,7 +437,7 @@ def _init_worker(queue: Any) -> None:
 
 
 def _worker(index: int, job: FuzzJob) -> tuple[FuzzResult, str | None]:
-    with InterruptWatch() as watch:
+    with InterruptWatch() as watch, _stdout_to_stderr():
         _worker_queue.put(("started", index, os.getpid()))
         result, path = run_job(
             resolve_subject(job.subject), job, watch,
@@ -602,7 +618,7 @@ class Campaign:
 
     def finish(self, result: FuzzResult, replay_path: Path | None, watch: InterruptWatch,
                budget_s: float | None = None, workers: int = 1, print_markdown: bool = False) -> int:
-        interrupted = result.interrupted or watch.interrupted
+        interrupted = result.interrupted  # a signal after the run ended cut nothing short
         report = Report(
             command=self.command, subject=self.subject, subject_info=self.info.to_dict(),
             profile=result.profile, settings=result.settings, seed=result.seed, device=self.device,
@@ -648,17 +664,18 @@ def _fuzz(args: argparse.Namespace, settings: str | None, profile: str, print_ma
     workers = args.workers
     with InterruptWatch(raise_first=workers == 1) as watch:
         try:
-            if workers == 1:
-                result, path = run_job(
-                    campaign.info, base, watch, on_progress=line.update,
-                    on_replay=lambda found, p: line.note(f"divergence: {found.divergence.sentence}\n  replay file: {p}"),
-                )
-            else:
-                per_worker = -(-args.max_examples // workers) if args.max_examples else None
-                jobs = [_worker_job(base, i, per_worker) for i in range(workers)]
-                result, path = WorkerPool(jobs, line, watch).run()
+            with _stdout_to_stderr(campaign.as_json):
+                if workers == 1:
+                    result, path = run_job(
+                        campaign.info, base, watch, on_progress=line.update,
+                        on_replay=lambda found, p: line.note(
+                            f"divergence: {found.divergence.sentence}\n  replay file: {p}"),
+                    )
+                else:
+                    per_worker = -(-args.max_examples // workers) if args.max_examples else None
+                    jobs = [_worker_job(base, i, per_worker) for i in range(workers)]
+                    result, path = WorkerPool(jobs, line, watch).run()
         finally:
-            watch.disarm()
             line.close()
         return campaign.finish(result, path, watch, budget_s=args.budget, workers=workers,
                                print_markdown=print_markdown)
@@ -685,29 +702,24 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
     job = FuzzJob(subject=campaign.subject, profile=args.profile, settings="exhaustive", seed=None,
                   run="exhaustive", device=campaign.device, replay_dir=str(campaign.report_dir / "replays"),
                   database_dir=str(campaign.database_dir))
-    log = DivergenceLog(job)
     line = campaign.progress_line()
-    last: list[Progress] = []
-    started = time.monotonic()
-
-    def progress(update: Progress) -> None:
-        last[:] = [update]
-        line.update(update)
-
     with InterruptWatch() as watch:
         try:
-            result = fuzz_engine.exhaustive(
-                campaign.info, max_forwards=args.max_forwards, max_layers=args.max_layers,
-                max_micro_batches=args.max_micro_batches, profile=args.profile, device=campaign.device,
-                on_progress=progress,
-            )
-        except KeyboardInterrupt:
-            result = FuzzResult(subject=campaign.info.name, profile=job.profile, settings=job.settings,
-                                examples=last[0].examples if last else 0,
-                                elapsed_s=time.monotonic() - started, interrupted=True)
+            with _stdout_to_stderr(campaign.as_json):
+                result = run_until_interrupted(
+                    lambda progress: fuzz_engine.exhaustive(
+                        campaign.info, max_forwards=args.max_forwards, max_layers=args.max_layers,
+                        max_micro_batches=args.max_micro_batches, profile=args.profile,
+                        device=campaign.device, on_progress=progress,
+                    ),
+                    lambda examples, elapsed_s: FuzzResult(
+                        campaign.info.name, job.profile, job.settings, examples=examples,
+                        elapsed_s=elapsed_s, interrupted=True),
+                    line.update, watch,
+                )
         finally:
-            watch.disarm()
             line.close()
+        log = DivergenceLog(job)
         log.record(result)
         return campaign.finish(result, log.path, watch)
 

@@ -226,6 +226,22 @@ def test_fuzz_accepts_a_user_subject_and_records_its_spec(capsys, engine, tmp_pa
     assert load_replay(data["replay_file"]).subject == "harness.builtin:PoolStartLayer"
 
 
+def test_json_stdout_stays_one_object_when_the_subject_prints(capsys, tmp_path, monkeypatch):
+    (tmp_path / "chatty_subject.py").write_text(
+        "from harness.builtin import Uncached\n\n\n"
+        "class Chatty(Uncached):\n"
+        "    def swa_write_location(self, batch, layer_id):\n"
+        "        print('debug: storing layer', layer_id)\n"
+        "        return super().swa_write_location(batch, layer_id)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_cli(capsys, "fuzz", "--subject", "chatty_subject:Chatty", "--max-examples", "5",
+                             "--report-dir", str(tmp_path / "reports"), "--json")
+    assert code == 0
+    assert json.loads(out)["subject_info"]["summary"] == "(no docstring)"
+    assert "debug: storing layer" in err
+
+
 # ---- gate and exhaustive ------------------------------------------------------------------------
 
 
