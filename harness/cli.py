@@ -734,7 +734,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     device = check_device(args.device or recorded.device)
     started = time.monotonic()
     try:
-        run = run_replay(recorded, subject=subject, device=device)
+        with _stdout_to_stderr(args.json):
+            run = run_replay(recorded, subject=subject, device=device)
     except ScenarioError as exc:
         raise ReplayError(f"{args.file}: the recorded scenario cannot run: {exc}") from None
     elapsed = time.monotonic() - started
