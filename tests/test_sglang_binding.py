@@ -206,7 +206,7 @@ def test_fuzzing_finds_assign_listed_ring_rows_only_before_0_5_20(version):
 @pytest.mark.parametrize("name,example,verdict", [
     ("unified-metadata-merge", "graph-replay", "reachable"),
     ("hip-unified-swa-loc", "ragged-extend", "not reached"),
-    ("hip-unified-swa-loc", "idle-replay-skips-init", "not reached"),
+    ("hip-unified-swa-loc", "idle-replay-skips-init", "adversarial only"),
     ("cuda-swa-out-cache-loc", "in-place-change-mid-forward", "adversarial only"),
 ])
 def test_divergences_are_judged_against_sglangs_lifecycle(name, example, verdict, tmp_path):
