@@ -276,6 +276,10 @@ class InterruptWatch:
     With ``raise_first`` the first signal raises KeyboardInterrupt in the main thread (the
     fuzzer runs there and must stop); later signals, and every signal after :meth:`disarm`,
     are only noted, so the reports of a stopped run still get written in full.
+
+    Python runs a signal handler wherever the main thread is, which can be a garbage
+    collector callback or a finalizer that swallows the exception; :meth:`check`, called
+    between examples, raises it again for a run that is still going.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -297,6 +301,10 @@ class InterruptWatch:
 
     def disarm(self) -> None:
         self.raise_first = False
+
+    def check(self) -> None:
+        if self.signum is not None and self.raise_first:
+            raise KeyboardInterrupt
 
     @property
     def interrupted(self) -> bool:
@@ -375,6 +383,7 @@ def run_until_interrupted(start: Callable[[Callable[[Progress], None]], FuzzResu
     def progress(update: Progress) -> None:
         last[:] = [update]
         on_progress(update)
+        watch.check()
 
     try:
         return start(progress)

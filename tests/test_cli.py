@@ -347,8 +347,10 @@ def test_replay_of_text_that_is_not_json_exits_2(capsys, tmp_path):
 
 
 def _pytest(path: Path) -> subprocess.CompletedProcess:
+    harness_root = Path(harness.__file__).resolve().parent.parent  # this checkout, whichever is installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(harness_root), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
-                          capture_output=True, text=True, cwd=path.parent, timeout=120)
+                          capture_output=True, text=True, cwd=path.parent, env=env, timeout=120)
 
 
 def test_round_trip_fuzz_replay_emitted_pytest(capsys, tmp_path):
@@ -467,3 +469,16 @@ def test_the_console_script_is_installed():
     outcome = subprocess.run([script, "subjects", "--json"], capture_output=True, text=True, timeout=120)
     assert outcome.returncode == 0
     assert json.loads(outcome.stdout)["subjects"]
+
+
+def test_an_interrupt_swallowed_where_it_landed_is_raised_again_between_examples():
+    with cli.InterruptWatch() as watch:
+        try:  # as a garbage collector callback or a finalizer would
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            watch.check()
+        watch.disarm()
+        watch.check()
+    assert watch.exit_code == 130

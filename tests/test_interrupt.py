@@ -15,7 +15,11 @@ from pathlib import Path
 
 import pytest
 
+import harness
 from harness.replay import load_replay
+
+# subprocesses import this checkout, whichever one is installed
+HARNESS_ROOT = Path(harness.__file__).resolve().parent.parent
 
 # Diverges in nearly every scenario with two forwards, and is slow only when it diverges: the
 # search finds it at once, shrinking takes seconds, and a signal sent as soon as the first
@@ -42,8 +46,13 @@ SLOW_STALE_SUBJECT = '''
 '''
 
 
+def environment(tmp_path: Path) -> dict[str, str]:
+    paths = [str(tmp_path), str(HARNESS_ROOT), os.environ.get("PYTHONPATH")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+
+
 def start_fuzz(tmp_path: Path, *options: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    env = environment(tmp_path)
     return subprocess.Popen(
         [sys.executable, "-m", "harness", "fuzz", "--report-dir", str(tmp_path / "reports"), "--json", *options],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -81,7 +90,8 @@ def reports(tmp_path: Path) -> dict:
 @pytest.mark.parametrize("signum, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
                          ids=["SIGINT", "SIGTERM"])
 def test_a_clean_run_stopped_by_a_signal_writes_an_incomplete_report(tmp_path, signum, exit_code):
-    process = start_fuzz(tmp_path, "--subject", "uncached", "--budget", "600")
+    # nightly settings: no cap on examples, so only the signal ends the run
+    process = start_fuzz(tmp_path, "--subject", "uncached", "--settings", "nightly", "--budget", "600")
     # the replay folder is made just before the fuzzer starts
     wait_for(lambda: (tmp_path / "reports" / "replays").is_dir(), process)
     time.sleep(1.0)
@@ -121,13 +131,14 @@ def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path):
 
     # and the replay file replays, still diverging
     replayed = subprocess.run([sys.executable, "-m", "harness", "replay", str(replay_file)], cwd=tmp_path,
-                              env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
+                              env=environment(tmp_path), capture_output=True, text=True,
                               timeout=120)
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
 
 
 def test_a_run_over_workers_stops_them_all_and_reports(tmp_path):
-    process = start_fuzz(tmp_path, "--subject", "uncached", "--budget", "600", "--workers", "2")
+    process = start_fuzz(tmp_path, "--subject", "uncached", "--settings", "nightly", "--budget", "600",
+                         "--workers", "2")
     wait_for(lambda: (tmp_path / "reports" / "replays").is_dir(), process)
     time.sleep(4.0)  # the workers start their own interpreters
     code, printed = stop(process, signal.SIGTERM)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import harness
 from harness import run_scenario
 from harness.registry import resolve_subject
 from harness.replay import (
@@ -40,7 +41,9 @@ def recorded(subject: str = "pool-start-layer", example: str = STALE_EXAMPLE, **
 
 
 def run_pytest(directory: Path, extra_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(extra_path), os.environ.get("PYTHONPATH")]))}
+    harness_root = Path(harness.__file__).resolve().parent.parent  # this checkout, whichever is installed
+    paths = [str(extra_path), str(harness_root), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "."],
         capture_output=True, text=True, cwd=directory, env=env, timeout=120,
