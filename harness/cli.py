@@ -39,7 +39,8 @@ from . import fuzz as fuzz_engine
 from .executor import SubjectError
 from .fuzz import PROFILES, SETTINGS_PROFILES, FuzzResult, Progress
 from .progress import ProgressLine
-from .registry import BUILTIN_SUBJECTS, SubjectInfo, resolve_subject
+from .devices import enable_stream_sanitizer
+from .registry import SubjectInfo, all_subjects, resolve_subject
 from .replay import Replay, ReplayError, emit_pytest, load_replay, run_replay, same_divergence, write_replay
 from .reports import REPORT_FILES, Report, write_reports
 
@@ -92,14 +93,43 @@ def _seconds(text: str) -> float:
 def _add_subject(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument(
         "--subject", required=required, metavar="NAME|module:attr",
-        help="a built-in subject (see 'swafuzz subjects') or module:attr naming a Subject class "
-             "or SubjectInfo importable from here",
+        help="a built-in subject (see 'swafuzz subjects'), sglang:<target>[@<version>] for real "
+             "SGLang code, or module:attr naming a Subject class or SubjectInfo importable from here",
     )
+    _add_sglang_options(parser)
+
+
+def _add_sglang_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sglang-source", metavar="PATH",
+                        help="an SGLang checkout whose code sglang:<target> subjects bind "
+                             "(default: $SWAFUZZ_SGLANG_SOURCE, else the installed package)")
+    parser.add_argument("--sglang-mode", choices=("auto", "import", "source"),
+                        help="import the installed package, read the source, or auto (import where "
+                             "it imports, else source; default: $SWAFUZZ_SGLANG_MODE, else auto)")
+
+
+def _apply_sglang_options(args: argparse.Namespace) -> None:
+    # through the environment, so that worker processes bind the same code
+    from .sglang import MODE_ENV, SOURCE_ENV
+
+    for value, name in ((getattr(args, "sglang_source", None), SOURCE_ENV),
+                        (getattr(args, "sglang_mode", None), MODE_ENV)):
+        if value:
+            os.environ[name] = str(value)
 
 
 def _add_device(parser: argparse.ArgumentParser, default: str | None = "cpu") -> None:
     parser.add_argument("--device", default=default, metavar="cpu|cuda",
                         help="where the subject's tensors live" + (f" (default: {default})" if default else ""))
+
+
+def _add_stream_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stream-delay", type=_positive_int, default=0, metavar="CYCLES",
+                        help="GPU only: queue a sleep of CYCLES clock cycles on the engine's side stream "
+                             "before each metadata init, so a missing stream wait shows as a divergence")
+    parser.add_argument("--sanitize-streams", action="store_true",
+                        help="GPU only: run under PyTorch's CUDA Stream Sanitizer; an unsynchronized "
+                             "cross-stream access becomes a divergence of kind 'race'")
 
 
 def _add_outputs(parser: argparse.ArgumentParser) -> None:
@@ -154,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "divergence is not shrunk, its interleaving is pinned into the replay file")
     _add_run_options(fuzz)
     _add_device(fuzz)
+    _add_stream_options(fuzz)
     _add_outputs(fuzz)
     fuzz.set_defaults(handler=_cmd_fuzz)
 
@@ -165,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_subject(gate)
     _add_run_options(gate)
     _add_device(gate)
+    _add_stream_options(gate)
     _add_outputs(gate)
     gate.set_defaults(handler=_cmd_gate, budget=None)
 
@@ -179,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     replay.set_defaults(handler=_cmd_replay)
 
-    subjects = commands.add_parser("subjects", help="list the built-in subjects")
-    subjects.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    subjects = commands.add_parser("subjects", help="list the subjects (built-in, and real SGLang targets when SGLang is found)")
+    subjects.add_argument("--json", action="store_true", help="print a JSON list of subjects on stdout")
+    _add_sglang_options(subjects)
     subjects.set_defaults(handler=_cmd_subjects)
 
     exhaustive = commands.add_parser(
@@ -210,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_request:  # --help, --version, or a usage error already printed
         return exit_request.code if isinstance(exit_request.code, int) else EXIT_USAGE
     try:
+        _apply_sglang_options(args)
         return args.handler(args)
     except (UsageError, SubjectError, ReplayError) as exc:
         print(f"swafuzz {args.command}: error: {exc}", file=sys.stderr)
@@ -237,14 +271,6 @@ def check_device(text: str) -> str:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {text}: this machine has {torch.cuda.device_count()} GPU(s)")
     return str(device)
-
-
-def _resolve(spec: str) -> SubjectInfo:
-    info = resolve_subject(spec)
-    if not info.summary and not (info.subject.__doc__ or "").strip():
-        # SubjectInfo.to_dict takes the summary from the docstring's first line
-        info = replace(info, summary="(no docstring)")
-    return info
 
 
 def _prepare_report_dir(directory: Path) -> Path:
@@ -344,6 +370,8 @@ class FuzzJob:
     budget_s: float | None = None
     max_examples: int | None = None
     threads: bool = False
+    stream_delay_cycles: int = 0
+    sanitize_streams: bool = False
 
 
 class DivergenceLog:
@@ -410,11 +438,14 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
         return FuzzResult(info.name, job.profile, job.settings, examples=examples, elapsed_s=elapsed_s,
                           seed=job.seed, interrupted=True)
 
+    if job.sanitize_streams:
+        enable_stream_sanitizer()
     result = run_until_interrupted(
         lambda progress: fuzz_engine.fuzz(
             info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
             budget_s=job.budget_s, seed=job.seed, device=job.device, database_dir=job.database_dir,
-            threads=job.threads, on_progress=progress, on_divergence=divergence,
+            threads=job.threads, stream_delay_cycles=job.stream_delay_cycles,
+            on_progress=progress, on_divergence=divergence,
         ),
         partial, on_progress, watch,
     )
@@ -602,8 +633,12 @@ class Campaign:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Campaign":
-        info = _resolve(args.subject)
+        info = resolve_subject(args.subject)
         device = check_device(args.device)
+        for flag, used in (("--stream-delay", getattr(args, "stream_delay", 0)),
+                           ("--sanitize-streams", getattr(args, "sanitize_streams", False))):
+            if used and not device.startswith("cuda"):
+                raise UsageError(f"{flag} works on GPU streams: it needs --device cuda")
         report_dir = _prepare_report_dir(args.report_dir)
         return cls(args.command, args.subject, info, device, report_dir,
                    args.database or report_dir / ".hypothesis-db", args.json)
@@ -620,6 +655,8 @@ class Campaign:
             device=self.device, replay_dir=str(self.report_dir / "replays"),
             database_dir=str(self.database_dir), budget_s=args.budget, max_examples=args.max_examples,
             threads=getattr(args, "threads", False),
+            stream_delay_cycles=getattr(args, "stream_delay", 0),
+            sanitize_streams=getattr(args, "sanitize_streams", False),
         )
 
     def progress_line(self) -> ProgressLine:
@@ -739,7 +776,7 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     recorded = load_replay(args.file)
     subject = args.subject or recorded.subject
-    info = _resolve(subject)
+    info = resolve_subject(subject)
     device = check_device(args.device or recorded.device)
     started = time.monotonic()
     try:
@@ -784,9 +821,9 @@ def _print_replay(args: argparse.Namespace, subject: str, recorded: Replay, foun
 
 
 def _cmd_subjects(args: argparse.Namespace) -> int:
-    rows = [info.to_dict() for info in BUILTIN_SUBJECTS]
+    rows = [info.to_dict() for info in all_subjects()]
     if args.json:
-        _print_json({"subjects": rows})
+        print(json.dumps(rows, indent=2))
         return EXIT_OK
     width = max(len(row["name"]) for row in rows)
     print(f"{'NAME':<{width}}  TRUTH  EXPECTED    DIVERGES ON")

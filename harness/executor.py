@@ -13,7 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -49,6 +49,17 @@ class RunResult:
     @property
     def passed(self) -> bool:
         return self.divergence is None
+
+
+@dataclass(frozen=True)
+class StoreOutcome:
+    """One checked store: where it ran and its divergence (None: it matched the reference)."""
+
+    forward: int
+    draft_step: int
+    micro_batch: int
+    layer_id: int | None
+    divergence: dx.Divergence | None
 
 
 class _Stop(Exception):
@@ -92,6 +103,8 @@ def run_scenario(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     threads: bool = False,
     stream_delay_cycles: int = 0,
+    on_store: Callable[[StoreOutcome], None] | None = None,
+    keep_going: bool = False,
 ) -> RunResult:
     """Run ``scenario`` through ``subject`` and the reference; stop at the first divergence.
 
@@ -101,18 +114,23 @@ def run_scenario(
 
     ``stream_delay_cycles`` (GPU only): a sleep kernel of that many cycles is queued on the
     engine's side stream before each metadata init, widening race windows.
+
+    ``on_store`` sees every checked store. ``keep_going`` keeps running after wrong values
+    (rows, padding, dtype, length, device), so a report can draw every stale store; the
+    result holds the first divergence. A subject that raises or hangs still ends the run.
     """
     device = torch.device(device)
     check_device(check_subject(subject), device)
     run = _Run(subject, scenario, device, timeout_s, threads, timeline_for(device, stream_delay_cycles))
+    run.on_store, run.keep_going = on_store, keep_going
     with CallGuard(timeout_s) as guard:
         run.guard = guard
         try:
             run.setup()
             run.events()
         except _Stop as stop:
-            return RunResult(stop.divergence, run.checks, run.forward, run.schedules)
-    return RunResult(None, run.checks, run.forward, run.schedules)
+            return RunResult(run.first_divergence or stop.divergence, run.checks, run.forward, run.schedules)
+    return RunResult(run.first_divergence, run.checks, run.forward, run.schedules)
 
 
 class _Run:
@@ -148,6 +166,9 @@ class _Run:
         self.call = 0
         self.memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.memo_version = -1
+        self.on_store: Callable[[StoreOutcome], None] | None = None
+        self.keep_going = False
+        self.first_divergence: dx.Divergence | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -365,10 +386,15 @@ class _Run:
             and out.shape == expected.shape
             and torch.equal(out, expected_on_device)
         ):
-            return
-        divergence = self._diagnose(self._site(where), where.plan.model, inputs, out, expected)
-        if divergence is not None:  # None: a tensor subclass that holds the right rows
-            raise _Stop(divergence)
+            divergence = None
+        else:  # None again for a tensor subclass that holds the right rows
+            divergence = self._diagnose(self._site(where), where.plan.model, inputs, out, expected)
+        if self.on_store is not None:
+            self.on_store(StoreOutcome(self.forward, where.step, where.micro_batch, where.layer_id, divergence))
+        if divergence is not None:
+            if not self.keep_going:
+                raise _Stop(divergence)
+            self.first_divergence = self.first_divergence or divergence
 
     def _shape_problem(self, site: dx.Site, out: Any, rows: int) -> dx.Divergence | None:
         where = f"At {site.describe()}, swa_write_location"

@@ -22,6 +22,7 @@ from strategies.features import features_of
 from strategies.scenarios import PROFILES, scenarios, weakest_profile
 
 from .diagnosis import Divergence
+from .devices import timeline_for
 from .executor import DEFAULT_TIMEOUT_S, check_device, run_scenario
 from .registry import SubjectInfo
 
@@ -119,6 +120,7 @@ def fuzz(
     database_dir: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     threads: bool = False,
+    stream_delay_cycles: int = 0,
     on_progress: Callable[[Progress], None] | None = None,
     on_divergence: Callable[[FuzzResult], None] | None = None,
 ) -> FuzzResult:
@@ -136,6 +138,7 @@ def fuzz(
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     check_device(info.subject, torch.device(device))
+    timeline_for(torch.device(device), stream_delay_cycles)  # refuses a delay off the GPU now
     chosen = settings_profile(settings)
     limit = max_examples if max_examples is not None else chosen.max_examples
     # Hypothesis neither reads nor writes its database for seeded runs, so a run is either
@@ -165,7 +168,8 @@ def fuzz(
         for feature in features_of(scenario):
             hypothesis.event(feature)
             coverage[feature] += 1
-        outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads)
+        outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads,
+                               stream_delay_cycles=stream_delay_cycles)
         report_progress()
         if not outcome.passed:
             scenario = pin_schedules(scenario, outcome.schedules)
@@ -196,6 +200,12 @@ def fuzz(
         run += 1
         try:
             test()
+        except KeyboardInterrupt:
+            # what was found and counted so far is the result, marked as cut short
+            result.elapsed_s, result.coverage, result.interrupted = elapsed(), dict(coverage), True
+            if failures:
+                return dataclasses.replace(_found(result, *failures[-1], elapsed(), coverage), interrupted=True)
+            return result
         except (_Diverged, hypothesis.errors.FlakyFailure):
             scenario, divergence = failures[-1]
             final = _found(result, scenario, divergence, elapsed(), coverage)

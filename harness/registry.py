@@ -52,7 +52,7 @@ class SubjectInfo:
             "expected": self.expected,
             "diverges_on": list(self.diverges_on),
             "requires": sorted(getattr(self.subject, "requires", ())),
-            "summary": self.summary or (self.subject.__doc__ or "").strip().splitlines()[0],
+            "summary": self.summary or ((self.subject.__doc__ or "").strip().splitlines() or [""])[0],
         }
 
 

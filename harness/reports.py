@@ -26,6 +26,8 @@ from strategies.features import ALL_FEATURES
 from . import __version__
 from . import diagnosis as dx
 from .diagnosis import Divergence
+from .executor import StoreOutcome, run_scenario
+from .registry import resolve_subject
 
 REPORT_FILES = {
     "markdown": "summary.md",
@@ -140,7 +142,7 @@ def write_reports(report: Report, directory: str | os.PathLike) -> dict[str, Pat
         "markdown": render_markdown(report),
         "json": json.dumps(report.to_dict(), indent=2) + "\n",
         "junit": render_junit(report),
-        "html": render_html(report),
+        "html": render_html(report, cells_from_rerun(report)),
     }
     return {fmt: write_atomically(directory / REPORT_FILES[fmt], text) for fmt, text in rendered.items()}
 
@@ -379,6 +381,35 @@ def cells_from_divergence(scenario: Scenario, divergence: Divergence) -> tuple[l
             reached = False
         cells.append(Cell(*store, outcome=OK if reached else NOT_RUN,
                           is_source=reached and store[:3] == source_row))
+    return rows, cells
+
+
+def cells_from_rerun(report: Report) -> tuple[list[ForwardRow], list[Cell]] | None:
+    """Every store of the shrunk scenario, from a run that goes on past wrong values, so a
+    stale pattern across forwards shows whole. None (the picture then comes from the
+    divergence alone) when there is nothing to draw, the failure is outside the layers, or
+    the subject cannot be run again here."""
+    divergence = report.divergence
+    if divergence is None or report.scenario is None or divergence.layer_id is None:
+        return None
+    outcomes: list[StoreOutcome] = []
+    try:
+        subject = resolve_subject(report.subject).subject
+        run_scenario(subject, report.scenario, device=report.device, on_store=outcomes.append, keep_going=True)
+    except Exception:  # noqa: BLE001 - the report must still be written
+        return None
+    rows, stores = _schedule(report.scenario)
+    first = next((o.divergence for o in outcomes if o.divergence is not None), divergence)
+    source = first.source or {}
+    source_row = (source.get("forward"), source.get("draft_step"), source.get("micro_batch"))
+    cells = []
+    for outcome in outcomes:
+        store = (outcome.forward, outcome.draft_step, outcome.micro_batch, outcome.layer_id)
+        if outcome.divergence is None:
+            cells.append(Cell(*store, outcome=OK, is_source=store[:3] == source_row))
+        else:
+            cells.append(Cell(*store, *outcome_of(outcome.divergence)))
+    cells += [Cell(*store, outcome=NOT_RUN) for store in stores[len(outcomes):]]
     return rows, cells
 
 
