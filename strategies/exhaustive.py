@@ -73,7 +73,7 @@ def _configs(max_layers: int) -> Iterator[dict]:
             "non_swa_layers": [start] if hybrid else [],
             "sliding_window": 2,
             "speculative": speculative,
-            "num_draft_tokens": 2 if speculative else 1,
+            "num_draft_tokens": 3 if speculative else 1,
             "num_req_slots": 4,
             "full_pool_size": 64,
             "swa_pool_size": 32,

@@ -32,7 +32,8 @@ REALISTIC_FEATURES = {
     "admit, finish, clear, eviction between forwards": "the mapping is mutated in place: "
     "allocation sets mapping[full] = swa, free and out-of-window eviction set it to 0, clear fills 0",
     "decode, ragged extend, target-verify, draft-extend": "forward modes of the engine",
-    "multi-step draft decode": "several steps per forward, positions advancing, metadata built once",
+    "multi-step draft decode": "several steps per forward, positions advancing, metadata built "
+    "once; a chain drafter runs num_draft_tokens - 1 steps in every draft forward",
     "idle forwards (metadata init skipped under speculative decoding)": "a data-parallel rank "
     "with no requests: with speculative decoding on, metadata init is skipped and the previous "
     "forward's metadata stays in place; a graph replay prepares metadata even when idle (the "
@@ -52,7 +53,7 @@ ADVERSARIAL_ONLY = (
     "register_mapping and in-place relocation between forwards",
     "metadata init skipped on non-idle forwards",
     "explicit micro-batch interleavings and three micro-batches",
-    "draft step counts beyond num_draft_tokens - 1",
+    "draft step counts other than num_draft_tokens - 1",
 )
 
 
@@ -169,8 +170,10 @@ def _forwards(draw, sim: _Sim, adversarial: bool, speculative: bool, num_draft_t
         event["tokens"] = draw(st.lists(st.integers(1, high), min_size=len(requests), max_size=len(requests)))
     steps = 1
     if mode == "draft":
-        steps = draw(st.integers(1, 4 if adversarial else max(1, num_draft_tokens - 1)))
-        event["steps"] = steps
+        # a chain drafter runs its configured num_draft_tokens - 1 steps every draft forward
+        steps = draw(st.integers(1, 4)) if adversarial else max(1, num_draft_tokens - 1)
+        if steps > 1:
+            event["steps"] = steps
     per_request = {"decode": 1, "draft": steps, "verify": num_draft_tokens, "idle": 0}
     for i, rid in enumerate(requests):
         sim.lengths[rid] += event["tokens"][i] if "tokens" in event else per_request[mode]
@@ -234,7 +237,7 @@ def adversarial_reasons(scenario: Scenario) -> list[str]:
                            f"{e.mode} forward{' under speculative decoding' if c.speculative else ''}")
         if e.order is not None or e.micro_batches > 2:
             reasons.append(f"{where}: micro-batch interleaving other than two-batch overlap")
-        if e.mode == "draft" and e.steps > max(1, c.num_draft_tokens - 1):
+        if e.mode == "draft" and e.steps != max(1, c.num_draft_tokens - 1):
             reasons.append(f"{where}: {e.steps} draft steps with num_draft_tokens {c.num_draft_tokens}")
         if e.mode == "draft_extend" and any(n > c.num_draft_tokens for n in e.tokens):
             reasons.append(f"{where}: draft-extend accepts more than num_draft_tokens tokens")
