@@ -86,7 +86,7 @@ def engine(monkeypatch):
     (["fuzz", "--subject", "uncached", "--budget", "soon"], "expected a number of seconds"),
     (["fuzz", "--subject", "uncached", "--max-examples", "0"], "must be at least 1"),
     (["fuzz", "--subject", "uncached", "--workers", "0"], "must be at least 1"),
-    (["fuzz", "--subject", "uncached", "--seed", "-3"], "must be 0 or more"),
+    (["fuzz", "--subject", "uncached", "--seed", "-3"], "must be at least 0"),
     (["fuzz", "--subject", "uncached", "--profile", "gentle"], "invalid choice: 'gentle'"),
     (["fuzz", "--subject", "uncached", "--device", "tpu"], "--device 'tpu'"),
     (["fuzz", "--subject", "uncached", "--device", "mps"], "swafuzz runs on cpu or cuda"),
