@@ -121,8 +121,8 @@ def run_scenario(
     """
     device = torch.device(device)
     check_device(check_subject(subject), device)
-    run = _Run(subject, scenario, device, timeout_s, threads, timeline_for(device, stream_delay_cycles))
-    run.on_store, run.keep_going = on_store, keep_going
+    timeline = timeline_for(device, stream_delay_cycles)
+    run = _Run(subject, scenario, device, timeout_s, threads, timeline, on_store, keep_going)
     with CallGuard(timeout_s) as guard:
         run.guard = guard
         try:
@@ -135,8 +135,11 @@ def run_scenario(
 
 class _Run:
     def __init__(self, subject_cls: type[Subject], scenario: Scenario, device: torch.device,
-                 timeout_s: float, threads: bool, timeline: HostTimeline):
+                 timeout_s: float, threads: bool, timeline: HostTimeline,
+                 on_store: Callable[[StoreOutcome], None] | None, keep_going: bool):
         self.subject_cls = subject_cls
+        self.on_store = on_store
+        self.keep_going = keep_going
         self.timeline = timeline
         self.timeout_s = timeout_s
         self.threads = threads
@@ -166,8 +169,6 @@ class _Run:
         self.call = 0
         self.memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.memo_version = -1
-        self.on_store: Callable[[StoreOutcome], None] | None = None
-        self.keep_going = False
         self.first_divergence: dx.Divergence | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -225,6 +226,7 @@ class _Run:
                     batch.positions = self._to_device(inputs.positions)
                     batch.out_cache_loc = self._to_device(inputs.out_cache_loc)
                     batch.draft_step = step
+                timeline.begin_forward()  # the step's new inputs were copied on the current stream
             if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and event.mutation is None:
                 self._threaded_calls(plan, batches, step_inputs, store)
                 continue
@@ -355,6 +357,9 @@ class _Run:
                     raise _Stop(problem)
                 # the consumer a store kernel would be: it reads the returned tensor by address
                 sink.copy_(out)
+        # what the captured work yields for the capture inputs (a GPU capture runs nothing)
+        self._invoke(_Where(plan), "graph replay", graph.replay)
+        self.timeline.settle()
         if sinks:
             self.history.record_capture(self.forward, sinks[0].to("cpu", copy=True))
         return graph, static, sinks
