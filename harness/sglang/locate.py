@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,14 +116,20 @@ def fetch_wheel(version: str, cache: str | os.PathLike | None = None) -> Path:
     if found is not None:
         return found
     directory.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-        "--disable-pip-version-check", f"sglang=={version}", "-d", str(directory),
-    ]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SglangUnavailable(f"pip download of sglang=={version} failed: {exc}") from None
+    # download privately, then rename into the cache: processes fetching the same release at
+    # once (parallel test workers) never see a half-written wheel
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".download-") as private:
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+            "--disable-pip-version-check", f"sglang=={version}", "-d", private,
+        ]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SglangUnavailable(f"pip download of sglang=={version} failed: {exc}") from None
+        fetched = _cached_wheel(Path(private), version)
+        if fetched is not None:
+            os.replace(fetched, directory / fetched.name)
     found = _cached_wheel(directory, version)
     if done.returncode != 0 or found is None:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
