@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from reference import EngineState, Scenario
+from reference import EngineState, ForwardPlan, Scenario, replay_events
 
 from .api import ForwardBatch, ForwardMode, ModelSpec
 from .executor import run_scenario
@@ -39,18 +39,10 @@ def decode_scenario(layers: int = 43, batch: int = 64, forwards: int = 20) -> Sc
     })
 
 
-def _plan(scenario: Scenario) -> list:
+def _plan(scenario: Scenario) -> tuple[list[ForwardPlan], EngineState]:
     """Run the engine model alone: the harness's own share of any lifecycle."""
     state = EngineState(scenario.config)
-    plans = []
-    for index, event in enumerate(scenario.events):
-        where = f"events[{index}]"
-        if event.op == "forward":
-            plans.append(state.plan_forward(event, index, where))
-            state.finish_forward()
-        else:
-            state.apply(event, where)
-    return plans, state
+    return list(replay_events(state, scenario.events)), state
 
 
 def _subject_alone(subject_cls, scenario: Scenario, device: str = "cpu") -> Callable[[], int]:

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from reference import EngineState, Scenario, ScenarioError
+from reference import EngineState, Scenario, ScenarioError, replay_events
 from strategies.features import ALL_FEATURES
 
 from . import __version__
@@ -333,23 +333,14 @@ def _schedule(scenario: Scenario) -> tuple[list[ForwardRow], list[tuple[int, int
     The engine model fixes the schedule before a forward's first layer, so planning the
     events again gives exactly the stores the executor made.
     """
-    state = EngineState(scenario.config)
     rows: list[ForwardRow] = []
     stores: list[tuple[int, int, int, int]] = []
     try:
-        for index, event in enumerate(scenario.events):
-            where = f"events[{index}]"
-            if event.op != "forward":
-                state.apply(event, where)
-                continue
-            plan = state.plan_forward(event, index, where)
+        for plan in replay_events(EngineState(scenario.config), scenario.events):
             forward = len(rows) + 1
-            rows.append(ForwardRow(forward, event.mode, plan.model, len(plan.steps), plan.num_micro_batches))
+            rows.append(ForwardRow(forward, plan.event.mode, plan.model, len(plan.steps), plan.num_micro_batches))
             for step in range(len(plan.steps)):
                 stores.extend((forward, step, mb, layer) for mb, layer in plan.calls)
-            if event.mutation is not None:
-                state.apply(event.mutation, f"{where}.mutation")
-            state.finish_forward()
     except ScenarioError:
         pass  # the run stopped at this event as well; draw what came before
     return rows, stores

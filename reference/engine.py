@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -355,6 +356,23 @@ class EngineState:
             calls.append((mb, schedule[position[mb]]))
             position[mb] += 1
         return tuple(calls)
+
+
+def replay_events(state: EngineState, events) -> Iterator[ForwardPlan]:
+    """Apply ``events`` to ``state`` as the engine would, yielding each forward's plan.
+
+    For readers of a scenario's shape (benchmarks, reports): no subject is involved, and a
+    forward's mid-forward mutation is applied once its plan has been yielded.
+    """
+    for index, event in enumerate(events):
+        where = f"events[{index}]"
+        if event.op != "forward":
+            state.apply(event, where)
+            continue
+        yield state.plan_forward(event, index, where)
+        if event.mutation is not None:
+            state.apply(event.mutation, f"{where}.mutation")
+        state.finish_forward()
 
 
 def _split(items: list[int], parts: int) -> list[list[int]]:
