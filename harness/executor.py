@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, NamedTuple
@@ -286,6 +287,7 @@ class _Run:
                         answers[mb].append(failure_of("swa_write_location", exc))
                         return
                     answers[mb].append(out.clone() if isinstance(out, torch.Tensor) else out)
+                time.sleep(0)  # let another micro-batch take the next turn: the lock is not fair
 
         workers = [threading.Thread(target=run_micro_batch, args=(mb,), daemon=True) for mb in range(count)]
         interval = sys.getswitchinterval()

@@ -33,6 +33,7 @@ DEFAULT_DATABASE = Path(".hypothesis") / "swafuzz"
 # Examples per Hypothesis run; a wall-clock budget is honoured between runs, each of which
 # draws from its own seed, so a long budget keeps exploring instead of repeating itself.
 CHUNK = 100
+NO_EXAMPLE_LIMIT = 10**9
 PROGRESS_EVERY_S = 0.25
 
 
@@ -57,7 +58,7 @@ class SettingsProfile:
 SETTINGS_PROFILES = {
     "dev": SettingsProfile("dev", 300, deterministic=False, uses_database=True),
     "ci": SettingsProfile("ci", 200, deterministic=True, uses_database=False),
-    "nightly": SettingsProfile("nightly", 10**9, deterministic=False, uses_database=True),
+    "nightly": SettingsProfile("nightly", NO_EXAMPLE_LIMIT, deterministic=False, uses_database=True),
     "repro": SettingsProfile("repro", 100, deterministic=False, uses_database=True, verbose=True),
 }
 
@@ -127,7 +128,8 @@ def fuzz(
     """Search for a divergence of ``info``'s subject; shrink and return the first found.
 
     Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
-    seconds have passed (checked between runs of :data:`CHUNK` examples). ``on_divergence``
+    seconds have passed (checked between runs of :data:`CHUNK` examples). With a budget and
+    no ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
 
     ``threads`` is the stress mode: micro-batches call the subject from real threads. Thread
@@ -140,7 +142,10 @@ def fuzz(
     check_device(info.subject, torch.device(device))
     timeline_for(torch.device(device), stream_delay_cycles)  # refuses a delay off the GPU now
     chosen = settings_profile(settings)
-    limit = max_examples if max_examples is not None else chosen.max_examples
+    # a time budget alone means "search until the budget is spent"
+    limit = max_examples if max_examples is not None else (
+        NO_EXAMPLE_LIMIT if budget_s is not None else chosen.max_examples
+    )
     # Hypothesis neither reads nor writes its database for seeded runs, so a run is either
     # reproducible from its seed (ci, or --seed) or remembered in the database (the rest)
     if seed is None and chosen.deterministic:
