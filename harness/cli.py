@@ -764,7 +764,12 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
             line.close()
         log = DivergenceLog(job)
         log.record(result)
-        return campaign.finish(result, log.path, watch)
+        code = campaign.finish(result, log.path, watch)
+    if code == EXIT_OK and not campaign.as_json:
+        print(f"  equivalent to the reference on all {result.examples} scenarios within the bounds: "
+              f"forwards <= {args.max_forwards}, layers <= {args.max_layers}, micro-batches <= "
+              f"{args.max_micro_batches} ({args.profile} profile)")
+    return code
 
 
 # ---- replay, subjects, bench ---------------------------------------------------------------

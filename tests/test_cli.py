@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import os
 import shutil
 import signal
@@ -484,3 +485,11 @@ def test_an_interrupt_swallowed_where_it_landed_is_raised_again_between_examples
         watch.disarm()
         watch.check()
     assert watch.exit_code == 130
+
+
+def test_a_clean_exhaustive_run_states_equivalence_within_its_bounds(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "exhaustive", "--subject", "step-keyed", "--max-forwards", "1",
+                           "--max-layers", "1", "--report-dir", str(tmp_path))
+    assert code == 0
+    assert re.search(r"equivalent to the reference on all \d+ scenarios within the bounds: "
+                     r"forwards <= 1, layers <= 1, micro-batches <= 2", out)
