@@ -1,7 +1,7 @@
 """``python -m harness``: the same as the ``swafuzz`` command."""
 
-from .cli import main
+from .cli import entry
 
 # the guard matters: worker processes started with "spawn" import this module again
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

@@ -230,6 +230,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def entry() -> None:
+    """The program's entry point (console script and ``python -m harness``).
+
+    After a run stopped by a signal, CPython may still end the process by SIGINT at exit
+    (an interrupt raised inside library code leaves it flagged as unhandled), which would
+    replace the documented 130/143 or 1; so such a run leaves through ``os._exit`` once its
+    output is flushed.
+    """
+    code = main()
+    if InterruptWatch.caught_any:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
@@ -306,6 +322,7 @@ class InterruptWatch:
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    caught_any = False  # any watch of this process caught a signal
 
     def __init__(self, raise_first: bool = True):
         self.raise_first = raise_first
@@ -343,6 +360,7 @@ class InterruptWatch:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         first = self.signum is None
+        InterruptWatch.caught_any = True
         if first:
             self.signum = signum
         if first and self.raise_first:
