@@ -37,6 +37,8 @@ from typing import ClassVar
 
 import torch
 
+from reference import EngineConfig
+
 SUBJECT_API_VERSION = 1
 
 
@@ -82,6 +84,15 @@ class ModelSpec:
     num_draft_tokens: int
     full_pool_size: int
     device: torch.device
+
+    @classmethod
+    def of(cls, config: EngineConfig, model: str, device: torch.device) -> "ModelSpec":
+        return cls(
+            model=model, start_layer=config.start_layer, end_layer=config.end_layer,
+            sliding_window=config.sliding_window, ring=config.ring, num_req_slots=config.num_req_slots,
+            speculative=config.speculative, num_draft_tokens=config.num_draft_tokens,
+            full_pool_size=config.full_pool_size, device=device,
+        )
 
 
 @dataclass

@@ -51,9 +51,7 @@ def _subject_alone(subject_cls, scenario: Scenario, device: str = "cpu") -> Call
     where = torch.device(device)
     plans, state = _plan(scenario)
     mapping = state.mappings["target"].to(where)
-    spec = ModelSpec("target", config.start_layer, config.end_layer, config.sliding_window, config.ring,
-                     config.num_req_slots, config.speculative, config.num_draft_tokens,
-                     config.full_pool_size, where)
+    spec = ModelSpec.of(config, "target", where)
     layers = config.swa_layers
     inputs = [plan.steps[0][0] for plan in plans]
     tensors = [

@@ -37,6 +37,8 @@ UNIFORM_REPEAT = "uniform_repeat"
 DUMMY = "dummy"
 ALIASES_LIVE = "aliases_live"
 UNKNOWN = "unknown"
+# sources that mean a cache handed out a value computed for other inputs
+STALE_SOURCES = (EARLIER_FORWARD, EARLIER_STEP, OTHER_MICRO_BATCH, GRAPH_CAPTURE, OLD_MAPPING)
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,7 @@ class Divergence:
 
     @property
     def stale(self) -> bool:
-        return self.source is not None and self.source["kind"] in (
-            EARLIER_FORWARD, EARLIER_STEP, OTHER_MICRO_BATCH, GRAPH_CAPTURE, OLD_MAPPING,
-        )
+        return self.source is not None and self.source["kind"] in STALE_SOURCES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -219,7 +219,5 @@ def wrong_rows_sentence(site: Site, source: Source, n_wrong: int, n_rows: int) -
     rows = "all" if n_wrong == n_rows else f"{n_wrong} of {n_rows}"
     if source.kind == UNKNOWN:
         return f"At {site.describe()}, {rows} live rows are wrong: {source.phrase}."
-    label = "Stale cache" if source.kind in (
-        EARLIER_FORWARD, EARLIER_STEP, OTHER_MICRO_BATCH, GRAPH_CAPTURE, OLD_MAPPING
-    ) else "Wrong rows"
+    label = "Stale cache" if source.kind in STALE_SOURCES else "Wrong rows"
     return f"{label}: at {site.describe()}, {rows} live rows hold {source.phrase}: {source.consequence}."

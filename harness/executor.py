@@ -177,12 +177,7 @@ class _Run:
     def setup(self) -> None:
         c = self.config
         for model in c.models:
-            spec = ModelSpec(
-                model=model, start_layer=c.start_layer, end_layer=c.end_layer,
-                sliding_window=c.sliding_window, ring=c.ring, num_req_slots=c.num_req_slots,
-                speculative=c.speculative, num_draft_tokens=c.num_draft_tokens,
-                full_pool_size=c.full_pool_size, device=self.device,
-            )
+            spec = ModelSpec.of(c, model, self.device)
             where = _Where(model=model)
             self.subjects[model] = self._invoke(where, f"{self.subject_cls.__name__}(spec)", self.subject_cls, spec)
         self._sync("setup")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator
 
-from reference import Scenario
+from reference import EngineConfig, Scenario
 
 from .scenarios import ADVERSARIAL, REALISTIC, adversarial_reasons
 
@@ -91,7 +91,7 @@ def enumerate_scenarios(
     """
     configs = []
     for config in _configs(max_layers):
-        swa = [l for l in range(config["start_layer"], config["end_layer"]) if l not in config["non_swa_layers"]]
+        swa = EngineConfig.from_dict(config).swa_layers
         variants = [
             v for v in forward_variants(len(swa), config["speculative"], config["start_layer"])
             if v.get("micro_batches", 1) <= max_micro_batches
