@@ -23,6 +23,20 @@ State the engine keeps on the attention backend (per micro-batch, per model) bel
 ``batch.backend``, a namespace that outlives the forward; state the engine keeps on the pool
 belongs on the subject instance, which every micro-batch shares.
 
+What the subject is given mirrors what SGLang's objects carry. :class:`ModelSpec` holds what
+a pool knows when it is built, including which layers of the stage store SWA keys
+(``swa_layers``, SGLang's per-layer table of the pool), so a pool finds its stage's first
+SWA layer as real code would. :class:`ForwardBatch` holds the fields of SGLang's
+``ForwardBatch`` that its DeepSeek-V4 attention backends and pool getters read and the
+engine model can supply truthfully: ``req_pool_indices``, ``seq_lens`` (and its CPU mirror
+``seq_lens_cpu``), ``extend_prefix_lens``, ``extend_seq_lens``, ``positions``,
+``out_cache_loc``, ``batch_size``, ``seq_lens_sum`` and the mode.
+
+Versions: a subject states ``api_version``. Version 2 added ``ModelSpec.swa_layers`` and
+the batch's ``seq_lens``, ``seq_lens_cpu``, ``extend_prefix_lens``, ``batch_size`` and
+``seq_lens_sum``; it removed nothing, so a version-1 subject runs unchanged (it simply does
+not read them). Any other version is refused before the run starts.
+
 On a GPU each micro-batch's layers run on ``batch.stream`` and the engine's side stream is
 ``batch.side_stream`` (both None elsewhere); a subject that orders its own work with streams
 sets ``requires = frozenset({"gpu_streams"})`` and is refused, not passed, off the GPU.
@@ -31,7 +45,7 @@ sets ``requires = frozenset({"gpu_streams"})`` and is refused, not passed, off t
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -39,7 +53,9 @@ import torch
 
 from reference import EngineConfig
 
-SUBJECT_API_VERSION = 1
+SUBJECT_API_VERSION = 2
+# every version this harness runs: each later one only adds fields
+SUPPORTED_API_VERSIONS = (1, 2)
 
 
 class Truth(str, enum.Enum):
@@ -84,6 +100,8 @@ class ModelSpec:
     num_draft_tokens: int
     full_pool_size: int
     device: torch.device
+    # the stage's layers that store SWA keys, ascending (hybrid models interleave others)
+    swa_layers: tuple[int, ...]
 
     @classmethod
     def of(cls, config: EngineConfig, model: str, device: torch.device) -> "ModelSpec":
@@ -91,8 +109,17 @@ class ModelSpec:
             model=model, start_layer=config.start_layer, end_layer=config.end_layer,
             sliding_window=config.sliding_window, ring=config.ring, num_req_slots=config.num_req_slots,
             speculative=config.speculative, num_draft_tokens=config.num_draft_tokens,
-            full_pool_size=config.full_pool_size, device=device,
+            full_pool_size=config.full_pool_size, device=device, swa_layers=config.swa_layers,
         )
+
+    @property
+    def first_swa_layer(self) -> int | None:
+        """The stage's first SWA-storing layer, where a per-forward refresh belongs (None
+        when the stage stores no SWA keys)."""
+        return self.swa_layers[0] if self.swa_layers else None
+
+    def is_swa_layer(self, layer_id: int) -> bool:
+        return layer_id in self.swa_layers
 
 
 @dataclass
@@ -100,6 +127,15 @@ class ForwardBatch:
     """One micro-batch of one forward, as a layer sees it.
 
     Rows past ``num_live_tokens`` are padding: request slot 0, position 0, full slot 0.
+    Padded request rows (graph replay) have ``seq_lens`` 1 and ``extend_prefix_lens`` 0,
+    as SGLang's graph runner fills them.
+
+    Per request row, ``extend_prefix_lens`` is what the request had cached before this
+    forward (step, in multi-step draft decode) and ``extend_seq_lens`` what it adds, in
+    every mode; ``seq_lens`` is their sum, except in target-verify, where SGLang leaves the
+    draft tokens out (``seq_lens == extend_prefix_lens``; its backends add
+    ``num_draft_tokens``). Multi-step draft decode advances ``seq_lens`` with
+    ``positions`` at each step.
     """
 
     forward_id: int
@@ -111,6 +147,9 @@ class ForwardBatch:
     positions: torch.Tensor  # int64 [tokens]
     out_cache_loc: torch.Tensor  # int64 [tokens]
     num_live_tokens: int
+    seq_lens: torch.Tensor = field(kw_only=True)  # int64 [requests], see above
+    seq_lens_cpu: torch.Tensor = field(kw_only=True)  # the same, on the CPU
+    extend_prefix_lens: torch.Tensor = field(kw_only=True)  # int64 [requests]
     draft_step: int = 0
     num_draft_steps: int = 1
     in_graph: bool = False
@@ -121,6 +160,15 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.positions.shape[0])
+
+    @property
+    def batch_size(self) -> int:
+        """Request rows, padded ones included (SGLang's ``batch_size`` under graphs)."""
+        return int(self.req_pool_indices.shape[0])
+
+    @property
+    def seq_lens_sum(self) -> int:
+        return int(self.seq_lens_cpu.sum())
 
 
 class Subject:

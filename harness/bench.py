@@ -55,7 +55,8 @@ def _subject_alone(subject_cls, scenario: Scenario, device: str = "cpu") -> Call
     layers = config.swa_layers
     inputs = [plan.steps[0][0] for plan in plans]
     tensors = [
-        [t.to(where) for t in (i.req_slots, i.token_counts, i.positions, i.out_cache_loc)] for i in inputs
+        [t.to(where) for t in (i.req_slots, i.token_counts, i.positions, i.out_cache_loc, i.seq_lens, i.prefix_lens)]
+        for i in inputs
     ]
     finish = torch.cuda.synchronize if where.type == "cuda" else (lambda: None)
 
@@ -64,9 +65,10 @@ def _subject_alone(subject_cls, scenario: Scenario, device: str = "cpu") -> Call
         subject.register_mapping(mapping)
         backend = SimpleNamespace()
         calls = 0
-        for forward_id, (live, (slots, counts, positions, locs)) in enumerate(zip(inputs, tensors)):
+        for forward_id, (live, (slots, counts, positions, locs, lens, prefixes)) in enumerate(zip(inputs, tensors)):
             batch = ForwardBatch(forward_id, ForwardMode.DECODE, 0, backend, slots, counts, positions,
-                                 locs, live.num_live)
+                                 locs, live.num_live, seq_lens=lens, seq_lens_cpu=live.seq_lens,
+                                 extend_prefix_lens=prefixes)
             subject.init_forward_metadata(batch)
             for layer_id in layers:
                 subject.swa_write_location(batch, layer_id)

@@ -21,7 +21,7 @@ import torch
 from reference import EngineState, ForwardPlan, Scenario, StepInputs
 
 from . import diagnosis as dx
-from .api import SUBJECT_API_VERSION, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
+from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
 from .guard import CallGuard, SubjectFailure, failure_of
@@ -78,10 +78,12 @@ def check_subject(subject: Any) -> type[Subject]:
             f"{subject.__name__}.truth must be Truth.POOL or Truth.RING, got {truth!r}"
         )
     version = getattr(subject, "api_version", None)
-    if version != SUBJECT_API_VERSION:
+    if type(version) is not int or version not in SUPPORTED_API_VERSIONS:
+        newer = type(version) is int and version > SUBJECT_API_VERSION
         raise SubjectError(
-            f"{subject.__name__} targets subject API version {version!r}; this harness speaks "
-            f"version {SUBJECT_API_VERSION}"
+            f"{subject.__name__} targets subject API version {version!r}; this harness runs "
+            f"versions {', '.join(map(str, SUPPORTED_API_VERSIONS))} (version {SUBJECT_API_VERSION} is current)"
+            + ("; a newer swafuzz is needed" if newer else "")
         )
     if not callable(getattr(subject, "swa_write_location", None)):
         raise SubjectError(f"{subject.__name__} has no swa_write_location method")
@@ -221,6 +223,9 @@ class _Run:
                 for batch, inputs in zip(batches, step_inputs):
                     batch.positions = self._to_device(inputs.positions)
                     batch.out_cache_loc = self._to_device(inputs.out_cache_loc)
+                    batch.seq_lens = self._to_device(inputs.seq_lens)
+                    batch.seq_lens_cpu = inputs.seq_lens.clone()
+                    batch.extend_prefix_lens = self._to_device(inputs.prefix_lens)
                     batch.draft_step = step
                 timeline.begin_forward()  # the step's new inputs were copied on the current stream
             if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and event.mutation is None:
@@ -319,6 +324,8 @@ class _Run:
         for name, values in (
             ("req_pool_indices", inputs.req_slots), ("extend_seq_lens", inputs.token_counts),
             ("positions", inputs.positions), ("out_cache_loc", inputs.out_cache_loc),
+            ("seq_lens", inputs.seq_lens), ("seq_lens_cpu", inputs.seq_lens),
+            ("extend_prefix_lens", inputs.prefix_lens),
         ):
             getattr(static, name).copy_(values)
         static.forward_id = self._new_forward_id()
@@ -341,6 +348,8 @@ class _Run:
             backend=self._backend(plan.model, 0), req_pool_indices=zeros(),
             extend_seq_lens=torch.ones(size, dtype=torch.int64, device=self.device),
             positions=zeros(), out_cache_loc=zeros(), num_live_tokens=0, in_graph=True,
+            seq_lens=torch.ones(size, dtype=torch.int64, device=self.device),
+            seq_lens_cpu=torch.ones(size, dtype=torch.int64), extend_prefix_lens=zeros(),
         )
         self._invoke(_Where(plan), "init_capture_metadata", subject.init_capture_metadata, static)
         graph = make_graph(self.device)
@@ -519,6 +528,9 @@ class _Run:
             positions=self._to_device(inputs.positions),
             out_cache_loc=self._to_device(inputs.out_cache_loc),
             num_live_tokens=inputs.num_live,
+            seq_lens=self._to_device(inputs.seq_lens),
+            seq_lens_cpu=inputs.seq_lens.clone(),
+            extend_prefix_lens=self._to_device(inputs.prefix_lens),
             num_draft_steps=len(plan.steps),
             stream=self.timeline.stream_for(mb),
             side_stream=self.timeline.side_stream,

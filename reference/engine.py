@@ -75,11 +75,21 @@ class _Request:
 
 @dataclass(frozen=True)
 class StepInputs:
-    """What one micro-batch of one (draft) step writes, live rows first, then padding."""
+    """What one micro-batch of one (draft) step writes, live rows first, then padding.
+
+    Per request row, ``prefix_lens`` counts the request's tokens written before this step
+    (the cached prefix an extend continues) and ``seq_lens`` its length as SGLang's
+    ``ForwardBatch.seq_lens`` states it: the prefix plus this step's tokens, except in
+    target-verify, where the draft tokens are left out (the backends add
+    ``num_draft_tokens`` themselves). Padded request rows have length 1 and no prefix, as
+    the graph runner fills them.
+    """
 
     request_ids: tuple[int, ...]
     req_slots: torch.Tensor  # int64, one per request row (padded requests use slot 0)
     token_counts: torch.Tensor  # int64, tokens per request row
+    prefix_lens: torch.Tensor  # int64, tokens per request row written before this step
+    seq_lens: torch.Tensor  # int64, per request row (see above)
     token_slots: torch.Tensor  # int64, request slot per token
     positions: torch.Tensor  # int64
     out_cache_loc: torch.Tensor  # int64, full-pool slot per token
@@ -321,7 +331,8 @@ class EngineState:
                 if graph_batch_size is not None:
                     padding = graph_batch_size - sum(per_request[i] for i in chunk)
                 step.append(_step_inputs(
-                    [requests[i] for i in chunk], [tokens[i] for i in chunk], padding
+                    [requests[i] for i in chunk], [tokens[i] for i in chunk], padding,
+                    counts_draft_tokens=event.mode != "verify",
                 ))
             steps.append(tuple(step))
         calls = self._calls(event)
@@ -386,10 +397,15 @@ def _split(items: list[int], parts: int) -> list[list[int]]:
     return chunks
 
 
-def _step_inputs(requests: list[_Request], tokens: list[list[tuple[int, int]]], padding: int) -> StepInputs:
-    token_slots, positions, locs, counts = [], [], [], []
+def _step_inputs(requests: list[_Request], tokens: list[list[tuple[int, int]]], padding: int,
+                 counts_draft_tokens: bool = True) -> StepInputs:
+    token_slots, positions, locs, counts, prefixes, lengths = [], [], [], [], [], []
     for request, written in zip(requests, tokens):
         counts.append(len(written))
+        # tokens are allocated at consecutive positions from the request's length
+        prefix = written[0][1]
+        prefixes.append(prefix)
+        lengths.append(prefix + len(written) if counts_draft_tokens else prefix)
         for full, position in written:
             token_slots.append(request.slot)
             positions.append(position)
@@ -401,6 +417,8 @@ def _step_inputs(requests: list[_Request], tokens: list[list[tuple[int, int]]], 
         request_ids=tuple(r.rid for r in requests),
         req_slots=as_tensor([r.slot for r in requests] + [DUMMY_SLOT] * pad_requests),
         token_counts=as_tensor(counts + [1] * pad_requests),
+        prefix_lens=as_tensor(prefixes + [0] * pad_requests),
+        seq_lens=as_tensor(lengths + [1] * pad_requests),
         token_slots=as_tensor(token_slots + [DUMMY_SLOT] * padding),
         positions=as_tensor(positions + [0] * padding),
         out_cache_loc=as_tensor(locs + [DUMMY_SLOT] * padding),

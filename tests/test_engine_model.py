@@ -97,6 +97,11 @@ def _follow_plan(mirror: _Mirror, event: Event, plan) -> None:
                 n = counts[rid]
                 assert int(inputs.req_slots[i]) == request.slot
                 assert int(inputs.token_counts[i]) == n
+                # the cached prefix is what the request held before this step's tokens;
+                # SGLang's verify seq_lens leave the draft tokens out
+                assert int(inputs.prefix_lens[i]) == request.length
+                committed = request.length if event.mode == "verify" else request.length + n
+                assert int(inputs.seq_lens[i]) == committed
                 for _ in range(n):
                     assert int(inputs.token_slots[row]) == request.slot
                     assert int(inputs.positions[row]) == request.length
@@ -108,7 +113,11 @@ def _follow_plan(mirror: _Mirror, event: Event, plan) -> None:
             assert inputs.positions[row:].eq(0).all()
             assert inputs.out_cache_loc[row:].eq(DUMMY_SLOT).all()
             assert inputs.req_slots[n_req:].eq(DUMMY_SLOT).all()
-            for name in ("req_slots", "token_counts", "token_slots", "positions", "out_cache_loc"):
+            # padded request rows: one token on no prefix, as the graph runner fills them
+            assert inputs.seq_lens[n_req:].eq(1).all() and inputs.prefix_lens[n_req:].eq(0).all()
+            assert len(inputs.seq_lens) == len(inputs.prefix_lens) == len(inputs.req_slots)
+            for name in ("req_slots", "token_counts", "prefix_lens", "seq_lens", "token_slots", "positions",
+                         "out_cache_loc"):
                 assert getattr(inputs, name).dtype == torch.int64, name
 
 
