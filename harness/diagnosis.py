@@ -1,8 +1,12 @@
 """Divergences and where a wrong value came from.
 
-The executor keeps every answer the reference gave during a run (per forward, draft step
-and micro-batch) and the mappings that were replaced. When a subject's rows are wrong, each
-of those is a candidate source; the first that reproduces every wrong row names the bug.
+The executor keeps every answer the reference gave during a run (per model, forward, draft
+step and micro-batch), the rows recorded at graph capture and the mappings that were
+replaced. When a subject's rows are wrong, each of those is a candidate source, next to the
+values of known wrong formulas (the uniform ``repeat_interleave`` fallback, ring rows
+computed with the sliding window instead of the ring size); the first that reproduces every
+wrong row names the bug. Wrong padding rows are traced the same way, row by row, and to the
+live tokens of the same forward.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import re
+
 import torch
 
-from reference import DUMMY_SLOT
+from reference import DUMMY_SLOT, EngineConfig
 
 # What went wrong (the divergence kind).
 WRONG_ROWS = "wrong_rows"
@@ -31,14 +37,17 @@ KINDS = (WRONG_ROWS, PADDING, WRONG_DTYPE, WRONG_LENGTH, WRONG_DEVICE, NON_TENSO
 EARLIER_FORWARD = "earlier_forward"
 EARLIER_STEP = "earlier_step"
 OTHER_MICRO_BATCH = "other_micro_batch"
+OTHER_MODEL = "other_model"
 GRAPH_CAPTURE = "graph_capture"
 OLD_MAPPING = "old_mapping"
 UNIFORM_REPEAT = "uniform_repeat"
+WINDOW_RING = "window_ring"
+LIVE_TOKENS = "live_tokens"
 DUMMY = "dummy"
 ALIASES_LIVE = "aliases_live"
 UNKNOWN = "unknown"
 # sources that mean a cache handed out a value computed for other inputs
-STALE_SOURCES = (EARLIER_FORWARD, EARLIER_STEP, OTHER_MICRO_BATCH, GRAPH_CAPTURE, OLD_MAPPING)
+STALE_SOURCES = (EARLIER_FORWARD, EARLIER_STEP, OTHER_MICRO_BATCH, OTHER_MODEL, GRAPH_CAPTURE, OLD_MAPPING)
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ class History:
     """Reference answers and replaced mappings of one run, newest last."""
 
     answers: list[_Answer] = field(default_factory=list)
-    captures: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    captures: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)  # forward, rows, live rows
     old_mappings: dict[str, list[tuple[str, torch.Tensor]]] = field(default_factory=dict)
     registrations: list[int] = field(default_factory=list)  # forwards run before each
 
@@ -138,19 +147,29 @@ class History:
             return
         self.answers.append(_Answer(site, live_rows))
 
-    def record_capture(self, forward: int, rows: torch.Tensor) -> None:
-        self.captures.append((forward, rows))
+    def record_capture(self, forward: int, rows: torch.Tensor, num_live: int) -> None:
+        """``rows``: what the captured layers yield for the capture's inputs, of which the
+        first ``num_live`` rows belong to live requests."""
+        self.captures.append((forward, rows, num_live))
 
     def record_old_mapping(self, model: str, label: str, mapping: torch.Tensor) -> None:
         kept = self.old_mappings.setdefault(model, [])
         kept.append((label, mapping.clone()))
         del kept[:-4]
 
-    def candidates(self, site: Site, truth: str, inputs, ring: int) -> list[tuple[Source, torch.Tensor]]:
-        out: list[tuple[Source, torch.Tensor]] = []
+    def _earlier_answers(self, site: Site) -> list[tuple[Source, torch.Tensor]]:
+        """The reference's answers before ``site``, newest first: the same model's, then the
+        other model's (the draft and target models each have their own pool)."""
+        same: list[tuple[Source, torch.Tensor]] = []
+        other: list[tuple[Source, torch.Tensor]] = []
         for answer in reversed(self.answers):
             s = answer.site
             if s.model != site.model:
+                other.append((Source(
+                    OTHER_MODEL, f"the {s.model} model's rows of forward {s.forward} ({s.mode})",
+                    f"one cache serves the {s.model} and {site.model} models, whose pools are separate",
+                    s.forward, s.draft_step, s.micro_batch,
+                ), answer.rows))
                 continue
             if s.forward == site.forward and s.draft_step == site.draft_step and s.micro_batch == site.micro_batch:
                 continue
@@ -175,22 +194,35 @@ class History:
                     EARLIER_FORWARD, f"the rows of forward {s.forward} ({s.mode})",
                     consequence, s.forward, s.draft_step, s.micro_batch,
                 )
-            out.append((source, answer.rows))
-        for forward, rows in reversed(self.captures):
-            out.append((Source(
-                GRAPH_CAPTURE, f"the rows recorded at graph capture (forward {forward})",
-                "the captured layers read a tensor that the replay no longer updates", forward,
-            ), rows[: inputs.num_live]))
+            same.append((source, answer.rows))
+        return same + other
+
+    def _captured(self, live_only: bool) -> list[tuple[Source, torch.Tensor]]:
+        """The rows recorded at graph capture, newest first: every row, or (``live_only``)
+        those the capture computed for live requests."""
+        return [(Source(
+            GRAPH_CAPTURE, f"the rows recorded at graph capture (forward {forward})",
+            "the captured layers read a tensor that the replay no longer updates", forward,
+        ), rows[:num_live] if live_only else rows) for forward, rows, num_live in reversed(self.captures)]
+
+    def candidates(self, site: Site, truth: str, inputs, config: EngineConfig) -> list[tuple[Source, torch.Tensor]]:
+        """Live rows each candidate source would have given at ``site``, most likely first."""
+        earlier = self._earlier_answers(site)
+        other_model = [candidate for candidate in earlier if candidate[0].kind == OTHER_MODEL]
+        out = [candidate for candidate in earlier if candidate[0].kind != OTHER_MODEL]
+        out += [(source, rows[: inputs.num_live]) for source, rows in self._captured(live_only=False)]
+        out += other_model
+        n_req, n_tok = len(inputs.request_ids), inputs.num_live
+        ring, window = config.ring, config.sliding_window
         if truth == "pool":
             for label, mapping in reversed(self.old_mappings.get(site.model, [])):
-                loc = inputs.out_cache_loc[: inputs.num_live]
+                loc = inputs.out_cache_loc[:n_tok]
                 out.append((Source(
                     OLD_MAPPING, f"the translation under {label}",
                     "the cache was not invalidated when the mapping changed",
                 ), mapping[loc].to(torch.int32)))
         else:
-            counts = inputs.token_counts[: len(inputs.request_ids)]
-            n_req, n_tok = len(inputs.request_ids), inputs.num_live
+            counts = inputs.token_counts[:n_req]
             if n_req and n_tok % n_req == 0 and bool((counts != n_tok // n_req).any()):
                 slots = inputs.req_slots[:n_req].repeat_interleave(n_tok // n_req)
                 rows = (slots * ring + inputs.positions[:n_tok] % ring).to(torch.int32)
@@ -199,20 +231,94 @@ class History:
                     f"it gives every request {n_tok // n_req} tokens, but their counts are "
                     f"{counts.tolist()}",
                 ), rows))
+            if window != ring:
+                rows = (inputs.token_slots[:n_tok] * window + inputs.positions[:n_tok] % window).to(torch.int32)
+                out.append((Source(
+                    WINDOW_RING, f"ring rows computed with the sliding window {window} instead of the ring size {ring}",
+                    f"under speculative decoding each request slot's ring holds window + num_draft_tokens - 1 = "
+                    f"{ring} rows",
+                ), rows))
         out.append((Source(DUMMY, "the dummy slot", "live tokens would overwrite padding's slot"),
-                    torch.full((inputs.num_live,), DUMMY_SLOT, dtype=torch.int32)))
+                    torch.full((n_tok,), DUMMY_SLOT, dtype=torch.int32)))
         return out
+
+    def padding_candidates(self, site: Site) -> list[tuple[Source, torch.Tensor]]:
+        """Live rows that padding may hold, aligned by row index: earlier answers, then the
+        capture's. Rows a capture computed for padding inputs are left out: a padding row
+        that matches them was computed the same wrong way again, not left stale."""
+        earlier = self._earlier_answers(site)
+        return (
+            [candidate for candidate in earlier if candidate[0].kind != OTHER_MODEL]
+            + self._captured(live_only=True)
+            + [candidate for candidate in earlier if candidate[0].kind == OTHER_MODEL]
+        )
 
 
 def explain(
-    history: History, site: Site, truth: str, inputs, ring: int, actual: torch.Tensor, expected: torch.Tensor
+    history: History, site: Site, truth: str, inputs, config: EngineConfig, actual: torch.Tensor,
+    expected: torch.Tensor,
 ) -> Source:
     """The first candidate that reproduces every wrong live row, else UNKNOWN."""
     wrong = actual != expected
-    for source, rows in history.candidates(site, truth, inputs, ring):
+    for source, rows in history.candidates(site, truth, inputs, config):
         if rows.shape == actual.shape and bool((rows[wrong] == actual[wrong]).all()):
             return source
     return Source(UNKNOWN, "rows that no earlier answer, mapping or fallback explains", "the value is wrong")
+
+
+def explain_padding(history: History, site: Site, num_live: int, actual: torch.Tensor,
+                    expected: torch.Tensor) -> Source | None:
+    """Where every wrong padding row's value came from: the rows an earlier answer or the
+    capture had at the same row indices, else this forward's live tokens; None if neither."""
+    wrong = (actual[num_live:] != expected[num_live:]).nonzero().flatten() + num_live
+    values = actual[wrong]
+    for source, rows in history.padding_candidates(site):
+        if rows.shape[0] > int(wrong.max()) and bool((rows[wrong] == values).all()):
+            return source
+    if num_live and bool(torch.isin(values, expected[:num_live]).all()):
+        return Source(LIVE_TOKENS, "the rows of this forward's live tokens",
+                      "padding rows were given live tokens' rows, so their writes overwrite those tokens' keys")
+    return None
+
+
+def padding_sentence(site: Site, row: int, value: int, aliases_live: bool, source: Source | None) -> str:
+    where = f"at {site.describe()}, padding row {row} writes to {value}"
+    where += ", which a live request owns, instead of the dummy slot" if aliases_live else ", not to the dummy slot"
+    if source is None:
+        return f"{where[0].upper()}{where[1:]}."
+    label = "Stale cache" if source.kind in STALE_SOURCES else "Wrong padding"
+    return f"{label}: {where}: the padding holds {source.phrase}: {source.consequence}."
+
+
+# what a size or shape mismatch says in torch's and numpy's words
+_SIZE_MISMATCH = re.compile(
+    r"size of tensor|must match the size|sizes of tensors must match|shape mismatch|size mismatch"
+    r"|is invalid for input of size|doesn't match the broadcast shape|cannot be broadcast|expected size"
+    r"|shapes? .* (do not|don't|cannot) match|not broadcastable",
+    re.IGNORECASE,
+)
+
+
+def ragged_expansion_hint(inputs, message: str) -> Source | None:
+    """A size error on a ragged batch: likely a uniform expansion of request slots to tokens
+    (``repeat_interleave(n_tokens // n_reqs)``) that only fits equal token counts."""
+    n_req = len(inputs.request_ids)
+    counts = inputs.token_counts[:n_req].tolist()
+    if n_req < 2 or len(set(counts)) == 1 or not _SIZE_MISMATCH.search(message):
+        return None
+    per_request = inputs.num_live // n_req
+    tokens = "token" if per_request == 1 else "tokens"
+    return Source(
+        UNIFORM_REPEAT, "a uniform expansion such as repeat_interleave(n_tokens // n_reqs)",
+        f"it gives every request {per_request} {tokens} ({per_request * n_req} in all), but the batch's "
+        f"token counts are {counts} ({inputs.num_live} in all)",
+    )
+
+
+def raised_sentence(site: Site, message: str, hint: Source | None) -> str:
+    if hint is None:
+        return f"At {site.describe()}, {message}."
+    return f"At {site.describe()}, {message}; likely {hint.phrase} met this ragged batch: {hint.consequence}."
 
 
 def wrong_rows_sentence(site: Site, source: Source, n_wrong: int, n_rows: int) -> str:

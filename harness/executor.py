@@ -367,7 +367,7 @@ class _Run:
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
         if sinks:
-            self.history.record_capture(self.forward, sinks[0].to("cpu", copy=True))
+            self.history.record_capture(self.forward, sinks[0].to("cpu", copy=True), static.num_live_tokens)
         return graph, static, sinks
 
     def _mutate(self, plan: ForwardPlan) -> None:
@@ -436,7 +436,7 @@ class _Run:
         n = inputs.num_live
         live, want = actual[:n], expected[:n]
         if not torch.equal(live, want):
-            source = dx.explain(self.history, site, self.truth, inputs, self.config.ring, live, want)
+            source = dx.explain(self.history, site, self.truth, inputs, self.config, live, want)
             n_wrong = int((live != want).sum())
             return site.divergence(
                 dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n),
@@ -450,21 +450,20 @@ class _Run:
         aliased = [i for i in wrong if int(padding[i]) in owned]
         row = (aliased or wrong)[0]
         value = int(padding[row])
-        if aliased:
-            source = dx.Source(dx.ALIASES_LIVE, f"row {value}, which a live request owns",
-                               "the padding write would corrupt that request's keys")
-            sentence = (f"At {site.describe()}, padding row {n + row} writes to {value}, which a live "
-                        f"request owns, instead of the dummy slot.")
-        else:
-            source = dx.Source(dx.UNKNOWN, f"row {value}", "padding must write to the dummy slot")
-            sentence = f"At {site.describe()}, padding row {n + row} writes to {value}, not to the dummy slot."
+        explained = dx.explain_padding(self.history, site, n, actual, expected)
+        sentence = dx.padding_sentence(site, n + row, value, bool(aliased), explained)
+        source = explained or (
+            dx.Source(dx.ALIASES_LIVE, f"row {value}, which a live request owns",
+                      "the padding write would corrupt that request's keys")
+            if aliased else dx.Source(dx.UNKNOWN, f"row {value}", "padding must write to the dummy slot")
+        )
         return site.divergence(
             dx.PADDING, sentence, expected=expected.tolist(), actual=actual.tolist(), source=_source_dict(source),
         )
 
     def _explain_length(self, site, inputs, out, expected, problem) -> dx.Divergence:
         actual = out.to("cpu")
-        for source, rows in self.history.candidates(site, self.truth, inputs, self.config.ring):
+        for source, rows in self.history.candidates(site, self.truth, inputs, self.config):
             if source.kind != dx.DUMMY and rows.shape == actual.shape and torch.equal(rows, actual):
                 sentence = (f"Stale cache: at {site.describe()}, {actual.shape[0]} rows came back for "
                             f"{expected.shape[0]}: they are {source.phrase}: {source.consequence}.")
@@ -492,8 +491,12 @@ class _Run:
             kind = dx.CAPTURE
         elif type(failure.exc).__name__ == "CUDASanitizerErrors":
             kind = dx.RACE
-        sentence = f"At {site.describe()}, {failure.message}."
-        return _Stop(site.divergence(kind, sentence, detail=failure.detail))
+        hint = None
+        if kind == dx.RAISED and where.plan is not None:
+            hint = dx.ragged_expansion_hint(where.plan.steps[where.step][where.micro_batch], failure.message)
+        sentence = dx.raised_sentence(site, failure.message, hint)
+        return _Stop(site.divergence(kind, sentence, detail=failure.detail,
+                                     source=_source_dict(hint) if hint is not None else None))
 
     def _sync(self, what: str) -> None:
         """Bring the subject's mapping tensors in line with the engine state."""

@@ -283,6 +283,7 @@ _MARKS = {
 
 _SOURCE_OUTCOME = {
     dx.EARLIER_FORWARD: STALE_FORWARD,
+    dx.OTHER_MODEL: STALE_FORWARD,  # the other model's forward is a row of the grid too
     dx.EARLIER_STEP: STALE_STEP,
     dx.GRAPH_CAPTURE: STALE_CAPTURE,
     dx.OTHER_MICRO_BATCH: OTHER_MICRO_BATCH,

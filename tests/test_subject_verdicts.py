@@ -15,6 +15,7 @@ from functools import lru_cache
 import pytest
 
 from harness import run_scenario
+from harness.diagnosis import STALE_SOURCES
 from harness.executor import NotCheckable
 from harness.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT
 from strategies.examples import EXAMPLES
@@ -30,9 +31,9 @@ def stale(source: str) -> tuple[str, str]:
     return ("wrong_rows", source)
 
 
-RAISED = ("raised", None)
+# a size error on a ragged batch, hinted as the uniform repeat_interleave fallback
+RAISED_ON_RAGGED = ("raised", "uniform_repeat")
 UNIFORM_REPEAT = ("wrong_rows", "uniform_repeat")
-PADDING_ON_LIVE = ("padding", "aliases_live")
 
 # The pool-level cache (seed 000): one cached translation per pool, refreshed at one layer.
 _POOL_CACHE = {
@@ -44,7 +45,7 @@ _POOL_CACHE = {
 _UNIFIED = {
     "multi-step-draft": stale("earlier_step"),  # bug class 5
     "ragged-extend": UNIFORM_REPEAT,  # bug class 6, counts divide
-    "ragged-extend-indivisible": RAISED,  # bug class 6, counts do not divide
+    "ragged-extend-indivisible": RAISED_ON_RAGGED,  # bug class 6, counts do not divide
     "skipped-metadata-init": stale("earlier_forward"),  # bug class 7
     "idle-replay-skips-init": stale("graph_capture"),  # bug class 8 (no copy into the capture)
     "graph-replay": stale("graph_capture"),  # bug class 8
@@ -76,9 +77,10 @@ VERDICTS: dict[str, dict[str, tuple[str, str | None] | None] | str] = {
     # previous forward's live rows where padding must write to the dummy slot
     "unified-graph-copy": {
         "ragged-extend": UNIFORM_REPEAT,
-        "ragged-extend-indivisible": RAISED,
+        "ragged-extend-indivisible": RAISED_ON_RAGGED,
         "skipped-metadata-init": stale("earlier_forward"),
-        "idle-replay-skips-init": PADDING_ON_LIVE,
+        # padding rows hold the previous forward's live rows
+        "idle-replay-skips-init": ("padding", "earlier_forward"),
     },
     # translates on a side stream without making the layers' stream wait: a race that only a
     # device with real streams can show, so the CPU refuses it instead of passing it
@@ -164,10 +166,9 @@ def test_a_subject_diverges_only_on_examples_with_a_feature_it_declares(info):
 # ---- the sentences -------------------------------------------------------------------------
 
 
-_STALE_SOURCES = ("earlier_forward", "earlier_step", "other_micro_batch", "graph_capture", "old_mapping")
 _STALE_CELLS = [
     (subject, example) for subject, example in _CELLS
-    if isinstance(want := _expected(subject, example), tuple) and want[1] in _STALE_SOURCES
+    if isinstance(want := _expected(subject, example), tuple) and want[1] in STALE_SOURCES
 ]
 
 
@@ -232,14 +233,21 @@ def test_exact_diagnosis_sentences(subject, example, sentence):
     assert _run(subject, example).divergence.sentence == sentence
 
 
-def test_the_indivisible_ragged_extend_reports_the_shape_error_where_it_happened():
+def test_the_indivisible_ragged_extend_reports_the_shape_error_where_it_happened_and_hints_the_fallback():
     d = _run("unified-metadata", "ragged-extend-indivisible").divergence
     assert d.kind == "raised"
     assert d.sentence.startswith("At forward 1 (extend), layer 0, swa_write_location raised RuntimeError: ")
+    assert d.sentence.endswith(
+        "; likely a uniform expansion such as repeat_interleave(n_tokens // n_reqs) met this ragged batch: "
+        "it gives every request 1 token (2 in all), but the batch's token counts are [1, 2] (3 in all)."
+    )
 
 
-def test_a_skipped_idle_replay_init_reports_the_padding_row_on_a_live_ring():
+def test_a_skipped_idle_replay_init_reports_the_padding_row_on_a_live_ring_and_whose_rows_it_holds():
     d = _run("unified-graph-copy", "idle-replay-skips-init").divergence
     assert (d.forward, d.mode, d.layer_id) == (2, "idle", 0)
-    assert d.sentence.startswith("At forward 2 (idle), layer 0, padding row 0 writes to ")
-    assert d.sentence.endswith(", which a live request owns, instead of the dummy slot.")
+    assert d.sentence.startswith("Stale cache: at forward 2 (idle), layer 0, padding row 0 writes to ")
+    assert d.sentence.endswith(
+        ", which a live request owns, instead of the dummy slot: the padding holds the rows of forward 1 "
+        "(decode): a cached value was not refreshed for this forward."
+    )
