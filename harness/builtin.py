@@ -107,6 +107,8 @@ class PoolStartLayer(Subject):
         self.cached_loc: torch.Tensor | None = None
 
     def refresh_layer(self) -> int:
+        # the seed's check, by design; a pool that knows its layers would refresh at
+        # ``self.spec.first_swa_layer``, which hybrid stages need
         return self.spec.start_layer
 
     def register_mapping(self, mapping: torch.Tensor) -> None:
