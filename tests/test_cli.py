@@ -103,6 +103,18 @@ def test_usage_errors_exit_2_with_a_message(capsys, engine, tmp_path, argv, mess
     assert engine.calls == []
 
 
+def test_a_subject_of_an_unknown_api_version_exits_2_naming_the_versions_run(capsys, engine, tmp_path, monkeypatch):
+    (tmp_path / "future_subject.py").write_text(
+        "from harness.builtin import Uncached\n\n\n"
+        "class Future(Uncached):\n"
+        "    api_version = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run_cli(capsys, "fuzz", "--subject", "future_subject:Future", "--report-dir", str(tmp_path))
+    assert code == 2 and engine.calls == []
+    assert "Future targets subject API version 3; this harness runs versions 1, 2" in err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_a_gpu_exits_2(capsys, engine, tmp_path):
     code, _, err = run_cli(capsys, "fuzz", "--subject", "uncached", "--device", "cuda", "--report-dir", str(tmp_path))
