@@ -157,8 +157,8 @@ class History:
         kept.append((label, mapping.clone()))
         del kept[:-4]
 
-    def _earlier_answers(self, site: Site) -> list[tuple[Source, torch.Tensor]]:
-        """The reference's answers before ``site``, newest first: the same model's, then the
+    def _earlier_answers(self, site: Site) -> tuple[list[tuple[Source, torch.Tensor]], list[tuple[Source, torch.Tensor]]]:
+        """The reference's answers before ``site``, newest first: the same model's, and the
         other model's (the draft and target models each have their own pool)."""
         same: list[tuple[Source, torch.Tensor]] = []
         other: list[tuple[Source, torch.Tensor]] = []
@@ -195,7 +195,7 @@ class History:
                     consequence, s.forward, s.draft_step, s.micro_batch,
                 )
             same.append((source, answer.rows))
-        return same + other
+        return same, other
 
     def _captured(self, live_only: bool) -> list[tuple[Source, torch.Tensor]]:
         """The rows recorded at graph capture, newest first: every row, or (``live_only``)
@@ -207,11 +207,9 @@ class History:
 
     def candidates(self, site: Site, truth: str, inputs, config: EngineConfig) -> list[tuple[Source, torch.Tensor]]:
         """Live rows each candidate source would have given at ``site``, most likely first."""
-        earlier = self._earlier_answers(site)
-        other_model = [candidate for candidate in earlier if candidate[0].kind == OTHER_MODEL]
-        out = [candidate for candidate in earlier if candidate[0].kind != OTHER_MODEL]
-        out += [(source, rows[: inputs.num_live]) for source, rows in self._captured(live_only=False)]
-        out += other_model
+        same_model, other_model = self._earlier_answers(site)
+        captured = [(source, rows[: inputs.num_live]) for source, rows in self._captured(live_only=False)]
+        out = [*same_model, *captured, *other_model]
         n_req, n_tok = len(inputs.request_ids), inputs.num_live
         ring, window = config.ring, config.sliding_window
         if truth == "pool":
@@ -246,12 +244,8 @@ class History:
         """Live rows that padding may hold, aligned by row index: earlier answers, then the
         capture's. Rows a capture computed for padding inputs are left out: a padding row
         that matches them was computed the same wrong way again, not left stale."""
-        earlier = self._earlier_answers(site)
-        return (
-            [candidate for candidate in earlier if candidate[0].kind != OTHER_MODEL]
-            + self._captured(live_only=True)
-            + [candidate for candidate in earlier if candidate[0].kind == OTHER_MODEL]
-        )
+        same_model, other_model = self._earlier_answers(site)
+        return [*same_model, *self._captured(live_only=True), *other_model]
 
 
 def explain(
