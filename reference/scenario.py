@@ -205,7 +205,9 @@ class Event:
     - ``register_mapping``: the pools are rebuilt with an SWA layout permuted by
       ``shuffle`` and a new mapping tensor is registered.
     - ``clear``: every request leaves and the mapping is filled with 0.
-    - ``forward``: one model forward (see the forward fields below).
+    - ``forward``: one model forward (see the forward fields below). Every forward writes
+      its requests' next tokens from their current lengths, so an ``extend`` of a request
+      that already holds tokens continues over that cached prefix.
     """
 
     op: str
