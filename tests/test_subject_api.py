@@ -163,7 +163,9 @@ def test_a_version_1_subject_runs_unchanged_and_can_still_be_found_wrong():
     assert divergence is not None and divergence.source["kind"] == "earlier_forward"
 
 
-@pytest.mark.parametrize("version, newer", [(3, True), (0, False), (-1, False), (True, False), (2.0, False)])
+@pytest.mark.parametrize("version, newer", [
+    (3, True), (0, False), (-1, False), (None, False), ("1", False), (True, False), (2.0, False),
+])
 def test_an_unknown_api_version_is_refused_naming_the_versions_run(version, newer):
     class Unknown(Uncached):
         api_version = version
