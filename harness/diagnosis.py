@@ -265,6 +265,8 @@ def explain_padding(history: History, site: Site, num_live: int, actual: torch.T
     """Where every wrong padding row's value came from: the rows an earlier answer or the
     capture had at the same row indices, else this forward's live tokens; None if neither."""
     wrong = (actual[num_live:] != expected[num_live:]).nonzero().flatten() + num_live
+    if not wrong.numel():
+        return None
     values = actual[wrong]
     for source, rows in history.padding_candidates(site):
         if rows.shape[0] > int(wrong.max()) and bool((rows[wrong] == values).all()):
