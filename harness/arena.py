@@ -56,14 +56,14 @@ class Arena:
         return views
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A block of its own, allocated once: the same tensor for every later call."""
-        return self._block((key, dtype), numel)[:numel]
+        """A block of exactly ``numel`` elements, allocated at the first call for ``key``."""
+        return self._block((key, dtype), numel, minimum=numel)
 
-    def _block(self, key: tuple[Hashable, torch.dtype], numel: int) -> torch.Tensor:
+    def _block(self, key: tuple[Hashable, torch.dtype], numel: int, minimum: int = _MIN_BLOCK) -> torch.Tensor:
         block = self._blocks.get(key)
         if block is None or block.numel() < numel:
             if block is not None:
                 self._retired.append(block)
-            capacity = max(numel, _MIN_BLOCK, 2 * block.numel() if block is not None else 0)
+            capacity = max(numel, minimum, 2 * block.numel() if block is not None else 0)
             block = self._blocks[key] = torch.zeros(capacity, dtype=key[1], device=self.device)
         return block
