@@ -30,7 +30,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-EAGER_SLOTS = 2
+ALTERNATING_SLOTS = 2
 _MIN_BLOCK = 64
 
 

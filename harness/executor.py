@@ -22,7 +22,7 @@ from reference import EngineState, ForwardPlan, Scenario, StepInputs
 
 from . import diagnosis as dx
 from .api import SUBJECT_API_VERSION, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
-from .arena import EAGER_SLOTS, Arena
+from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
 from .guard import CallGuard, SubjectFailure, failure_of
@@ -536,7 +536,7 @@ class _Run:
             self.snapshots[model] = truth.clone()
             if registered:
                 # a rebuilt pool's mapping is allocated while the old one is still registered
-                (self.mappings[model],) = self.arena.place(("mapping", model, self.seen_epoch % EAGER_SLOTS), [truth])
+                (self.mappings[model],) = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
                 self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
             elif not torch.equal(self.mappings[model].cpu(), truth):
@@ -571,7 +571,7 @@ class _Run:
                 for name, tensor in fields.items():
                     names.append((step, mb, name))
                     sources.append(tensor)
-        placed = self.arena.place(("eager", plan.model, count % EAGER_SLOTS), sources)
+        placed = self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources)
         out: list[list[dict[str, torch.Tensor]]] = [[{} for _ in step_inputs] for step_inputs in plan.steps]
         for (step, mb, name), tensor in zip(names, placed):
             out[step][mb][name] = tensor
