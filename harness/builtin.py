@@ -79,7 +79,8 @@ class StepKeyedCapture(StepKeyed):
     the warm-up's entry and records the computation. Correct, and as cheap."""
 
     def _key(self, batch: ForwardBatch) -> tuple:
-        return (*super()._key(batch), batch.in_graph)
+        # written out rather than extending the base key: this runs in every layer
+        return (batch.forward_id, batch.draft_step, self.mapping._version, batch.in_graph)
 
 
 class _RingRows:
