@@ -74,9 +74,11 @@ class StepKeyed(Subject):
 
 
 class StepKeyedCapture(StepKeyed):
-    """:class:`StepKeyed` whose key also says whether the call is being captured into a
-    graph (``torch.cuda.is_current_stream_capturing()`` on a GPU): the captured run misses
-    the warm-up's entry and records the computation. Correct, and as cheap."""
+    """The forward-keyed cache, also keyed on whether the call is being captured: correct.
+
+    ``batch.in_graph`` is what ``torch.cuda.is_current_stream_capturing()`` tells real code:
+    the captured run misses the warm-up's entry and records the computation, so every replay
+    recomputes. As cheap as :class:`StepKeyed`."""
 
     def _key(self, batch: ForwardBatch) -> tuple:
         # written out rather than extending the base key: this runs in every layer
@@ -98,11 +100,11 @@ class _RingRows:
 
 
 class StepKeyedRing(_RingRows, StepKeyed):
-    """:class:`StepKeyed` for the unified ring (stale under graphs for the same reason)."""
+    """The forward-keyed cache for the unified ring: stale under graphs, like StepKeyed."""
 
 
 class StepKeyedCaptureRing(_RingRows, StepKeyedCapture):
-    """:class:`StepKeyedCapture` for the unified ring."""
+    """The capture-aware forward-keyed cache for the unified ring: correct."""
 
 
 # ---- pool-level cache (seed 000 and its variants) ------------------------------------------
