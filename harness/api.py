@@ -14,10 +14,16 @@ pool and attention backend:
    row of the batch, on the batch's device.
 4. Multi-step draft forwards run step 1..k-1 with the same ``batch`` object: positions and
    ``out_cache_loc`` are new tensors and ``draft_step`` counts up; metadata is not rebuilt.
-5. Graph capture calls ``init_capture_metadata(batch)`` and then the layers inside the
-   capture; each replay copies live inputs into the same static tensors, calls
-   ``init_replay_metadata(batch)`` eagerly, and replays the captured work: layer code does
-   not run again, consumers read the tensors the layers returned at capture, by address.
+5. Graph capture of a batch size calls ``init_capture_metadata(batch)`` once, then runs the
+   forward ``EngineConfig.graph_warmups`` times eagerly (warm-up) and once inside the
+   capture; each of those runs starts with ``init_graph_metadata(batch)`` (the graph-
+   recordable part of metadata preparation) and calls the layers. ``batch.in_graph`` is
+   true only inside the capture. The batch's inputs are slices ``buf[:size]`` of static
+   buffers allocated once per model at the largest captured size, so every size and every
+   replay sees the same addresses. Each replay copies live inputs into those buffers,
+   calls ``init_replay_metadata(batch)`` eagerly and replays the captured work: layer code
+   does not run again, consumers read the tensors the layers returned at capture, by
+   address. ``reference/LIFECYCLE.md`` names the SGLang function behind every step.
 
 State the engine keeps on the attention backend (per micro-batch, per model) belongs on
 ``batch.backend``, a namespace that outlives the forward; state the engine keeps on the pool
@@ -152,7 +158,7 @@ class ForwardBatch:
     extend_prefix_lens: torch.Tensor = field(kw_only=True)  # int64 [requests]
     draft_step: int = 0
     num_draft_steps: int = 1
-    in_graph: bool = False
+    in_graph: bool = False  # the call is being recorded into a graph (not in warm-up runs)
     # the micro-batch's compute stream and the engine's side stream (None off the GPU)
     stream: "torch.cuda.Stream | None" = None
     side_stream: "torch.cuda.Stream | None" = None
@@ -195,6 +201,10 @@ class Subject:
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         self.init_forward_metadata(batch)
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        """Metadata work a graph records: runs at the start of every warm-up run and inside
+        the capture, and its recorded operations run again at each replay."""
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         self.init_forward_metadata(batch)

@@ -1,10 +1,13 @@
 """Benchmarks that print numbers (``swafuzz bench``); nothing here asserts a speed.
 
-- ``executor``: a 43-layer stage, batch 64, 20 decode forwards. Layer checks per second
-  through the harness, and the harness's cost as a ratio to calling the subject alone on
-  the same lifecycle in the same run.
+- ``executor``: a 43-layer stage, batch 64, 20 decode forwards, eager and as graph
+  replays. Layer checks per second through the harness, and the harness's cost as a ratio
+  to calling the subject alone on the same lifecycle in the same run; the forward-keyed
+  cache (``step-keyed``, stale under graphs) next to its correct twin
+  (``step-keyed-capture``).
 - ``fuzz``: seconds to the first divergence for every diverging built-in subject, median
-  and max over several seeds on one CPU thread; examples per second for ``step-keyed``.
+  and max over several seeds on one CPU thread; examples per second for
+  ``step-keyed-capture``.
 - ``device``: per-layer cost of the uncached translation against the cached designs, for
   batch sizes 1 to 256, on a GPU (or ``--device cpu``).
 """
@@ -27,15 +30,15 @@ from .fuzz import fuzz
 from .registry import BUILTIN_SUBJECTS, DIVERGES, resolve_subject
 
 
-def decode_scenario(layers: int = 43, batch: int = 64, forwards: int = 20) -> Scenario:
+def decode_scenario(layers: int = 43, batch: int = 64, forwards: int = 20, graph: bool = False) -> Scenario:
+    forward = {"op": "forward", "requests": list(range(batch)), **({"graph": True} if graph else {})}
     return Scenario.from_dict({
         "config": {
             "start_layer": 0, "end_layer": layers, "sliding_window": 128,
             "num_req_slots": batch + 1, "full_pool_size": batch * (forwards + 1) + 1,
-            "swa_pool_size": batch * (forwards + 1) + 1,
+            "swa_pool_size": batch * (forwards + 1) + 1, "graph_batch_sizes": [batch],
         },
-        "events": [{"op": "admit", "count": batch}]
-        + [{"op": "forward", "requests": list(range(batch))}] * forwards,
+        "events": [{"op": "admit", "count": batch}] + [forward] * forwards,
     })
 
 
@@ -88,26 +91,39 @@ def _best_of(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
-def bench_executor(subjects=("uncached", "step-keyed"), repeats: int = 7, out=print) -> None:
+def bench_executor(subjects=("uncached", "step-keyed", "step-keyed-capture"), repeats: int = 7,
+                   out=print) -> None:
     """``overhead`` is harness time over subject-alone time. ``checking`` leaves out the
     engine model (allocation and eviction bookkeeping, a fixed cost per token that any
-    driver of the lifecycle pays) and so is the cost of the reference and the comparisons."""
+    driver of the lifecycle pays) and so is the cost of the reference and the comparisons.
+    The graph rows time the harness's lifecycle (one capture with its warm-ups, then
+    replays) and say whether the subject passes it."""
     scenario = decode_scenario()
     engine = _best_of(lambda: _plan(scenario), repeats)
     out("executor: 43-layer stage, batch 64, 20 decode forwards, CPU")
     out(f"engine model alone: {engine:.4f} s")
-    out(f"{'subject':12s} {'checks/s':>9s} {'harness s':>10s} {'alone s':>8s} {'overhead':>9s} {'checking':>9s}")
+    out(f"{'subject':20s} {'checks/s':>9s} {'harness s':>10s} {'alone s':>8s} {'overhead':>9s} {'checking':>9s}")
     for name in subjects:
         subject = resolve_subject(name).subject
         checks = run_scenario(subject, scenario).checks
         harness = _best_of(lambda: run_scenario(subject, scenario), repeats)
         alone = _best_of(_subject_alone(subject, scenario), repeats)
-        out(f"{name:12s} {checks / harness:9.0f} {harness:10.4f} {alone:8.4f} {harness / alone:8.2f}x "
+        out(f"{name:20s} {checks / harness:9.0f} {harness:10.4f} {alone:8.4f} {harness / alone:8.2f}x "
             f"{(harness - engine) / alone:8.2f}x")
+    graphs = decode_scenario(graph=True)
+    out("the same forwards as graph replays (capture with its warm-ups, then 20 replays)")
+    out(f"{'subject':20s} {'checks':>7s} {'checks/s':>9s} {'harness s':>10s} {'verdict':>10s}")
+    for name in subjects:
+        subject = resolve_subject(name).subject
+        result = run_scenario(subject, graphs)
+        harness = _best_of(lambda: run_scenario(subject, graphs), repeats)
+        verdict = "passes" if result.passed else "diverges"
+        out(f"{name:20s} {result.checks:7d} {result.checks / harness:9.0f} {harness:10.4f} {verdict:>10s}")
 
 
 def bench_device(device: str = "cuda", batch_sizes=(1, 4, 16, 64, 256), repeats: int = 5,
-                 subjects=("uncached", "pool-start-layer", "swa-out-shape-guard", "step-keyed"),
+                 subjects=("uncached", "pool-start-layer", "swa-out-shape-guard", "step-keyed",
+                           "step-keyed-capture"),
                  out=print) -> None:
     """Per-layer cost of producing the write location (43 layers, 20 decode forwards),
     subjects called directly, wall time including launches, device synchronized at the end."""
@@ -145,8 +161,8 @@ def bench_fuzz(seeds: int = 10, out=print) -> None:
             times.append(result.elapsed_s)
         out(f"{info.name:30s} {profile:12s} {statistics.median(times):9.2f} {max(times):7.2f} {found:3d}/{seeds}")
     for profile in ("realistic", "adversarial"):
-        result = fuzz(resolve_subject("step-keyed"), profile=profile, settings="ci", max_examples=300)
-        out(f"step-keyed {profile}: {result.examples / result.elapsed_s:.0f} examples/s")
+        result = fuzz(resolve_subject("step-keyed-capture"), profile=profile, settings="ci", max_examples=300)
+        out(f"step-keyed-capture {profile}: {result.examples / result.elapsed_s:.0f} examples/s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Built-in subjects: faithful models of the cached designs, plus two correct baselines.
+"""Built-in subjects: faithful models of the cached designs, plus correct baselines.
 
 Each class models one design from the domain brief, bugs included; none of them knows
 which scenarios break it. The table of names and verdicts is in :mod:`harness.registry`.
@@ -43,51 +43,68 @@ class UncachedRing(Subject):
 
 
 class StepKeyed(Subject):
-    """A cache that is right by construction and as cheap as the seeds' caches.
+    """A cache keyed on the forward, kept per micro-batch: right in eager forwards, stale
+    under graphs.
 
     The cached rows live on the micro-batch's backend (never shared between micro-batches)
     and are reused only while the key matches: the same forward, the same draft step, and
     for pool translation the same mapping object at the same in-place version (torch bumps
-    ``_version`` on every in-place write). Holding the mapping object in the key keeps its
-    id from being reused by a newly registered tensor.
+    ``_version`` on every in-place write). Holding the mapping object keeps its id from
+    being reused by a newly registered tensor. Graph capture runs the forward eagerly on
+    the same batch before capturing it, so the captured layers find the warm-up's rows
+    cached and the graph never recomputes them.
     """
 
     truth = Truth.POOL
 
     def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        key = self._key(batch)
         cache = batch.backend.__dict__.get("step_keyed")
-        mapping = self.mapping
-        if (
-            cache is not None
-            and cache.forward_id == batch.forward_id
-            and cache.draft_step == batch.draft_step
-            and cache.mapping is mapping
-            and cache.mapping_version == mapping._version
-        ):
+        if cache is not None and cache.key == key and cache.mapping is self.mapping:
             return cache.rows
         rows = self._compute(batch)
-        batch.backend.step_keyed = SimpleNamespace(
-            forward_id=batch.forward_id, draft_step=batch.draft_step,
-            mapping=mapping, mapping_version=mapping._version, rows=rows,
-        )
+        batch.backend.step_keyed = SimpleNamespace(key=key, mapping=self.mapping, rows=rows)
         return rows
+
+    def _key(self, batch: ForwardBatch) -> tuple:
+        return (batch.forward_id, batch.draft_step, self.mapping._version)
 
     def _compute(self, batch: ForwardBatch) -> torch.Tensor:
         return _translate(self.mapping, batch.out_cache_loc)
 
 
-class StepKeyedRing(StepKeyed):
-    """:class:`StepKeyed` for the unified ring; the mapping part of the key never changes."""
+class StepKeyedCapture(StepKeyed):
+    """The forward-keyed cache, also keyed on whether the call is being captured: correct.
+
+    ``batch.in_graph`` is what ``torch.cuda.is_current_stream_capturing()`` tells real code:
+    the captured run misses the warm-up's entry and records the computation, so every replay
+    recomputes. As cheap as :class:`StepKeyed`."""
+
+    def _key(self, batch: ForwardBatch) -> tuple:
+        # written out rather than extending the base key: this runs in every layer
+        return (batch.forward_id, batch.draft_step, self.mapping._version, batch.in_graph)
+
+
+class _RingRows:
+    """The unified-ring quantity for the step-keyed designs; the mapping part of the key
+    never changes, since ring rows do not read the mapping."""
 
     truth = Truth.RING
 
     def register_mapping(self, mapping: torch.Tensor) -> None:
-        # ring rows do not read the mapping; keep the key stable across registrations
         if self.mapping is None:
             self.mapping = torch.empty(0)
 
     def _compute(self, batch: ForwardBatch) -> torch.Tensor:
         return _ring_rows(tokens_request_slots(batch), batch.positions, self.spec.ring)
+
+
+class StepKeyedRing(_RingRows, StepKeyed):
+    """The forward-keyed cache for the unified ring: stale under graphs, like StepKeyed."""
+
+
+class StepKeyedCaptureRing(_RingRows, StepKeyedCapture):
+    """The capture-aware forward-keyed cache for the unified ring: correct."""
 
 
 # ---- pool-level cache (seed 000 and its variants) ------------------------------------------

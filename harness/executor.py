@@ -22,11 +22,21 @@ from reference import EngineState, ForwardPlan, Scenario, StepInputs
 
 from . import diagnosis as dx
 from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
+from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
 from .guard import CallGuard, SubjectFailure, failure_of
 
 DEFAULT_TIMEOUT_S = 10.0
+
+# The graph inputs a subject sees and what capture leaves in them: the decode graph runner
+# allocates them zeroed at the largest captured size (DecodeInputBuffers in SGLang); decode
+# has one token per request, so the per-request token counts are ones.
+STATIC_INPUTS = {
+    "req_pool_indices": 0, "extend_seq_lens": 1, "positions": 0, "out_cache_loc": 0,
+    # padded requests have length 1, as the runner's seq_len fill value; decode has no prefix
+    "seq_lens": 1, "extend_prefix_lens": 0,
+}
 
 
 class SubjectError(TypeError):
@@ -164,6 +174,10 @@ class _Run:
         self.snapshots: dict[str, torch.Tensor] = {}
         self.backends: dict[tuple[str, int], SimpleNamespace] = {}
         self.graphs: dict[tuple, tuple[Any, ForwardBatch, list[torch.Tensor]]] = {}
+        self.arena = Arena(device)
+        self.static_buffers: dict[str, dict[str, torch.Tensor]] = {}
+        self.static_seq_lens_cpu: dict[str, torch.Tensor] = {}
+        self.eager_forwards: dict[str, int] = {}  # per model: eager forwards so far (picks the slot)
         self.seen_epoch = 0
         self.seen_version = -1
         self.forward = 0
@@ -182,6 +196,13 @@ class _Run:
             spec = ModelSpec.of(c, model, self.device)
             where = _Where(model=model)
             self.subjects[model] = self._invoke(where, f"{self.subject_cls.__name__}(spec)", self.subject_cls, spec)
+            if c.graph_batch_sizes:
+                largest = max(c.graph_batch_sizes)
+                self.static_buffers[model] = {
+                    name: self.arena.buffer(("graph", model, name), largest, torch.int64) for name in STATIC_INPUTS
+                }
+                # the runner keeps a host copy of the lengths beside the device buffer
+                self.static_seq_lens_cpu[model] = torch.ones(largest, dtype=torch.int64)
         self._sync("setup")
 
     def events(self) -> None:
@@ -204,7 +225,8 @@ class _Run:
     def _eager_forward(self, plan: ForwardPlan) -> None:
         event = plan.event
         subject = self.subjects[plan.model]
-        batches = [self._batch(plan, mb, plan.steps[0][mb]) for mb in range(plan.num_micro_batches)]
+        step_tensors = self._eager_inputs(plan)
+        batches = [self._batch(plan, mb, plan.steps[0][mb], step_tensors[0][mb]) for mb in range(plan.num_micro_batches)]
         timeline = self.timeline
         timeline.begin_forward()
         if not event.skip_init:
@@ -220,12 +242,10 @@ class _Run:
             store = lambda batch, layer_id: timeline.consume(subject.swa_write_location(batch, layer_id))  # noqa: E731
         for step, step_inputs in enumerate(plan.steps):
             if step:
-                for batch, inputs in zip(batches, step_inputs):
-                    batch.positions = self._to_device(inputs.positions)
-                    batch.out_cache_loc = self._to_device(inputs.out_cache_loc)
-                    batch.seq_lens = self._to_device(inputs.seq_lens)
+                for batch, tensors, inputs in zip(batches, step_tensors[step], step_inputs):
+                    for name, tensor in tensors.items():
+                        setattr(batch, name, tensor)
                     batch.seq_lens_cpu = inputs.seq_lens.clone()
-                    batch.extend_prefix_lens = self._to_device(inputs.prefix_lens)
                     batch.draft_step = step
                 timeline.begin_forward()  # the step's new inputs were copied on the current stream
             if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and event.mutation is None:
@@ -340,35 +360,53 @@ class _Run:
             self._check(_Where(plan, 0, mb, layer_id), inputs, sink)
 
     def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor]]:
+        """Capture one batch size as the decode graph runner does: metadata for capture once,
+        the forward run eagerly ``graph_warmups`` times on the static inputs, then once more
+        inside the capture. The harness captures a size at its first replay, on inputs
+        reset to what capture at start-up would see."""
         size = plan.graph_batch_size
         subject = self.subjects[plan.model]
-        zeros = lambda: torch.zeros(size, dtype=torch.int64, device=self.device)  # noqa: E731
+        buffers = self.static_buffers[plan.model]
+        for name, fill in STATIC_INPUTS.items():
+            buffers[name][:size].fill_(fill)
+        self.static_seq_lens_cpu[plan.model][:size].fill_(STATIC_INPUTS["seq_lens"])
         static = ForwardBatch(
             forward_id=self._new_forward_id(), mode=ForwardMode.DECODE, micro_batch=0,
-            backend=self._backend(plan.model, 0), req_pool_indices=zeros(),
-            extend_seq_lens=torch.ones(size, dtype=torch.int64, device=self.device),
-            positions=zeros(), out_cache_loc=zeros(), num_live_tokens=0, in_graph=True,
-            seq_lens=torch.ones(size, dtype=torch.int64, device=self.device),
-            seq_lens_cpu=torch.ones(size, dtype=torch.int64), extend_prefix_lens=zeros(),
+            backend=self._backend(plan.model, 0), num_live_tokens=0,
+            seq_lens_cpu=self.static_seq_lens_cpu[plan.model][:size],
+            **{name: buffer[:size] for name, buffer in buffers.items()},
         )
         self._invoke(_Where(plan), "init_capture_metadata", subject.init_capture_metadata, static)
+        for _ in range(self.config.graph_warmups):
+            self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
         sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
+        static.in_graph = True
         with graph.capture():
-            for (mb, layer_id), sink in zip(plan.calls, sinks):
-                where = _Where(plan, 0, mb, layer_id)
-                out = self._invoke(where, "swa_write_location (graph capture)", subject.swa_write_location, static, layer_id)
-                problem = self._shape_problem(self._site(where), out, size)
-                if problem is not None:
-                    raise _Stop(problem)
-                # the consumer a store kernel would be: it reads the returned tensor by address
-                sink.copy_(out)
+            self._run_graph_forward(plan, static, "graph capture", sinks)
+        static.in_graph = False
         # what the captured work yields for the capture inputs (a GPU capture runs nothing)
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
         if sinks:
             self.history.record_capture(self.forward, sinks[0].to("cpu", copy=True), static.num_live_tokens)
         return graph, static, sinks
+
+    def _run_graph_forward(self, plan: ForwardPlan, static: ForwardBatch, phase: str,
+                           sinks: list[torch.Tensor] | None = None) -> None:
+        """One run of the forward on the static inputs: a warm-up, or with ``sinks`` the
+        captured run, where each layer's answer is consumed before the next layer runs."""
+        subject = self.subjects[plan.model]
+        self._invoke(_Where(plan), f"init_graph_metadata ({phase})", subject.init_graph_metadata, static)
+        for index, (mb, layer_id) in enumerate(plan.calls):
+            where = _Where(plan, 0, mb, layer_id)
+            out = self._invoke(where, f"swa_write_location ({phase})", subject.swa_write_location, static, layer_id)
+            problem = self._shape_problem(self._site(where), out, static.num_tokens)
+            if problem is not None:
+                raise _Stop(problem)
+            if sinks is not None:
+                # the consumer a store kernel would be: it reads the returned tensor by address
+                sinks[index].copy_(out)
 
     def _mutate(self, plan: ForwardPlan) -> None:
         mutation = plan.event.mutation
@@ -514,37 +552,52 @@ class _Run:
                 self.history.record_old_mapping(model, label, old)
             self.snapshots[model] = truth.clone()
             if registered:
-                self.mappings[model] = truth.to(self.device, copy=True)
+                # a rebuilt pool's mapping is allocated while the old one is still registered
+                (self.mappings[model],) = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
                 self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
             elif not torch.equal(self.mappings[model].cpu(), truth):
                 self.mappings[model].copy_(truth)
 
-    def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs) -> ForwardBatch:
+    def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs, tensors: dict[str, torch.Tensor]) -> ForwardBatch:
         return ForwardBatch(
             forward_id=self._new_forward_id(),
             mode=ForwardMode(plan.event.mode),
             micro_batch=mb,
             backend=self._backend(plan.model, mb),
-            req_pool_indices=self._to_device(inputs.req_slots),
-            extend_seq_lens=self._to_device(inputs.token_counts),
-            positions=self._to_device(inputs.positions),
-            out_cache_loc=self._to_device(inputs.out_cache_loc),
             num_live_tokens=inputs.num_live,
-            seq_lens=self._to_device(inputs.seq_lens),
             seq_lens_cpu=inputs.seq_lens.clone(),
-            extend_prefix_lens=self._to_device(inputs.prefix_lens),
             num_draft_steps=len(plan.steps),
             stream=self.timeline.stream_for(mb),
             side_stream=self.timeline.side_stream,
+            **tensors,
         )
+
+    def _eager_inputs(self, plan: ForwardPlan) -> list[list[dict[str, torch.Tensor]]]:
+        """Per draft step and micro-batch, the input tensors, placed in the arena slot of this
+        forward (copies: a subject that writes into its inputs must not touch the truth's).
+        Every step's locations and positions exist from the start, as the engine allocates a
+        multi-step draft's locations at once."""
+        count = self.eager_forwards.get(plan.model, 0)
+        self.eager_forwards[plan.model] = count + 1
+        names, sources = [], []
+        for step, step_inputs in enumerate(plan.steps):
+            for mb, inputs in enumerate(step_inputs):
+                fields = {"positions": inputs.positions, "out_cache_loc": inputs.out_cache_loc,
+                          "seq_lens": inputs.seq_lens, "extend_prefix_lens": inputs.prefix_lens}
+                if step == 0:
+                    fields = {"req_pool_indices": inputs.req_slots, "extend_seq_lens": inputs.token_counts, **fields}
+                for name, tensor in fields.items():
+                    names.append((step, mb, name))
+                    sources.append(tensor)
+        placed = self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources)
+        out: list[list[dict[str, torch.Tensor]]] = [[{} for _ in step_inputs] for step_inputs in plan.steps]
+        for (step, mb, name), tensor in zip(names, placed):
+            out[step][mb][name] = tensor
+        return out
 
     def _backend(self, model: str, mb: int) -> SimpleNamespace:
         return self.backends.setdefault((model, mb), SimpleNamespace())
-
-    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        # always a copy: a subject that writes into its inputs must not touch the truth's
-        return tensor.to(self.device, copy=True)
 
     def _new_forward_id(self) -> int:
         self.next_forward_id += 1

@@ -59,8 +59,8 @@ class SubjectInfo:
 BUILTIN_SUBJECTS: tuple[SubjectInfo, ...] = (
     SubjectInfo("uncached", builtin.Uncached, EQUIVALENT),
     SubjectInfo("uncached-ring", builtin.UncachedRing, EQUIVALENT),
-    SubjectInfo("step-keyed", builtin.StepKeyed, EQUIVALENT),
-    SubjectInfo("step-keyed-ring", builtin.StepKeyedRing, EQUIVALENT),
+    SubjectInfo("step-keyed", builtin.StepKeyed, DIVERGES, (GRAPH_REPLAY,)),
+    SubjectInfo("step-keyed-ring", builtin.StepKeyedRing, DIVERGES, (GRAPH_REPLAY,)),
     SubjectInfo(
         "pool-start-layer", builtin.PoolStartLayer, DIVERGES,
         (FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD),
@@ -94,6 +94,8 @@ BUILTIN_SUBJECTS: tuple[SubjectInfo, ...] = (
         (RAGGED_EXTEND, SKIP_METADATA_INIT),
     ),
     SubjectInfo("stream-unsynced", builtin.StreamUnsynced, DIVERGES, (GPU_STREAMS,)),
+    SubjectInfo("step-keyed-capture", builtin.StepKeyedCapture, EQUIVALENT),
+    SubjectInfo("step-keyed-capture-ring", builtin.StepKeyedCaptureRing, EQUIVALENT),
 )
 
 _BY_NAME = {info.name: info for info in BUILTIN_SUBJECTS}

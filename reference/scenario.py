@@ -18,6 +18,7 @@ SCENARIO_VERSION = 1
 
 MODES = ("decode", "extend", "verify", "draft", "draft_extend", "idle")
 MUTATIONS = ("relocate", "register_mapping")
+MAX_GRAPH_WARMUPS = 8
 
 
 class ScenarioError(ValueError):
@@ -87,6 +88,9 @@ class EngineConfig:
     swa_pool_size: int = 256
     draft_model: bool = False
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    # eager runs of the forward on the static buffers before each capture; every release
+    # 0.5.12 .. 0.5.23 runs two (reference/LIFECYCLE.md)
+    graph_warmups: int = 2
 
     @property
     def ring(self) -> int:
@@ -142,6 +146,11 @@ class EngineConfig:
             raise _fail(f"{w}.num_req_slots", "num_req_slots x ring overflows int32 ring rows")
         if any(size < 1 for size in self.graph_batch_sizes):
             raise _fail(f"{w}.graph_batch_sizes", "sizes must be >= 1")
+        if not 0 <= self.graph_warmups <= MAX_GRAPH_WARMUPS:
+            raise _fail(
+                f"{w}.graph_warmups",
+                f"must be between 0 and {MAX_GRAPH_WARMUPS} (released runners run 2), got {self.graph_warmups}",
+            )
         return self
 
     @classmethod

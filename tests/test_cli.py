@@ -384,7 +384,7 @@ def test_round_trip_fuzz_replay_emitted_pytest(capsys, tmp_path):
     assert outcome.returncode == 1, outcome.stdout + outcome.stderr
     assert "1 failed" in outcome.stdout
 
-    code, _, _ = run_cli(capsys, "replay", replay_path, "--subject", "step-keyed")
+    code, _, _ = run_cli(capsys, "replay", replay_path, "--subject", "step-keyed-capture")
     assert code == 0
 
 
@@ -500,7 +500,7 @@ def test_an_interrupt_swallowed_where_it_landed_is_raised_again_between_examples
 
 
 def test_a_clean_exhaustive_run_states_equivalence_within_its_bounds(capsys, tmp_path):
-    code, out, _ = run_cli(capsys, "exhaustive", "--subject", "step-keyed", "--max-forwards", "1",
+    code, out, _ = run_cli(capsys, "exhaustive", "--subject", "step-keyed-capture", "--max-forwards", "1",
                            "--max-layers", "1", "--report-dir", str(tmp_path))
     assert code == 0
     assert re.search(r"equivalent to the reference on all \d+ scenarios within the bounds: "

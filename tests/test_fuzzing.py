@@ -74,7 +74,7 @@ def test_ci_settings_are_deterministic():
 
 
 def test_adversarial_run_covers_every_feature_and_counts_them():
-    result = fuzz(resolve_subject("step-keyed"), profile=ADVERSARIAL, settings="ci", max_examples=300)
+    result = fuzz(resolve_subject("step-keyed-capture"), profile=ADVERSARIAL, settings="ci", max_examples=300)
     assert set(result.coverage) == set(ALL_FEATURES)
     assert all(count > 0 for count in result.coverage.values())
 
@@ -95,7 +95,7 @@ def test_budget_stops_a_clean_run():
 
 
 def test_exhaustive_run_states_how_many_scenarios_were_checked():
-    clean = exhaustive(resolve_subject("step-keyed"), max_forwards=1, max_layers=2)
+    clean = exhaustive(resolve_subject("step-keyed-capture"), max_forwards=1, max_layers=2)
     assert clean.divergence is None
     assert clean.examples == len(list(enumerate_scenarios(max_forwards=1, max_layers=2)))
     broken = exhaustive(resolve_subject("pool-start-layer"), max_forwards=2, max_layers=2)

@@ -62,5 +62,5 @@ def test_stream_sanitizer_reports_the_unsynced_read_as_a_race():
 
 
 def test_step_keyed_survives_fuzzing_on_the_gpu():
-    result = fuzz(resolve_subject("step-keyed"), settings="ci", device="cuda", max_examples=100)
+    result = fuzz(resolve_subject("step-keyed-capture"), settings="ci", device="cuda", max_examples=100)
     assert result.divergence is None and result.examples == 100

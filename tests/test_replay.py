@@ -151,7 +151,7 @@ def test_replay_reproduces_the_recorded_divergence_every_time():
 
 def test_replay_against_a_correct_subject_passes():
     assert run_replay(recorded(), subject="uncached").passed
-    assert run_replay(recorded(subject="step-keyed")).passed
+    assert run_replay(recorded(subject="step-keyed-capture")).passed
 
 
 def test_same_divergence_compares_the_failure_and_its_store():

@@ -247,7 +247,6 @@ class _BackendSlot:
     backends: dict[tuple[str, int], Any] = field(default_factory=dict)
     built_for: dict[tuple[str, int], int] = field(default_factory=dict)  # forward id of the metadata
     initialised_forward: int | None = None
-    pending_in_graph: set[tuple[str, int]] = field(default_factory=set)
     captured: dict[int, ForwardMetadata] = field(default_factory=dict)  # graph batch size -> metadata
 
 
@@ -333,11 +332,7 @@ class TranslatedLocSubject(_MetadataSubject):
     def _before_store(self, batch: ForwardBatch, backend) -> None:
         slot = self._slot(batch)
         key = (_role(batch.mode), batch.draft_step)
-        if key in slot.pending_in_graph:
-            # the first layer inside capture runs the in-graph init, so the graph records it
-            slot.pending_in_graph.discard(key)
-            backend.forward_metadata.core_attn_metadata.swa_out_cache_loc = self._translated(batch)
-        elif (
+        if (
             batch.draft_step > 0
             and slot.initialised_forward == batch.forward_id
             and slot.built_for.get(key) != batch.forward_id
@@ -345,9 +340,12 @@ class TranslatedLocSubject(_MetadataSubject):
             self._build_step(batch, batch.draft_step)
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
-        backend = self._backend(batch, 0)
-        backend.forward_metadata = self._metadata()
-        self._slot(batch).pending_in_graph.add((_role(batch.mode), 0))
+        self._backend(batch, 0).forward_metadata = self._metadata()
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        # init_forward_metadata_in_graph: warm-ups run it eagerly, the capture records it
+        metadata = self._backend(batch, 0).forward_metadata
+        metadata.core_attn_metadata.swa_out_cache_loc = self._translated(batch)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         # replay prep re-points swa_out_cache_loc (an assign-listed field), but the captured

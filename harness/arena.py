@@ -1,0 +1,69 @@
+"""Memory the executor owns, so the addresses a subject sees follow from the scenario alone.
+
+A subject may key a cache on ``data_ptr()``. Whether two tensors it is handed share an
+address must then come out the same in fuzzing, in a replay and in an emitted test, in any
+process. Tensors from the process allocator do not give that: whether a freed block comes
+back depends on everything else the process did. So every tensor the executor hands a
+subject is a view into a block allocated here and kept alive for the whole run.
+
+What is modelled, and why:
+
+- **Eager batch inputs** alternate between two slots per model, forward by forward. The
+  engine prepares the next batch while the current one is still referenced (the scheduler
+  overlaps preparation with execution), and by then the batch before it has been freed,
+  so the caching allocator hands that memory back. Within a forward the tensors are laid
+  out one after the other in a fixed order (draft step, micro-batch, field), so forwards
+  ``n`` and ``n + 2`` of one model with the same row counts get the same addresses.
+- **Registered mappings** alternate the same way: a rebuilt pool's tensor is allocated
+  while the old one is still registered.
+- **Graph inputs** are one buffer per input and model at the largest captured batch size,
+  allocated once (:meth:`Arena.buffer`); each captured size uses ``buf[:size]``.
+
+A block that must grow is replaced by a larger one and the old one stays alive, so a new
+block never takes an address that a live view has. Views of one block share its in-place
+version counter (``Tensor._version``), as views do.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import torch
+
+ALTERNATING_SLOTS = 2
+_MIN_BLOCK = 64
+
+
+class Arena:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._blocks: dict[tuple[Hashable, torch.dtype], torch.Tensor] = {}
+        self._retired: list[torch.Tensor] = []  # grown-out-of blocks, kept so no address is reused
+
+    def place(self, key: Hashable, sources: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Copies of ``sources`` (one dtype) laid out one after the other in block ``key``."""
+        if not sources:
+            return []
+        dtype = sources[0].dtype
+        block = self._block((key, dtype), sum(source.numel() for source in sources))
+        views, offset = [], 0
+        for source in sources:
+            n = source.numel()
+            view = block[offset:offset + n].view(source.shape)
+            view.copy_(source)
+            views.append(view)
+            offset += n
+        return views
+
+    def buffer(self, key: Hashable, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A block of exactly ``numel`` elements, allocated at the first call for ``key``."""
+        return self._block((key, dtype), numel, minimum=numel)
+
+    def _block(self, key: tuple[Hashable, torch.dtype], numel: int, minimum: int = _MIN_BLOCK) -> torch.Tensor:
+        block = self._blocks.get(key)
+        if block is None or block.numel() < numel:
+            if block is not None:
+                self._retired.append(block)
+            capacity = max(numel, minimum, 2 * block.numel() if block is not None else 0)
+            block = self._blocks[key] = torch.zeros(capacity, dtype=key[1], device=self.device)
+        return block
