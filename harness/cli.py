@@ -688,7 +688,7 @@ class Campaign:
             weakest_profile=result.weakest_profile,
             replay_file=str(replay_path) if replay_path and result.divergence else None,
             complete=not interrupted, interrupted_by=watch.signal_name if interrupted else None,
-            replays=result.replays,
+            replays=result.replays, shrink_complete=result.shrink_complete,
         )
         written = write_reports(report, self.report_dir)
         if self.as_json:
@@ -714,6 +714,8 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
         print(f"  {report.divergence.sentence}")
         print(f"  replay file: {report.replay_file}")
         print(f"  reproduce:   {report.replay_command}")
+        if not report.shrink_complete:
+            print("  the budget ran out while shrinking: the scenario is the smallest found so far")
     print(f"  features covered: {len(report.features_covered)}")
     print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES)}")
 

@@ -30,8 +30,8 @@ SETTINGS_ENV = "SWAFUZZ_SETTINGS"
 DATABASE_ENV = "SWAFUZZ_DATABASE"
 DEFAULT_DATABASE = Path(".hypothesis") / "swafuzz"
 
-# Examples per Hypothesis run; a wall-clock budget is honoured between runs, each of which
-# draws from its own seed, so a long budget keeps exploring instead of repeating itself.
+# Examples per Hypothesis run; each run draws from its own seed, so a long budget keeps
+# exploring instead of repeating itself. The budget itself is checked before every example.
 CHUNK = 100
 NO_EXAMPLE_LIMIT = 10**9
 PROGRESS_EVERY_S = 0.25
@@ -87,6 +87,8 @@ class FuzzResult:
     interrupted: bool = False
     # False when a threaded divergence did not reproduce with its recorded interleaving
     replays: bool = True
+    # False when the budget ran out while shrinking: the scenario is the smallest found so far
+    shrink_complete: bool = True
 
     @property
     def verdict(self) -> str:
@@ -109,6 +111,11 @@ class _Diverged(Exception):
     pass
 
 
+class _BudgetSpent(KeyboardInterrupt):
+    """Ends a Hypothesis run from inside an example. Hypothesis stops at once, without
+    recording the example as a failure or replaying it, only for a KeyboardInterrupt."""
+
+
 def fuzz(
     info: SubjectInfo,
     *,
@@ -128,8 +135,10 @@ def fuzz(
     """Search for a divergence of ``info``'s subject; shrink and return the first found.
 
     Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
-    seconds have passed (checked between runs of :data:`CHUNK` examples). With a budget and
-    no ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
+    seconds have passed: the budget is checked before every example, shrinking included, so
+    a run overruns it by at most one example. A divergence whose shrinking the budget cut
+    short is returned as shrunk so far, with ``shrink_complete`` false. With a budget and no
+    ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
 
     ``threads`` is the stress mode: micro-batches call the subject from real threads. Thread
@@ -169,6 +178,8 @@ def fuzz(
         on_progress(Progress(result.examples, elapsed(), budget_s, len(coverage), 1 if failures else 0))
 
     def check(scenario: Scenario) -> None:
+        if budget_s is not None and elapsed() >= budget_s:
+            raise _BudgetSpent
         result.examples += 1
         for feature in features_of(scenario):
             hypothesis.event(feature)
@@ -182,6 +193,19 @@ def fuzz(
                 on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage))
             failures.append((scenario, outcome.divergence))
             raise _Diverged(outcome.divergence.sentence)
+
+    def finish_divergence(shrink_complete: bool) -> FuzzResult:
+        scenario, divergence = failures[-1]
+        final = _found(result, scenario, divergence, elapsed(), coverage)
+        final.shrink_complete = shrink_complete
+        if threads:
+            replay = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
+            final.replays = not replay.passed
+            final.divergence = replay.divergence or divergence
+        if on_divergence is not None:
+            on_divergence(final)
+        report_progress(force=True)
+        return final
 
     check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}".encode()  # noqa: SLF001
     run = 0
@@ -205,6 +229,8 @@ def fuzz(
         run += 1
         try:
             test()
+        except _BudgetSpent:
+            break
         except KeyboardInterrupt:
             # what was found and counted so far is the result, marked as cut short
             result.elapsed_s, result.coverage, result.interrupted = elapsed(), dict(coverage), True
@@ -212,16 +238,9 @@ def fuzz(
                 return dataclasses.replace(_found(result, *failures[-1], elapsed(), coverage), interrupted=True)
             return result
         except (_Diverged, hypothesis.errors.FlakyFailure):
-            scenario, divergence = failures[-1]
-            final = _found(result, scenario, divergence, elapsed(), coverage)
-            if threads:
-                replay = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
-                final.replays = not replay.passed
-                final.divergence = replay.divergence or divergence
-            if on_divergence is not None:
-                on_divergence(final)
-            report_progress(force=True)
-            return final
+            return finish_divergence(shrink_complete=True)
+    if failures:  # the budget ran out while shrinking
+        return finish_divergence(shrink_complete=False)
     result.elapsed_s = elapsed()
     result.coverage = dict(coverage)
     report_progress(force=True)

@@ -6,14 +6,18 @@ Nothing here reads a subject's declared verdict to decide an outcome: the declar
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from harness import Subject, Truth, run_scenario
+from harness.builtin import Uncached
 from harness.executor import NotCheckable
 from harness.fuzz import exhaustive, fuzz, pin_schedules
 from harness.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT, SubjectInfo, resolve_subject
 from reference import Scenario
+from strategies.examples import EXAMPLES
 from strategies.exhaustive import enumerate_scenarios
 from strategies.features import ALL_FEATURES
 from strategies.scenarios import ADVERSARIAL, PROFILES, REALISTIC
@@ -92,6 +96,55 @@ def test_budget_stops_a_clean_run():
     result = fuzz(resolve_subject("uncached"), settings="ci", budget_s=0.5, max_examples=10**6)
     assert result.divergence is None
     assert 0 < result.examples < 10**6
+
+
+class SlowUncached(Uncached):
+    """Right, but slow enough that a hundred examples take far longer than the budget."""
+
+    def swa_write_location(self, batch, layer_id):
+        time.sleep(0.01)
+        return super().swa_write_location(batch, layer_id)
+
+
+class WrongAfterLayer0ThenSlow(Uncached):
+    """Wrong in every layer but layer 0, so all but the simplest scenario diverge; once it
+    has answered wrong, every call is slow, so finding is quick and shrinking takes long."""
+
+    answered_wrong = False  # on the class: the fuzzer makes a new instance per scenario
+
+    def swa_write_location(self, batch, layer_id):
+        if WrongAfterLayer0ThenSlow.answered_wrong:
+            time.sleep(0.02)
+        rows = super().swa_write_location(batch, layer_id)
+        if layer_id == 0:
+            return rows
+        WrongAfterLayer0ThenSlow.answered_wrong = True
+        return rows + 1
+
+
+@pytest.fixture
+def graph_capture_imported():
+    """The first graph capture of a process imports torch's dispatch machinery, which can
+    take longer than the small budgets below; import it before the clock starts."""
+    run_scenario(Uncached, EXAMPLES["graph-replay"])
+
+
+def test_budget_is_honoured_within_an_example_not_a_chunk_of_examples(graph_capture_imported):
+    budget = 2.0
+    result = fuzz(SubjectInfo("slow-uncached", SlowUncached, expected="equivalent"), settings="ci",
+                  budget_s=budget)
+    assert result.divergence is None
+    assert result.elapsed_s < budget + 3  # behaviour, not a benchmark: a chunk takes far longer
+
+
+def test_budget_cuts_shrinking_short_and_says_so(graph_capture_imported):
+    budget = 1.0
+    info = SubjectInfo("wrong-then-slow", WrongAfterLayer0ThenSlow, expected="diverges")
+    result = fuzz(info, settings="ci", budget_s=budget)
+    assert result.divergence is not None
+    assert not result.shrink_complete
+    assert result.elapsed_s < budget + 3
+    assert run_scenario(info.subject, result.scenario).divergence == result.divergence
 
 
 def test_exhaustive_run_states_how_many_scenarios_were_checked():
