@@ -150,6 +150,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=_seed, metavar="N",
                         help="random seed: the run repeats exactly, but keeps no example database "
                              "(default: unseeded, failures are kept in the database)")
+    parser.add_argument("--long-horizon", action="store_true",
+                        help="scenarios with runs of hundreds of plain decode forwards between the "
+                             "interesting ones, for state that goes stale only after many steps "
+                             "(slower examples: use with a budget; --settings nightly-long implies it)")
     parser.add_argument(
         "--workers", type=_positive_int, default=1, metavar="N",
         help="fuzz in N processes (with seeds SEED..SEED+N-1 when seeded), each with the full "
@@ -387,6 +391,7 @@ class FuzzJob:
     threads: bool = False
     stream_delay_cycles: int = 0
     sanitize_streams: bool = False
+    long_horizon: bool | None = None  # None: as the settings profile says
 
 
 class DivergenceLog:
@@ -459,7 +464,7 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
         lambda progress: fuzz_engine.fuzz(
             info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
             budget_s=job.budget_s, seed=job.seed, device=job.device, database_dir=job.database_dir,
-            threads=job.threads, stream_delay_cycles=job.stream_delay_cycles,
+            threads=job.threads, stream_delay_cycles=job.stream_delay_cycles, long_horizon=job.long_horizon,
             on_progress=progress, on_divergence=divergence,
         ),
         partial, on_progress, watch,
@@ -672,6 +677,7 @@ class Campaign:
             threads=getattr(args, "threads", False),
             stream_delay_cycles=getattr(args, "stream_delay", 0),
             sanitize_streams=getattr(args, "sanitize_streams", False),
+            long_horizon=True if getattr(args, "long_horizon", False) else None,
         )
 
     def progress_line(self) -> ProgressLine:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ import hypothesis
 import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given
 from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import HypothesisWarning
 
 from reference import Scenario
 from strategies.exhaustive import enumerate_scenarios
@@ -46,6 +48,9 @@ class SettingsProfile:
     - ``nightly``: long (use a budget), failures kept in a persistent database directory
       (``--database``/``$SWAFUZZ_DATABASE``) that machines can share.
     - ``repro``: replays the database's saved failures first, verbosely.
+    - ``nightly-long``: ``nightly`` with long-horizon scenarios (runs of hundreds of plain
+      decode forwards between the interesting ones; see :mod:`strategies.scenarios`). Its
+      examples take up to a few seconds each, so it suits a budget of tens of minutes.
     """
 
     name: str
@@ -53,6 +58,7 @@ class SettingsProfile:
     deterministic: bool
     uses_database: bool
     verbose: bool = False
+    long_horizon: bool = False
 
 
 SETTINGS_PROFILES = {
@@ -60,6 +66,8 @@ SETTINGS_PROFILES = {
     "ci": SettingsProfile("ci", 200, deterministic=True, uses_database=False),
     "nightly": SettingsProfile("nightly", NO_EXAMPLE_LIMIT, deterministic=False, uses_database=True),
     "repro": SettingsProfile("repro", 100, deterministic=False, uses_database=True, verbose=True),
+    "nightly-long": SettingsProfile("nightly-long", NO_EXAMPLE_LIMIT, deterministic=False, uses_database=True,
+                                    long_horizon=True),
 }
 
 
@@ -129,6 +137,7 @@ def fuzz(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     threads: bool = False,
     stream_delay_cycles: int = 0,
+    long_horizon: bool | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     on_divergence: Callable[[FuzzResult], None] | None = None,
 ) -> FuzzResult:
@@ -141,6 +150,9 @@ def fuzz(
     ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
 
+    ``long_horizon`` draws scenarios with long runs of plain decode forwards (default: as the
+    settings profile says; ``nightly-long`` does).
+
     ``threads`` is the stress mode: micro-batches call the subject from real threads. Thread
     interleavings do not repeat, so nothing is shrunk or stored in the database; instead the
     interleaving that diverged is pinned into the scenario (``Event.order``) and re-run
@@ -151,6 +163,8 @@ def fuzz(
     check_device(info.subject, torch.device(device))
     timeline_for(torch.device(device), stream_delay_cycles)  # refuses a delay off the GPU now
     chosen = settings_profile(settings)
+    if long_horizon is None:
+        long_horizon = chosen.long_horizon
     # a time budget alone means "search until the budget is spent"
     limit = max_examples if max_examples is not None else (
         NO_EXAMPLE_LIMIT if budget_s is not None else chosen.max_examples
@@ -207,7 +221,9 @@ def fuzz(
         report_progress(force=True)
         return final
 
-    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}".encode()  # noqa: SLF001
+    # the database keys failures by strategy: a long-horizon choice sequence means another scenario
+    horizon = ":long-horizon" if long_horizon else ""
+    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}".encode()  # noqa: SLF001
     run = 0
     while result.examples < limit and (budget_s is None or elapsed() < budget_s):
         hypothesis_settings = hypothesis.settings(
@@ -223,12 +239,15 @@ def fuzz(
                 Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink,
             ],
         )
-        test = hypothesis_settings(given(scenarios(profile))(check))
+        test = hypothesis_settings(given(scenarios(profile, long_horizon))(check))
         if seed is not None:
             test = hypothesis.seed(seed + run)(test)
         run += 1
         try:
-            test()
+            with warnings.catch_warnings():
+                # a long-horizon failure's repr is large; nothing here prints it
+                warnings.filterwarnings("ignore", "Generating overly large repr", HypothesisWarning)
+                test()
         except _BudgetSpent:
             break
         except KeyboardInterrupt:

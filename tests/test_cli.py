@@ -264,6 +264,14 @@ def test_gate_passes_and_takes_a_budget(capsys, engine, tmp_path):
                            str(tmp_path), "--json")
     assert code == 0 and json.loads(out)["verdict"] == "no divergence"
     assert engine.calls[0]["budget_s"] == 5.0
+    assert engine.calls[0]["long_horizon"] is None  # as the settings profile says: ci draws none
+
+
+def test_long_horizon_option_reaches_the_engine_from_fuzz_and_gate(capsys, engine, tmp_path):
+    for command in ("fuzz", "gate"):
+        run_cli(capsys, command, "--subject", "uncached", "--long-horizon", "--budget", "5",
+                "--report-dir", str(tmp_path), "--json")
+    assert [call["long_horizon"] for call in engine.calls] == [True, True]
 
 
 def test_exhaustive_passes_its_bounds(capsys, engine, tmp_path):

@@ -197,3 +197,29 @@ def test_a_threaded_interleaving_is_pinned_into_the_scenario_and_replays_without
     pinned = pin_schedules(scenario, threaded.schedules)
     assert pinned.events[1].order == threaded.schedules[1]
     assert run_scenario(RefreshWhenLayersRestart, pinned).divergence == threaded.divergence
+
+
+class StepTableWrappingAt256(Subject):
+    """Keeps each step's rows in a table indexed by the step number modulo 256 (an 8-bit
+    step counter): right for 255 forwards, stale from the 256th on."""
+
+    truth = Truth.POOL
+
+    def swa_write_location(self, batch, layer_id):
+        table = batch.backend.__dict__.setdefault("rows_by_step", {})
+        key = (batch.forward_id % 256, batch.draft_step)
+        if key not in table:
+            table[key] = self.mapping[batch.out_cache_loc].to(torch.int32)
+        return table[key]
+
+
+def test_nightly_long_settings_find_a_counter_that_wraps_and_shrink_the_run_to_the_wrap():
+    info = SubjectInfo("step-table-wrapping-at-256", StepTableWrappingAt256, expected="diverges")
+    short = fuzz(info, settings="ci", max_examples=200)
+    assert short.divergence is None  # default scenarios end long before a counter wraps
+    found = fuzz(info, settings="nightly-long", seed=1, max_examples=400)
+    assert found.divergence is not None
+    forwards, layers, requests = _bounds(found.scenario)
+    # the wrap needs 256 forward ids; a few more at most, never the hundreds drawn
+    assert 256 <= forwards <= 264 and layers == 1 and requests <= 2, (forwards, layers, requests)
+    assert run_scenario(info.subject, found.scenario).divergence == found.divergence

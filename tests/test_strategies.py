@@ -11,7 +11,9 @@ from reference import EngineState
 from strategies.examples import EXAMPLES
 from strategies.exhaustive import enumerate_scenarios
 from strategies.features import ALL_FEATURES, features_of
-from strategies.scenarios import ADVERSARIAL, REALISTIC, adversarial_reasons, scenarios, weakest_profile
+from strategies.scenarios import (
+    ADVERSARIAL, MAX_FORWARDS, REALISTIC, adversarial_reasons, scenarios, weakest_profile,
+)
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -45,6 +47,22 @@ def test_realistic_strategy_draws_only_what_the_engine_does():
         assert adversarial_reasons(scenario) == []
 
     check()
+
+
+def test_long_horizon_scenarios_are_valid_realistic_and_reach_past_an_8_bit_counter():
+    forwards_per_scenario = []
+
+    @settings(FAST, max_examples=60, derandomize=True)
+    @given(scenarios(REALISTIC, long_horizon=True))
+    def check(scenario):
+        _run_engine_model(scenario)
+        assert type(scenario).from_dict(scenario.to_dict()) == scenario
+        assert adversarial_reasons(scenario) == []
+        forwards_per_scenario.append(sum(e.op == "forward" for e in scenario.events))
+
+    check()
+    assert max(forwards_per_scenario) > 256
+    assert min(forwards_per_scenario) <= MAX_FORWARDS  # a scenario without a run stays short
 
 
 def test_unknown_profile_is_rejected_with_the_choices():
