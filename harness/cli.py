@@ -695,6 +695,7 @@ class Campaign:
             replay_file=str(replay_path) if replay_path and result.divergence else None,
             complete=not interrupted, interrupted_by=watch.signal_name if interrupted else None,
             replays=result.replays, shrink_complete=result.shrink_complete,
+            scope=result.scope.to_dict() if result.scope is not None else None,
         )
         written = write_reports(report, self.report_dir)
         if self.as_json:
@@ -791,10 +792,9 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
         log = DivergenceLog(job)
         log.record(result)
         code = campaign.finish(result, log.path, watch)
-    if code == EXIT_OK and not campaign.as_json:
-        print(f"  equivalent to the reference on all {result.examples} scenarios within the bounds: "
-              f"forwards <= {args.max_forwards}, layers <= {args.max_layers}, micro-batches <= "
-              f"{args.max_micro_batches} ({args.profile} profile)")
+    if code == EXIT_OK and not campaign.as_json and result.scope is not None:
+        for line in result.scope.lines():
+            print(f"  {line}")
     return code
 
 

@@ -19,7 +19,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisWarning
 
 from reference import Scenario
-from strategies.exhaustive import enumerate_scenarios
+from strategies.exhaustive import ScopeStatement, enumerate_scenarios, scope_statement
 from strategies.features import features_of
 from strategies.scenarios import PROFILES, scenarios, weakest_profile
 
@@ -97,6 +97,8 @@ class FuzzResult:
     replays: bool = True
     # False when the budget ran out while shrinking: the scenario is the smallest found so far
     shrink_complete: bool = True
+    # a clean exhaustive run: the scope its equivalence holds on, covered and left out
+    scope: ScopeStatement | None = None
 
     @property
     def verdict(self) -> str:
@@ -299,8 +301,9 @@ def exhaustive(
     """Run every scenario within the bounds (see :mod:`strategies.exhaustive`).
 
     With no divergence, ``examples`` is the number of scenarios checked: the subject is
-    equivalent to the reference on that whole scope. Otherwise the first divergence in the
-    enumeration order is returned; the enumeration lists short scenarios first.
+    equivalent to the reference on that whole scope, and ``scope`` states which features the
+    scope covers and what it leaves out. Otherwise the first divergence in the enumeration
+    order is returned; the enumeration lists short scenarios first.
     """
     check_device(info.subject, torch.device(device))
     started = time.monotonic()
@@ -316,4 +319,6 @@ def exhaustive(
             return _found(result, scenario, outcome.divergence, time.monotonic() - started, coverage)
     result.elapsed_s = time.monotonic() - started
     result.coverage = dict(coverage)
+    result.scope = scope_statement(result.examples, set(coverage), max_forwards, max_layers,
+                                   max_micro_batches, profile)
     return result

@@ -91,6 +91,7 @@ class Report:
     interrupted_by: str | None = None  # the signal's name when a run was cut short
     replays: bool = True  # False: a threaded divergence did not come back without threads
     shrink_complete: bool = True  # False: the budget ran out while the scenario was shrinking
+    scope: dict[str, Any] | None = None  # a clean exhaustive run: what its scope covers and leaves out
     finished_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -126,6 +127,8 @@ class Report:
             "harness_version": __version__,
             "finished_at": self.finished_at,
         }
+        if self.scope is not None:
+            out["scope"] = self.scope
         if self.divergence is not None:
             out["diagnosis"] = self.divergence.to_dict()
             out["weakest_profile"] = self.weakest_profile

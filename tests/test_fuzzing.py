@@ -6,6 +6,7 @@ Nothing here reads a subject's declared verdict to decide an outcome: the declar
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -155,6 +156,52 @@ def test_exhaustive_run_states_how_many_scenarios_were_checked():
     assert broken.divergence is not None
     # shortest scenarios come first: the warm-up decode and one forward under test
     assert sum(e.op == "forward" for e in broken.scenario.events) == 2
+
+
+class StepTableOnThePoolClass(Subject):
+    """Numbers the forwards each pool sees and caches each step's rows under that number,
+    but keeps the table on the class: one pool per process is right, yet the draft model's
+    pool reads the target pool's rows of the step with the same number."""
+
+    truth = Truth.POOL
+    rows_by_step: dict = {}
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.steps = 0
+        self.last_forward_id = None
+        type(self).rows_by_step.clear()
+
+    def swa_write_location(self, batch, layer_id):
+        if batch.forward_id != self.last_forward_id:
+            self.steps += 1
+            self.last_forward_id = batch.forward_id
+        key = (self.steps, batch.draft_step)
+        if key not in self.rows_by_step:
+            self.rows_by_step[key] = self.mapping[batch.out_cache_loc].to(torch.int32)
+        return self.rows_by_step[key]
+
+
+def test_exhaustive_scope_has_a_draft_model_beside_the_target():
+    info = SubjectInfo("step-table-on-the-pool-class", StepTableOnThePoolClass, expected="diverges")
+    found = exhaustive(info, profile=REALISTIC)
+    assert found.divergence is not None
+    assert found.scenario.config.draft_model
+    alone = Scenario(dataclasses.replace(found.scenario.config, draft_model=False), found.scenario.events)
+    assert run_scenario(info.subject, alone).passed  # the target's pool alone is right
+
+
+def test_a_clean_exhaustive_run_states_what_its_scope_covers_and_leaves_out():
+    clean = exhaustive(resolve_subject("step-keyed"), max_forwards=1, max_layers=2, profile=REALISTIC)
+    assert clean.divergence is None
+    scope = clean.scope
+    assert scope.scenarios == clean.examples
+    assert {"draft_model", "paged_pools", "graph_replay", "micro_batches", "pipeline_stage"} <= set(scope.covered)
+    assert set(scope.covered) == set(clean.coverage)
+    left_out = "\n".join(scope.left_out)
+    for adversarial_only in ("permuted_layers", "mapping_change_in_forward", "register_mapping"):
+        assert adversarial_only in left_out and adversarial_only not in scope.covered
+    assert "more than 1 forwards under test" in left_out and "long horizons" in left_out
 
 
 class RefreshWhenLayersRestart(Subject):

@@ -107,5 +107,17 @@ def test_exhaustive_scope_switches_every_feature_on_somewhere():
     seen = set()
     for scenario in enumerate_scenarios(max_forwards=2, max_layers=2):
         seen |= features_of(scenario)
-    missing = set(ALL_FEATURES) - seen - {"draft_model", "paged_pools", "permuted_layers"}
-    assert missing == set()
+    assert set(ALL_FEATURES) - seen == set()
+
+
+def test_exhaustive_scope_holds_every_realistic_engine_fact_at_its_smallest():
+    scenarios = list(enumerate_scenarios(max_forwards=2, max_layers=2, profile=REALISTIC))
+    configs = {scenario.config for scenario in scenarios}
+    assert any(c.draft_model for c in configs) and any(c.speculative and not c.draft_model for c in configs)
+    assert {c.full_page_size for c in configs} == {1, 2}
+    events = [event for scenario in scenarios for event in scenario.events]
+    assert any(e.op == "clear" for e in events)
+    assert any(e.op == "forward" and list(e.requests) != sorted(e.requests) for e in events)
+    assert set(ALL_FEATURES) - set().union(*map(features_of, scenarios)) == {
+        "permuted_layers", "mapping_change_in_forward", "register_mapping",  # adversarial only
+    }
