@@ -7,7 +7,10 @@ produces today, so that a cache designed against tomorrow's scheduler is checked
 
 Shrinking: events are a flat sequence, numbers are small integers drawn with small
 alternatives first, and every optional feature is a boolean whose ``False`` is the plain
-case, so a failure shrinks toward few forwards, few layers and few requests.
+case, so a failure shrinks toward few forwards, few layers and few requests. Requests are
+admitted in one count before the first forward and by state events between forwards only,
+so the count shrinks to the requests the failure needs (two admissions before the first
+forward would need one raised while the other is dropped, which shrinking never does).
 
 Long horizons (``long_horizon=True``, for nightly runs): before each interesting forward a
 scenario may hold a run of plain decode forwards of every live request, up to
@@ -128,7 +131,7 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
             count = draw(st.integers(1, plain_budget))
             plain_budget -= count
             events.extend(_plain_decodes(sim, count))
-        if draw(st.booleans()):
+        if index and draw(st.booleans()):
             op = draw(st.sampled_from(state_ops))
             if op == "admit" or not sim.live:
                 count = draw(st.integers(1, 4))

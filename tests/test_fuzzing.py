@@ -20,7 +20,7 @@ from harness.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT, SubjectInfo
 from reference import Scenario
 from strategies.examples import EXAMPLES
 from strategies.exhaustive import enumerate_scenarios
-from strategies.features import ALL_FEATURES
+from strategies.features import ALL_FEATURES, scenario_size
 from strategies.scenarios import ADVERSARIAL, PROFILES, REALISTIC
 
 CHECKABLE_ON_CPU = [info for info in BUILTIN_SUBJECTS if not info.subject.requires]
@@ -37,13 +37,6 @@ def _find(info, seed=0):
     return result
 
 
-def _bounds(scenario):
-    forwards = [e for e in scenario.events if e.op == "forward"]
-    admitted = sum(e.count for e in scenario.events if e.op == "admit")
-    layers = scenario.config.end_layer - scenario.config.start_layer
-    return len(forwards), layers, admitted
-
-
 @pytest.mark.parametrize("info", DIVERGING, ids=lambda i: i.name)
 def test_fuzzer_finds_and_shrinks_each_diverging_builtin(info):
     result = _find(info)
@@ -51,10 +44,27 @@ def test_fuzzer_finds_and_shrinks_each_diverging_builtin(info):
     assert result.weakest_profile in (REALISTIC, ADVERSARIAL)
     if result.profile == ADVERSARIAL:
         assert result.weakest_profile == ADVERSARIAL
-    forwards, layers, requests = _bounds(result.scenario)
+    forwards, layers, requests = scenario_size(result.scenario)
     assert forwards <= 2 and layers <= 3 and requests <= 2, result.scenario.to_dict()
     replay = run_scenario(info.subject, result.scenario)
     assert replay.divergence == result.divergence
+
+
+@pytest.mark.parametrize("seed", [2, 4])
+def test_shrinking_admits_only_the_requests_the_failure_needs(seed):
+    # seeds whose first failure admitted requests in two steps, or more than it ran
+    result = fuzz(resolve_subject("pool-start-layer"), settings="ci", seed=seed, max_examples=1500)
+    forwards, layers, requests = scenario_size(result.scenario)
+    used = {rid for e in result.scenario.events if e.op == "forward" for rid in e.requests}
+    assert requests == max(len(used), 1) <= 2, result.scenario.to_dict()
+
+
+@pytest.mark.parametrize("info", DIVERGING, ids=lambda i: i.name)
+def test_adversarial_profile_finds_and_shrinks_each_diverging_builtin_as_well(info):
+    result = fuzz(info, profile=ADVERSARIAL, settings="ci", seed=0, max_examples=1500)
+    assert result.divergence is not None, f"{info.name}: no divergence in {result.examples} examples"
+    forwards, layers, requests = scenario_size(result.scenario)
+    assert forwards <= 2 and layers <= 3 and requests <= 2, result.scenario.to_dict()
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -266,7 +276,7 @@ def test_nightly_long_settings_find_a_counter_that_wraps_and_shrink_the_run_to_t
     assert short.divergence is None  # default scenarios end long before a counter wraps
     found = fuzz(info, settings="nightly-long", seed=1, max_examples=400)
     assert found.divergence is not None
-    forwards, layers, requests = _bounds(found.scenario)
+    forwards, layers, requests = scenario_size(found.scenario)
     # the wrap needs 256 forward ids; a few more at most, never the hundreds drawn
     assert 256 <= forwards <= 264 and layers == 1 and requests <= 2, (forwards, layers, requests)
     assert run_scenario(info.subject, found.scenario).divergence == found.divergence
