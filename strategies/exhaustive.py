@@ -2,7 +2,8 @@
 
 The scope: stages of 1..``max_layers`` layers starting at layer 0 or 1, with or without a
 non-SWA first layer; without speculative decoding, with it, and with it and a draft model
-beside the target; pools of one-slot pages and of two-slot pages. Two requests under test and
+beside the target; pools of one-slot pages, and of two-slot pages with the smallest stage of
+each shape (paging changes which slots tokens take, not the layers). Two requests under test and
 a bystander whose departure frees slots; after the bystander's own decode, up to
 ``max_forwards`` forwards, each one of :func:`forward_variants` (the plain decode plus every
 lifecycle feature switched on alone), with any one state event between consecutive forwards
@@ -38,7 +39,7 @@ BETWEEN_FORWARDS: tuple[tuple[dict, ...], ...] = (
 ALWAYS_LEFT_OUT = (
     "more than two requests under test (and one bystander)",
     "sliding windows other than 2 (rings of 2 and, with 3 draft tokens, 4 rows)",
-    "page sizes other than 1 and 2, and pools of other sizes",
+    "page sizes other than 1 and 2, two-slot pages with longer stages, and pools of other sizes",
     "graph batch sizes other than 2 and 4",
     "two features switched on in one forward, and more than one state event between forwards",
     "draft step counts other than 2, and mapping changes after other than the first store",
@@ -96,8 +97,6 @@ def _configs(max_layers: int) -> Iterator[dict]:
         range(1, max_layers + 1), (0, 1), (False, True), _SPECULATION, (1, 2)
     ):
         smallest_stage = 2 if hybrid else 1
-        # paging changes which slots tokens take, not the layers: paged pools with the
-        # smallest stage of each shape
         if num_layers < smallest_stage or (page > 1 and num_layers > smallest_stage):
             continue
         yield {
