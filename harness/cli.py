@@ -150,6 +150,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=_seed, metavar="N",
                         help="random seed: the run repeats exactly, but keeps no example database "
                              "(default: unseeded, failures are kept in the database)")
+    parser.add_argument("--long-horizon", action="store_true",
+                        help="scenarios with runs of hundreds of plain decode forwards between the "
+                             "interesting ones, for state that goes stale only after many steps "
+                             "(slower examples: use with a budget; --settings nightly-long implies it)")
     parser.add_argument(
         "--workers", type=_positive_int, default=1, metavar="N",
         help="fuzz in N processes (with seeds SEED..SEED+N-1 when seeded), each with the full "
@@ -387,6 +391,7 @@ class FuzzJob:
     threads: bool = False
     stream_delay_cycles: int = 0
     sanitize_streams: bool = False
+    long_horizon: bool | None = None  # None: as the settings profile says
 
 
 class DivergenceLog:
@@ -459,7 +464,7 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
         lambda progress: fuzz_engine.fuzz(
             info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
             budget_s=job.budget_s, seed=job.seed, device=job.device, database_dir=job.database_dir,
-            threads=job.threads, stream_delay_cycles=job.stream_delay_cycles,
+            threads=job.threads, stream_delay_cycles=job.stream_delay_cycles, long_horizon=job.long_horizon,
             on_progress=progress, on_divergence=divergence,
         ),
         partial, on_progress, watch,
@@ -672,6 +677,7 @@ class Campaign:
             threads=getattr(args, "threads", False),
             stream_delay_cycles=getattr(args, "stream_delay", 0),
             sanitize_streams=getattr(args, "sanitize_streams", False),
+            long_horizon=True if getattr(args, "long_horizon", False) else None,
         )
 
     def progress_line(self) -> ProgressLine:
@@ -688,7 +694,8 @@ class Campaign:
             weakest_profile=result.weakest_profile,
             replay_file=str(replay_path) if replay_path and result.divergence else None,
             complete=not interrupted, interrupted_by=watch.signal_name if interrupted else None,
-            replays=result.replays,
+            replays=result.replays, shrink_complete=result.shrink_complete,
+            scope=result.scope.to_dict() if result.scope is not None else None,
         )
         written = write_reports(report, self.report_dir)
         if self.as_json:
@@ -714,6 +721,8 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
         print(f"  {report.divergence.sentence}")
         print(f"  replay file: {report.replay_file}")
         print(f"  reproduce:   {report.replay_command}")
+        if not report.shrink_complete:
+            print("  the budget ran out while shrinking: the scenario is the smallest found so far")
     print(f"  features covered: {len(report.features_covered)}")
     print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES)}")
 
@@ -783,10 +792,9 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
         log = DivergenceLog(job)
         log.record(result)
         code = campaign.finish(result, log.path, watch)
-    if code == EXIT_OK and not campaign.as_json:
-        print(f"  equivalent to the reference on all {result.examples} scenarios within the bounds: "
-              f"forwards <= {args.max_forwards}, layers <= {args.max_layers}, micro-batches <= "
-              f"{args.max_micro_batches} ({args.profile} profile)")
+    if code == EXIT_OK and not campaign.as_json and result.scope is not None:
+        for line in result.scope.lines():
+            print(f"  {line}")
     return code
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +16,10 @@ import hypothesis
 import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given
 from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import HypothesisWarning
 
 from reference import Scenario
-from strategies.exhaustive import enumerate_scenarios
+from strategies.exhaustive import ScopeStatement, enumerate_scenarios, scope_statement
 from strategies.features import features_of
 from strategies.scenarios import PROFILES, scenarios, weakest_profile
 
@@ -30,8 +32,8 @@ SETTINGS_ENV = "SWAFUZZ_SETTINGS"
 DATABASE_ENV = "SWAFUZZ_DATABASE"
 DEFAULT_DATABASE = Path(".hypothesis") / "swafuzz"
 
-# Examples per Hypothesis run; a wall-clock budget is honoured between runs, each of which
-# draws from its own seed, so a long budget keeps exploring instead of repeating itself.
+# Examples per Hypothesis run; each run draws from its own seed, so a long budget keeps
+# exploring instead of repeating itself. The budget itself is checked before every example.
 CHUNK = 100
 NO_EXAMPLE_LIMIT = 10**9
 PROGRESS_EVERY_S = 0.25
@@ -46,6 +48,9 @@ class SettingsProfile:
     - ``nightly``: long (use a budget), failures kept in a persistent database directory
       (``--database``/``$SWAFUZZ_DATABASE``) that machines can share.
     - ``repro``: replays the database's saved failures first, verbosely.
+    - ``nightly-long``: ``nightly`` with long-horizon scenarios (runs of hundreds of plain
+      decode forwards between the interesting ones; see :mod:`strategies.scenarios`). Its
+      examples take up to a few seconds each, so it suits a budget of tens of minutes.
     """
 
     name: str
@@ -53,6 +58,7 @@ class SettingsProfile:
     deterministic: bool
     uses_database: bool
     verbose: bool = False
+    long_horizon: bool = False
 
 
 SETTINGS_PROFILES = {
@@ -60,6 +66,8 @@ SETTINGS_PROFILES = {
     "ci": SettingsProfile("ci", 200, deterministic=True, uses_database=False),
     "nightly": SettingsProfile("nightly", NO_EXAMPLE_LIMIT, deterministic=False, uses_database=True),
     "repro": SettingsProfile("repro", 100, deterministic=False, uses_database=True, verbose=True),
+    "nightly-long": SettingsProfile("nightly-long", NO_EXAMPLE_LIMIT, deterministic=False, uses_database=True,
+                                    long_horizon=True),
 }
 
 
@@ -87,6 +95,10 @@ class FuzzResult:
     interrupted: bool = False
     # False when a threaded divergence did not reproduce with its recorded interleaving
     replays: bool = True
+    # False when the budget ran out while shrinking: the scenario is the smallest found so far
+    shrink_complete: bool = True
+    # a clean exhaustive run: the scope its equivalence holds on, covered and left out
+    scope: ScopeStatement | None = None
 
     @property
     def verdict(self) -> str:
@@ -109,6 +121,11 @@ class _Diverged(Exception):
     pass
 
 
+class _BudgetSpent(KeyboardInterrupt):
+    """Ends a Hypothesis run from inside an example. Hypothesis stops at once, without
+    recording the example as a failure or replaying it, only for a KeyboardInterrupt."""
+
+
 def fuzz(
     info: SubjectInfo,
     *,
@@ -122,15 +139,21 @@ def fuzz(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     threads: bool = False,
     stream_delay_cycles: int = 0,
+    long_horizon: bool | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     on_divergence: Callable[[FuzzResult], None] | None = None,
 ) -> FuzzResult:
     """Search for a divergence of ``info``'s subject; shrink and return the first found.
 
     Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
-    seconds have passed (checked between runs of :data:`CHUNK` examples). With a budget and
-    no ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
+    seconds have passed: the budget is checked before every example, shrinking included, so
+    a run overruns it by at most one example. A divergence whose shrinking the budget cut
+    short is returned as shrunk so far, with ``shrink_complete`` false. With a budget and no
+    ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
+
+    ``long_horizon`` draws scenarios with long runs of plain decode forwards (default: as the
+    settings profile says; ``nightly-long`` does).
 
     ``threads`` is the stress mode: micro-batches call the subject from real threads. Thread
     interleavings do not repeat, so nothing is shrunk or stored in the database; instead the
@@ -142,6 +165,8 @@ def fuzz(
     check_device(info.subject, torch.device(device))
     timeline_for(torch.device(device), stream_delay_cycles)  # refuses a delay off the GPU now
     chosen = settings_profile(settings)
+    if long_horizon is None:
+        long_horizon = chosen.long_horizon
     # a time budget alone means "search until the budget is spent"
     limit = max_examples if max_examples is not None else (
         NO_EXAMPLE_LIMIT if budget_s is not None else chosen.max_examples
@@ -169,6 +194,8 @@ def fuzz(
         on_progress(Progress(result.examples, elapsed(), budget_s, len(coverage), 1 if failures else 0))
 
     def check(scenario: Scenario) -> None:
+        if budget_s is not None and elapsed() >= budget_s:
+            raise _BudgetSpent
         result.examples += 1
         for feature in features_of(scenario):
             hypothesis.event(feature)
@@ -183,7 +210,22 @@ def fuzz(
             failures.append((scenario, outcome.divergence))
             raise _Diverged(outcome.divergence.sentence)
 
-    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}".encode()  # noqa: SLF001
+    def finish_divergence(shrink_complete: bool) -> FuzzResult:
+        scenario, divergence = failures[-1]
+        final = _found(result, scenario, divergence, elapsed(), coverage)
+        final.shrink_complete = shrink_complete
+        if threads:
+            replay = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
+            final.replays = not replay.passed
+            final.divergence = replay.divergence or divergence
+        if on_divergence is not None:
+            on_divergence(final)
+        report_progress(force=True)
+        return final
+
+    # the database keys failures by strategy: a long-horizon choice sequence means another scenario
+    horizon = ":long-horizon" if long_horizon else ""
+    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}".encode()  # noqa: SLF001
     run = 0
     while result.examples < limit and (budget_s is None or elapsed() < budget_s):
         hypothesis_settings = hypothesis.settings(
@@ -199,12 +241,17 @@ def fuzz(
                 Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink,
             ],
         )
-        test = hypothesis_settings(given(scenarios(profile))(check))
+        test = hypothesis_settings(given(scenarios(profile, long_horizon))(check))
         if seed is not None:
             test = hypothesis.seed(seed + run)(test)
         run += 1
         try:
-            test()
+            with warnings.catch_warnings():
+                # a long-horizon failure's repr is large; nothing here prints it
+                warnings.filterwarnings("ignore", "Generating overly large repr", HypothesisWarning)
+                test()
+        except _BudgetSpent:
+            break
         except KeyboardInterrupt:
             # what was found and counted so far is the result, marked as cut short
             result.elapsed_s, result.coverage, result.interrupted = elapsed(), dict(coverage), True
@@ -212,16 +259,9 @@ def fuzz(
                 return dataclasses.replace(_found(result, *failures[-1], elapsed(), coverage), interrupted=True)
             return result
         except (_Diverged, hypothesis.errors.FlakyFailure):
-            scenario, divergence = failures[-1]
-            final = _found(result, scenario, divergence, elapsed(), coverage)
-            if threads:
-                replay = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
-                final.replays = not replay.passed
-                final.divergence = replay.divergence or divergence
-            if on_divergence is not None:
-                on_divergence(final)
-            report_progress(force=True)
-            return final
+            return finish_divergence(shrink_complete=True)
+    if failures:  # the budget ran out while shrinking
+        return finish_divergence(shrink_complete=False)
     result.elapsed_s = elapsed()
     result.coverage = dict(coverage)
     report_progress(force=True)
@@ -261,8 +301,9 @@ def exhaustive(
     """Run every scenario within the bounds (see :mod:`strategies.exhaustive`).
 
     With no divergence, ``examples`` is the number of scenarios checked: the subject is
-    equivalent to the reference on that whole scope. Otherwise the first divergence in the
-    enumeration order is returned; the enumeration lists short scenarios first.
+    equivalent to the reference on that whole scope, and ``scope`` states which features the
+    scope covers and what it leaves out. Otherwise the first divergence in the enumeration
+    order is returned; the enumeration lists short scenarios first.
     """
     check_device(info.subject, torch.device(device))
     started = time.monotonic()
@@ -278,4 +319,6 @@ def exhaustive(
             return _found(result, scenario, outcome.divergence, time.monotonic() - started, coverage)
     result.elapsed_s = time.monotonic() - started
     result.coverage = dict(coverage)
+    result.scope = scope_statement(result.examples, set(coverage), max_forwards, max_layers,
+                                   max_micro_batches, profile)
     return result

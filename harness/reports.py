@@ -90,6 +90,8 @@ class Report:
     complete: bool = True
     interrupted_by: str | None = None  # the signal's name when a run was cut short
     replays: bool = True  # False: a threaded divergence did not come back without threads
+    shrink_complete: bool = True  # False: the budget ran out while the scenario was shrinking
+    scope: dict[str, Any] | None = None  # a clean exhaustive run: what its scope covers and leaves out
     finished_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -125,12 +127,15 @@ class Report:
             "harness_version": __version__,
             "finished_at": self.finished_at,
         }
+        if self.scope is not None:
+            out["scope"] = self.scope
         if self.divergence is not None:
             out["diagnosis"] = self.divergence.to_dict()
             out["weakest_profile"] = self.weakest_profile
             out["replay_file"] = self.replay_file
             out["replay_command"] = self.replay_command
             out["replays"] = self.replays
+            out["shrink_complete"] = self.shrink_complete
             out["scenario"] = self.scenario.to_dict() if self.scenario is not None else None
         return out
 
@@ -159,6 +164,10 @@ _NO_REPLAY_NOTE = ("Found with threads; replaying its recorded interleaving with
                    "reproduce it, so the replay file may pass while the bug is there.")
 
 
+_SHRINK_CUT_NOTE = ("The time budget ran out while shrinking: the scenario below is the smallest found "
+                    "so far, not a minimal one.")
+
+
 def _incomplete_note(report: Report) -> str:
     by = f" by {report.interrupted_by}" if report.interrupted_by else ""
     return f"Incomplete: the run was interrupted{by} after {report.examples} examples."
@@ -173,6 +182,8 @@ def render_markdown(report: Report) -> str:
         lines += [f"> {report.divergence.sentence}", ""]
         if not report.replays:
             lines += [f"> {_NO_REPLAY_NOTE}", ""]
+        if not report.shrink_complete:
+            lines += [f"> {_SHRINK_CUT_NOTE}", ""]
     info = report.subject_info
     settings = f", settings {report.settings}" if report.settings else ""
     seed = f", seed {report.seed}" if report.seed is not None else ""

@@ -276,6 +276,14 @@ def test_gate_passes_and_takes_a_budget(capsys, engine, tmp_path):
                            str(tmp_path), "--json")
     assert code == 0 and json.loads(out)["verdict"] == "no divergence"
     assert engine.calls[0]["budget_s"] == 5.0
+    assert engine.calls[0]["long_horizon"] is None  # as the settings profile says: ci draws none
+
+
+def test_long_horizon_option_reaches_the_engine_from_fuzz_and_gate(capsys, engine, tmp_path):
+    for command in ("fuzz", "gate"):
+        run_cli(capsys, command, "--subject", "uncached", "--long-horizon", "--budget", "5",
+                "--report-dir", str(tmp_path), "--json")
+    assert [call["long_horizon"] for call in engine.calls] == [True, True]
 
 
 def test_exhaustive_passes_its_bounds(capsys, engine, tmp_path):
@@ -295,6 +303,18 @@ def test_exhaustive_for_real_on_a_tiny_scope(capsys, tmp_path):
                            "--max-layers", "1", "--max-micro-batches", "1", "--report-dir", str(tmp_path), "--json")
     data = json.loads(out)
     assert code == 0 and data["verdict"] == "no divergence" and data["examples"] > 0
+    assert data["scope"]["scenarios"] == data["examples"] and "draft_model" in data["scope"]["covered"]
+
+
+def test_a_clean_exhaustive_run_prints_what_its_scope_covers_and_leaves_out(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "exhaustive", "--subject", "uncached", "--max-forwards", "1",
+                           "--max-layers", "1", "--max-micro-batches", "1", "--report-dir", str(tmp_path))
+    assert code == 0
+    covers = next(line for line in out.splitlines() if line.strip().startswith("covers:"))
+    leaves_out = next(line for line in out.splitlines() if line.strip().startswith("leaves out:"))
+    assert "draft_model" in covers and "micro_batches" not in covers
+    assert "micro_batches (not in the adversarial profile at these bounds)" in leaves_out
+    assert "more than 1 micro-batches" in leaves_out
 
 
 # ---- replay ------------------------------------------------------------------------------------
