@@ -125,7 +125,7 @@ class WrongAfterLayer0ThenSlow(Uncached):
 
     def swa_write_location(self, batch, layer_id):
         if WrongAfterLayer0ThenSlow.answered_wrong:
-            time.sleep(0.02)
+            time.sleep(0.1)
         rows = super().swa_write_location(batch, layer_id)
         if layer_id == 0:
             return rows
