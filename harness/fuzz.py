@@ -55,11 +55,13 @@ def _register_settings_profiles() -> tuple[str, ...]:
     - ``repro``: replays the database's saved failures first, verbosely.
 
     Examples take a subject's time, not a unit test's: no deadline, and the health checks
-    about slow or large data do not apply.
+    about slow or large data do not apply. The explain phase is left out: the diagnosis
+    sentence says what went wrong.
     """
     base = hypothesis.settings(
         hypothesis.settings.get_profile("default"),
         deadline=None, print_blob=False, suppress_health_check=list(HealthCheck),
+        phases=[phase for phase in Phase if phase is not Phase.explain],
     )
     profiles = {
         "dev": hypothesis.settings(base, max_examples=300),
@@ -141,14 +143,14 @@ class FuzzResult:
 def settings_profile(name: str | None) -> SettingsProfile:
     """The named profile (``ci`` or ``swafuzz-ci``), else ``$SWAFUZZ_SETTINGS``, else the
     loaded Hypothesis profile where it is one of swafuzz's, else ``dev``."""
-    chosen = name or os.environ.get(SETTINGS_ENV) or _loaded_profile() or "dev"
+    chosen = name or os.environ.get(SETTINGS_ENV) or loaded_settings_profile() or "dev"
     chosen = chosen.removeprefix(PROFILE_PREFIX)
     if chosen not in SETTINGS_PROFILES:
         raise ValueError(f"unknown settings profile {chosen!r}; choose one of {', '.join(SETTINGS_PROFILES)}")
     return SETTINGS_PROFILES[chosen]
 
 
-def _loaded_profile() -> str | None:
+def loaded_settings_profile() -> str | None:
     current = hypothesis.settings.default
     return next((name for name, profile in SETTINGS_PROFILES.items() if profile.settings is current), None)
 
@@ -287,11 +289,9 @@ def fuzz(
                     on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage))
             failures.append((scenario, outcome.divergence))
 
-    phases = [Phase.explicit, Phase.generate, Phase.target, Phase.shrink]
+    phases = [phase for phase in chosen.settings.phases if phase is not Phase.reuse or seed is None]
     if threads:
         phases = [Phase.generate]
-    elif seed is None:
-        phases.insert(1, Phase.reuse)
     run = 0
     while result.examples < limit and (budget_s is None or elapsed() < budget_s):
         test = scenario_test(info, profile, device=device, timeout_s=timeout_s, threads=threads,
