@@ -91,9 +91,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     global _report_dir
-    report_dir = config.getoption("swafuzz_report_dir")
-    if report_dir is not None or config.getoption("swafuzz_subject"):
-        _report_dir = report_dir if report_dir is not None else config.rootpath / DEFAULT_REPORT_DIR
+    _report_dir = config.getoption("swafuzz_report_dir") or config.rootpath / DEFAULT_REPORT_DIR
     for subject in config.getoption("swafuzz_subject"):
         try:
             resolve_subject(subject)
