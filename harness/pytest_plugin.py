@@ -61,10 +61,11 @@ def fuzz_test(subject: str, profile: str = "realistic", *, settings: hypothesis.
         path = _shown(write_replay(replay, Path(report_dir or _report_dir) / "replays", RUN_NAME))
         hypothesis.note(f"replay file: {path}\nreproduce:   swafuzz replay {path}")
 
-    test = scenario_test(info, profile, device=device, on_example=record)
-    return hypothesis.settings(
+    test = hypothesis.settings(
         settings, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )(test)
+    )(scenario_test(info, profile, device=device, on_example=record))
+    test.swafuzz_subject = subject
+    return test
 
 
 def _shown(path: Path) -> Path:
@@ -113,6 +114,14 @@ class SubjectTests(pytest.Collector):
             for subject in dict.fromkeys(options.swafuzz_subject)
             for profile in dict.fromkeys(profiles)
         ]
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis's own hook reads the failing examples
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
+    # Hypothesis offers a patch that adds each failing example to the test's source as an
+    # @example; a swafuzz test's source is swafuzz's own, and its replay file is the way back
+    if getattr(getattr(item, "obj", None), "swafuzz_subject", None) is not None:
+        item.__dict__.pop("_hypothesis_failing_examples", None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k and -m deselect

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main as swafuzz
+from strategies.features import ALL_FEATURES
 
 pytest_plugins = ["pytester"]
 
@@ -44,15 +45,19 @@ def test_a_diverging_subject_fails_with_the_diagnosis_sentence_and_the_replay_co
     output = result.stdout.str()
     assert sentence in output
     assert "swafuzz replay reports/replays/pool-start-layer-realistic-pytest.json" in output
+    assert "git apply" not in output  # no patch offered against swafuzz's own source
     # the command it prints reproduces the divergence
     assert swafuzz(["replay", str(replay_file)]) == 1
     assert sentence in capsys.readouterr().out
 
 
-def test_an_equivalent_subject_passes(suite):
-    result = suite.runpytest_subprocess(*PLUGIN, "--swafuzz-subject", "uncached", "--hypothesis-profile", "short")
+def test_an_equivalent_subject_passes_and_its_statistics_count_scenario_features(suite):
+    result = suite.runpytest_subprocess(*PLUGIN, "--swafuzz-subject", "uncached", "--hypothesis-profile", "short",
+                                        "--hypothesis-show-statistics")
     result.assert_outcomes(passed=1)
     assert not (suite.path / "reports").exists()
+    events = result.stdout.str().split("Events:", 1)[1]
+    assert any(f"%, {feature}\n" in events for feature in ALL_FEATURES)
 
 
 def test_the_plugin_adds_nothing_and_changes_nothing_unless_asked(pytester):
