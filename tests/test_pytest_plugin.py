@@ -144,3 +144,21 @@ def test_installing_swafuzz_turns_the_plugin_on_through_its_entry_point(suite):
     )
     assert outcome.returncode == 0, outcome.stderr
     assert "swafuzz::uncached[realistic]" in outcome.stdout.splitlines()
+
+
+def test_a_failure_the_cli_saved_is_the_first_example_the_pytest_gate_runs(pytester, capsys):
+    database = pytester.path / "shared-db"
+    assert swafuzz(["fuzz", "--subject", "pool-start-layer", "--settings", "dev", "--max-examples", "2000",
+                    "--database", str(database), "--report-dir", str(pytester.path / "nightly")]) == 1
+    pytester.makeconftest(f"""
+        from hypothesis import settings
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        settings.register_profile("shared", settings.get_profile("swafuzz-dev"),
+                                  database=DirectoryBasedExampleDatabase({str(database)!r}))
+    """)
+    result = pytester.runpytest_subprocess(*PLUGIN, "--swafuzz-subject", "pool-start-layer",
+                                           "--hypothesis-profile", "shared", "--hypothesis-show-statistics")
+    result.assert_outcomes(failed=1)
+    reuse = result.stdout.str().split("during reuse phase", 1)[1].split("during", 1)[0]
+    assert "0 passing examples, 1 failing examples" in reuse
