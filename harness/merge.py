@@ -97,6 +97,8 @@ def report_from_dict(data: Any) -> Report:
     """The :class:`Report` a ``report.json`` was written from (the inverse of ``to_dict``)."""
     if not isinstance(data, dict):
         raise ReportError(f"expected a JSON object, got {type(data).__name__}")
+    if data.get("format") == MERGED_FORMAT:
+        raise ReportError("this is a merged report already: merge the reports it was made from")
     for name, kinds in _REQUIRED.items():
         if not _has_type(data.get(name), kinds):
             raise ReportError(f"field '{name}' is missing or has the wrong type: {data.get(name)!r}")

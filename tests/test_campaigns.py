@@ -79,6 +79,13 @@ def test_merging_only_clean_runs_exits_0(capsys, tmp_path, shard_reports):
     assert "no divergence in 1 runs" in capsys.readouterr().out
 
 
+def test_a_merged_report_is_not_merged_again(capsys, tmp_path, shard_reports):
+    merged = tmp_path / "merged"
+    swafuzz(["merge-reports", *map(str, shard_reports), "--report-dir", str(merged)])
+    assert swafuzz(["merge-reports", str(merged), "--report-dir", str(tmp_path / "again")]) == 2
+    assert "merged report already" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("damage,message", [
     (lambda path: path.write_text("{"), "not valid JSON"),
     (lambda path: path.write_text("[]"), "expected a JSON object"),
