@@ -162,3 +162,18 @@ def test_a_failure_the_cli_saved_is_the_first_example_the_pytest_gate_runs(pytes
     result.assert_outcomes(failed=1)
     reuse = result.stdout.str().split("during reuse phase", 1)[1].split("during", 1)[0]
     assert "0 passing examples, 1 failing examples" in reuse
+
+
+def test_a_fuzzer_driving_fuzz_one_input_as_hypofuzz_does_finds_the_divergence(tmp_path):
+    import random
+
+    from harness.fuzz import Diverged
+    from harness.pytest_plugin import fuzz_test
+
+    test = fuzz_test("pool-start-layer", report_dir=tmp_path)
+    buffers = random.Random(0)
+    with pytest.raises(Diverged) as found:
+        for _ in range(2000):
+            test.hypothesis.fuzz_one_input(buffers.randbytes(2000))
+    recorded = json.loads((tmp_path / "replays" / "pool-start-layer-realistic-pytest.json").read_text())
+    assert recorded["diagnosis"]["sentence"] == str(found.value)
