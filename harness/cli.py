@@ -160,8 +160,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=_seconds, metavar="SECONDS", help="stop after this many seconds")
     parser.add_argument("--max-examples", type=_positive_int, metavar="N", help="stop after N scenarios")
     parser.add_argument("--seed", type=_seed, metavar="N",
-                        help="random seed: the run repeats exactly, but keeps no example database "
-                             "(default: unseeded, failures are kept in the database)")
+                        help="random seed: the run repeats exactly, so it never replays the example "
+                             "database, though it saves its failures there (default: unseeded, saved "
+                             "failures are replayed first)")
     parser.add_argument(
         "--workers", type=_positive_int, default=1, metavar="N",
         help="fuzz in N processes (with seeds SEED..SEED+N-1 when seeded), each with the full "
