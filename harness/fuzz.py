@@ -51,7 +51,8 @@ def _register_settings_profiles() -> tuple[str, ...]:
     - ``dev``: a few hundred examples, failures kept in the example database.
     - ``ci``: deterministic (``derandomize``) and fast, no database.
     - ``nightly``: as long as a time budget allows, failures kept in a persistent database
-      that machines can share (``--database``).
+      that machines can share (``--database``). It sets no example limit of its own, so it
+      suits the CLI's ``--budget`` and HypoFuzz, not a pytest run.
     - ``repro``: replays the database's saved failures first, verbosely.
 
     Examples take a subject's time, not a unit test's: no deadline, and the health checks
@@ -151,6 +152,7 @@ def settings_profile(name: str | None) -> SettingsProfile:
 
 
 def loaded_settings_profile() -> str | None:
+    """The swafuzz name of the loaded Hypothesis profile; None when another one is loaded."""
     current = hypothesis.settings.default
     return next((name for name, profile in SETTINGS_PROFILES.items() if profile.settings is current), None)
 
