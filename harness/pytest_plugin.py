@@ -17,23 +17,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import hypothesis
 import pytest
-from hypothesis import HealthCheck
 
-from reference import Scenario
-from strategies.scenarios import PROFILES
+if TYPE_CHECKING:
+    import hypothesis
 
-from .executor import RunResult
-from .fuzz import loaded_settings_profile, scenario_test
-from .registry import resolve_subject
-from .replay import Replay, write_replay
+    from reference import Scenario
 
+    from .executor import RunResult
+
+# pytest loads this module in every session wherever swafuzz is installed: the fuzzing
+# machinery (torch and all) is imported only once swafuzz is asked for
 DEFAULT_REPORT_DIR = Path("reports")
 # replay files of pytest runs are named <subject>-<profile>-pytest.json
 RUN_NAME = "pytest"
+PROFILE_PREFIX = "swafuzz-"  # harness.fuzz.PROFILE_PREFIX, known here without importing it
 
 _report_dir = DEFAULT_REPORT_DIR  # --swafuzz-report-dir, for the tests of this session
 
@@ -47,10 +47,17 @@ def fuzz_test(subject: str, profile: str = "realistic", *, settings: hypothesis.
     ``swafuzz-dev``, ...), or of ``settings`` where given (the test carries its settings
     already, so they are passed here rather than stacked with ``@settings``). Only the
     deadline and the health checks about slow examples are off, since an example takes the
-    subject's time. Each divergence
-    is written to ``REPORT_DIR/replays/`` (default: this session's ``--swafuzz-report-dir``,
-    else ``reports``) and the failure notes ``swafuzz replay PATH``.
+    subject's time. Each divergence is written to ``REPORT_DIR/replays/`` (default: this
+    session's ``--swafuzz-report-dir``, else ``reports``) and the failure notes
+    ``swafuzz replay PATH``.
     """
+    import hypothesis
+    from hypothesis import HealthCheck
+
+    from .fuzz import loaded_settings_profile, scenario_test
+    from .registry import resolve_subject
+    from .replay import Replay, write_replay
+
     info = resolve_subject(subject)
 
     def record(scenario: Scenario, features: list[str], outcome: RunResult) -> None:
@@ -81,8 +88,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--swafuzz-subject", action="append", default=[], metavar="NAME",
                     help="add a fuzz test of this subject (a built-in name, module:attr or "
                          "sglang:<target>); repeat for several")
-    group.addoption("--swafuzz-profile", action="append", choices=PROFILES, metavar="PROFILE",
-                    help=f"scenario profile of the added tests ({' or '.join(PROFILES)}; repeat for "
+    group.addoption("--swafuzz-profile", action="append", metavar="PROFILE",
+                    help="scenario profile of the added tests (realistic or adversarial; repeat for "
                          "both; default: realistic)")
     group.addoption("--swafuzz-device", default="cpu", metavar="cpu|cuda",
                     help="where the subjects' tensors live (default: cpu)")
@@ -90,16 +97,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="replay files of failures go to DIR/replays (default: reports, under the rootdir)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis's plugin loads --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     global _report_dir
     _report_dir = config.getoption("swafuzz_report_dir") or config.rootpath / DEFAULT_REPORT_DIR
-    for subject in config.getoption("swafuzz_subject"):
+    hypothesis_profile = config.getoption("hypothesis_profile", None) or ""
+    if hypothesis_profile.startswith(PROFILE_PREFIX):
+        import harness.fuzz  # noqa: F401 - registers the swafuzz-* profiles
+    subjects = config.getoption("swafuzz_subject")
+    if not subjects:
+        return
+    from strategies.scenarios import PROFILES
+
+    from .registry import resolve_subject
+
+    for profile in config.getoption("swafuzz_profile") or ():
+        if profile not in PROFILES:
+            raise pytest.UsageError(f"--swafuzz-profile {profile}: choose {' or '.join(PROFILES)}")
+    for subject in subjects:
         try:
             resolve_subject(subject)
         except Exception as exc:  # noqa: BLE001 - any failure to load it is the user's to fix
             raise pytest.UsageError(f"--swafuzz-subject {subject}: {exc}") from None
-
-
 class SubjectTests(pytest.Collector):
     """The tests that ``--swafuzz-subject`` asks for, one per subject and profile."""
 

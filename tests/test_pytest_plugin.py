@@ -22,6 +22,8 @@ PLUGIN = ("-p", "harness.pytest_plugin", "-p", "no:cacheprovider")
 SHORT_PROFILE = """
 from hypothesis import settings
 
+import harness.fuzz  # registers the swafuzz-* profiles
+
 settings.register_profile("short", settings.get_profile("swafuzz-ci"), max_examples=25)
 """
 
@@ -62,7 +64,8 @@ def test_an_equivalent_subject_passes_and_its_statistics_count_scenario_features
 
 def test_the_plugin_adds_nothing_and_changes_nothing_unless_asked(pytester):
     suite = pytester
-    suite.makepyfile(test_plain="def test_one():\n    assert True\n")
+    # nor does it import the fuzzing machinery (torch and all) in a session that does not ask
+    suite.makepyfile(test_plain="import sys\n\ndef test_one():\n    assert 'torch' not in sys.modules\n")
     with_plugin = suite.runpytest_subprocess(*PLUGIN, "--collect-only", "-q")
     without = suite.runpytest_subprocess("-p", "no:harness.pytest_plugin", "-p", "no:cacheprovider",
                                          "--collect-only", "-q")
@@ -83,10 +86,14 @@ def test_each_subject_and_profile_is_one_test_and_k_selects_among_them(suite):
     ]
 
 
-def test_an_unknown_subject_is_a_usage_error(suite):
-    result = suite.runpytest_subprocess(*PLUGIN, "--swafuzz-subject", "no-such-subject")
+@pytest.mark.parametrize("argv,message", [
+    (("--swafuzz-subject", "no-such-subject"), "--swafuzz-subject no-such-subject"),
+    (("--swafuzz-subject", "uncached", "--swafuzz-profile", "gentle"), "--swafuzz-profile gentle"),
+])
+def test_an_unknown_subject_or_profile_is_a_usage_error(suite, argv, message):
+    result = suite.runpytest_subprocess(*PLUGIN, *argv)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "--swafuzz-subject no-such-subject" in result.stderr.str()
+    assert message in result.stderr.str()
 
 
 def test_hypothesis_seed_makes_a_run_repeat_exactly(suite):
@@ -153,6 +160,8 @@ def test_a_failure_the_cli_saved_is_the_first_example_the_pytest_gate_runs(pytes
     pytester.makeconftest(f"""
         from hypothesis import settings
         from hypothesis.database import DirectoryBasedExampleDatabase
+
+        import harness.fuzz  # registers the swafuzz-* profiles
 
         settings.register_profile("shared", settings.get_profile("swafuzz-dev"),
                                   database=DirectoryBasedExampleDatabase({str(database)!r}))

@@ -9,6 +9,13 @@ from harness.fuzz import SETTINGS_PROFILES, fuzz, settings_profile
 from harness.registry import resolve_subject
 
 
+def test_the_pytest_plugin_knows_the_profile_names_without_importing_the_engine():
+    from harness import fuzz as engine
+    from harness import pytest_plugin
+
+    assert pytest_plugin.PROFILE_PREFIX == engine.PROFILE_PREFIX
+
+
 def test_each_settings_profile_is_a_registered_hypothesis_profile():
     for name in ("dev", "ci", "nightly", "repro"):
         assert settings.get_profile(f"swafuzz-{name}") is SETTINGS_PROFILES[name].settings
