@@ -26,6 +26,7 @@ from harness.fuzz import FuzzResult, Progress
 from harness.progress import ProgressLine, format_progress
 from harness.registry import BUILTIN_SUBJECTS
 from harness.replay import Replay, load_replay, write_replay
+from harness.shard import WHOLE, seed_lane
 from strategies.examples import EXAMPLES
 
 STALE_EXAMPLE = "first-swa-layer-not-start"
@@ -224,11 +225,12 @@ def test_fuzz_ci_settings_default_to_seed_0(capsys, engine, tmp_path):
 def test_unseeded_workers_write_one_replay_file_each(capsys, engine, tmp_path):
     base = cli.FuzzJob(subject="s", profile="realistic", settings="dev", seed=None, run="20260101-120000",
                        device="cpu", replay_dir=str(tmp_path), database_dir=str(tmp_path))
-    jobs = [cli._worker_job(base, i, 5) for i in range(2)]
+    jobs = [cli._worker_job(base, i, 5, seed_lane(WHOLE, i, 2)) for i in range(2)]
     assert [(j.seed, j.run, j.max_examples) for j in jobs] == [(None, "20260101-120000-w0", 5),
                                                                (None, "20260101-120000-w1", 5)]
-    seeded = [cli._worker_job(replace(base, seed=7), i, None) for i in range(2)]
-    assert [(j.seed, j.run) for j in seeded] == [(7, "seed7"), (8, "seed8")]
+    # seeded workers take turns through the chunk seeds: 7, 9, 11, ... and 8, 10, 12, ...
+    seeded = [cli._worker_job(replace(base, seed=7), i, None, seed_lane(WHOLE, i, 2)) for i in range(2)]
+    assert [(j.seed, j.seed_stride, j.run) for j in seeded] == [(7, 2, "seed7"), (8, 2, "seed8")]
 
 
 def test_fuzz_accepts_a_user_subject_and_records_its_spec(capsys, engine, tmp_path):
