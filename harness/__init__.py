@@ -1,12 +1,29 @@
-"""swafuzz: differential fuzzing of cached SWA write locations against a reference."""
+"""swafuzz: differential fuzzing of cached SWA write locations against a reference.
 
-from .api import SUBJECT_API_VERSION, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth, tokens_request_slots
-from .diagnosis import Divergence
-from .executor import RunResult, SubjectError, run_scenario
+The public names load on first use, so that the program entry (:mod:`harness.entry`) can
+take over signals before torch and the rest are imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "SUBJECT_API_VERSION", "Divergence", "ForwardBatch", "ForwardMode", "ModelSpec",
-    "RunResult", "Subject", "SubjectError", "Truth", "run_scenario", "tokens_request_slots",
-]
+_EXPORTS = {
+    "SUBJECT_API_VERSION": "api", "ForwardBatch": "api", "ForwardMode": "api", "ModelSpec": "api",
+    "Subject": "api", "Truth": "api", "tokens_request_slots": "api",
+    "Divergence": "diagnosis",
+    "RunResult": "executor", "SubjectError": "executor", "run_scenario": "executor",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

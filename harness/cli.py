@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import multiprocessing
 import os
@@ -36,12 +37,18 @@ from reference import ScenarioError
 
 from . import __version__
 from . import fuzz as fuzz_engine
+from .boundary import InputError, describe_path, writable_directory, writable_file
+from .entry import entry  # noqa: F401 - the console script of installs made before harness.entry
+from .entry import note_signal, run_starting, signal_before_run
 from .executor import SubjectError
 from .fuzz import PROFILES, SETTINGS_PROFILES, FuzzResult, Progress
 from .progress import ProgressLine
 from .devices import enable_stream_sanitizer
 from .registry import SubjectInfo, all_subjects, resolve_subject
-from .replay import Replay, ReplayError, emit_pytest, load_replay, run_replay, same_divergence, write_replay
+from .replay import (
+    Replay, ReplayError, emit_pytest, load_replay, recorded_subject, run_replay, same_divergence,
+    write_replay,
+)
 from .reports import REPORT_FILES, Report, write_reports
 
 EXIT_OK = 0
@@ -152,8 +159,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "(default: unseeded, failures are kept in the database)")
     parser.add_argument(
         "--workers", type=_positive_int, default=1, metavar="N",
-        help="fuzz in N processes (with seeds SEED..SEED+N-1 when seeded), each with the full "
-             "time budget and 1/N of --max-examples; the first divergence stops the others",
+        help="fuzz in N processes, each with the full time budget and 1/N of --max-examples; "
+             "seeded, each draws its own seed stream from SEED, so none repeats another's "
+             "examples; the first divergence stops the others",
     )
 
 
@@ -230,22 +238,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def entry() -> None:
-    """The program's entry point (console script and ``python -m harness``).
-
-    After a run stopped by a signal, CPython may still end the process by SIGINT at exit
-    (an interrupt raised inside library code leaves it flagged as unhandled), which would
-    replace the documented 130/143 or 1; so such a run leaves through ``os._exit`` once its
-    output is flushed.
-    """
-    code = main()
-    if InterruptWatch.caught_any:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    raise SystemExit(code)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
@@ -258,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _apply_sglang_options(args)
         return args.handler(args)
-    except (UsageError, SubjectError, ReplayError) as exc:
-        print(f"swafuzz {args.command}: error: {exc}", file=sys.stderr)
+    except (UsageError, SubjectError, InputError, ScenarioError) as exc:
+        message = " ".join(str(exc).splitlines())
+        print(f"swafuzz {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except Exception:  # noqa: BLE001 - a harness bug: say so, never pass it off as a divergence
         print(f"swafuzz {args.command}: internal error (a bug in swafuzz):\n{traceback.format_exc()}",
@@ -322,14 +315,14 @@ class InterruptWatch:
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
-    caught_any = False  # any watch of this process caught a signal
 
     def __init__(self, raise_first: bool = True):
         self.raise_first = raise_first
-        self.signum: int | None = None
+        self.signum: int | None = signal_before_run()
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "InterruptWatch":
+        run_starting()
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
             for signum in self.SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
@@ -360,7 +353,7 @@ class InterruptWatch:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         first = self.signum is None
-        InterruptWatch.caught_any = True
+        note_signal(signum)
         if first:
             self.signum = signum
         if first and self.raise_first:
@@ -387,6 +380,7 @@ class FuzzJob:
     threads: bool = False
     stream_delay_cycles: int = 0
     sanitize_streams: bool = False
+    worker: int = 0  # which of the run's processes: each draws its own seed stream
 
 
 class DivergenceLog:
@@ -432,6 +426,13 @@ def run_until_interrupted(start: Callable[[Callable[[Progress], None]], FuzzResu
         return start(progress)
     except KeyboardInterrupt:
         return partial(last[0].examples if last else 0, time.monotonic() - started)
+    except Exception:
+        # an interrupt landing inside library code can surface as another exception (a
+        # Hypothesis strategy interrupted mid-draw reports itself as flaky): the run was
+        # stopped, it did not fail
+        if watch.interrupted:
+            return partial(last[0].examples if last else 0, time.monotonic() - started)
+        raise
     finally:
         watch.disarm()
 
@@ -458,7 +459,8 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
     result = run_until_interrupted(
         lambda progress: fuzz_engine.fuzz(
             info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
-            budget_s=job.budget_s, seed=job.seed, device=job.device, database_dir=job.database_dir,
+            budget_s=job.budget_s, seed=job.seed, seed_stream=job.worker, device=job.device,
+            database_dir=job.database_dir,
             threads=job.threads, stream_delay_cycles=job.stream_delay_cycles,
             on_progress=progress, on_divergence=divergence,
         ),
@@ -481,14 +483,41 @@ def merge_results(results: list[FuzzResult], winner: FuzzResult | None) -> FuzzR
 
 
 _worker_queue: Any = None
+PARENT_WATCH_S = 0.5
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _init_worker(queue: Any) -> None:
+def _init_worker(queue: Any, parent: int) -> None:
     global _worker_queue
     _worker_queue = queue
     # a Ctrl-C reaches every process of the terminal's group: a worker that dies between
-    # jobs breaks the whole pool, so it only listens while it fuzzes (see _worker)
+    # jobs breaks the whole pool, so it only listens while it fuzzes (see _worker); one
+    # that came while it started (blocked since, see WorkerPool.run) is dropped here
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _die_with(parent)
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when ``parent`` ends, however it ends (SIGKILL included).
+
+    Linux delivers SIGKILL on the parent's death once asked with prctl; elsewhere, and
+    should the parent have died before the request, a thread polls for the parent.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl here: the thread below suffices
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_WATCH_S)
+        os._exit(EXIT_INTERNAL)
+
+    if os.getppid() != parent:
+        os._exit(EXIT_INTERNAL)
+    threading.Thread(target=watch, name="swafuzz-parent-watch", daemon=True).start()
 
 
 def _worker(index: int, job: FuzzJob) -> tuple[FuzzResult, str | None]:
@@ -528,8 +557,14 @@ class WorkerPool:
         queue = context.Queue()
         outcomes: dict[int, FuzzResult] = {}
         with ProcessPoolExecutor(len(self.jobs), mp_context=context, initializer=_init_worker,
-                                 initargs=(queue,)) as pool:
-            futures = {pool.submit(_worker, i, job): i for i, job in enumerate(self.jobs)}
+                                 initargs=(queue, os.getpid())) as pool:
+            # workers inherit a blocked SIGINT, so that a Ctrl-C to the whole process group
+            # while they import cannot end one with a traceback (_init_worker unblocks it)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                futures = {pool.submit(_worker, i, job): i for i, job in enumerate(self.jobs)}
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             pending = set(futures)
             stop_deadline = float("inf")
             while pending and time.monotonic() < stop_deadline:
@@ -655,6 +690,8 @@ class Campaign:
             if used and not device.startswith("cuda"):
                 raise UsageError(f"{flag} works on GPU streams: it needs --device cuda")
         report_dir = _prepare_report_dir(args.report_dir)
+        if args.database is not None:
+            writable_directory(args.database, "--database")
         return cls(args.command, args.subject, info, device, report_dir,
                    args.database or report_dir / ".hypothesis-db", args.json)
 
@@ -743,9 +780,7 @@ def _fuzz(args: argparse.Namespace, settings: str | None, profile: str, print_ma
 
 
 def _worker_job(base: FuzzJob, index: int, max_examples: int | None) -> FuzzJob:
-    if base.seed is None:
-        return replace(base, run=f"{base.run}-w{index}", max_examples=max_examples)
-    return replace(base, seed=base.seed + index, run=f"seed{base.seed + index}", max_examples=max_examples)
+    return replace(base, worker=index, run=f"{base.run}-w{index}", max_examples=max_examples)
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
@@ -795,15 +830,20 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     recorded = load_replay(args.file)
+    if args.emit_pytest is not None:
+        writable_file(args.emit_pytest, "--emit-pytest", not_the_same_as=args.file)
     subject = args.subject or recorded.subject
-    info = resolve_subject(subject)
+    try:
+        info = resolve_subject(args.subject) if args.subject else recorded_subject(recorded)
+    except ReplayError as exc:
+        raise ReplayError(f"{describe_path(args.file)}: {exc}") from None
     device = check_device(args.device or recorded.device)
     started = time.monotonic()
     try:
         with _stdout_to_stderr(args.json):
-            run = run_replay(recorded, subject=subject, device=device)
+            run = run_replay(recorded, subject=args.subject, device=device)
     except ScenarioError as exc:
-        raise ReplayError(f"{args.file}: the recorded scenario cannot run: {exc}") from None
+        raise ReplayError(f"{describe_path(args.file)}: the recorded scenario cannot run: {exc}") from None
     elapsed = time.monotonic() - started
     if args.emit_pytest is not None:
         emit_pytest(replace(recorded, subject=subject, device=device), args.emit_pytest, source=str(args.file))

@@ -4,6 +4,7 @@ executor, shrinks the first divergence, and reports coverage."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 from collections import Counter
@@ -117,6 +118,7 @@ def fuzz(
     max_examples: int | None = None,
     budget_s: float | None = None,
     seed: int | None = None,
+    seed_stream: int = 0,
     device: str = "cpu",
     database_dir: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -128,7 +130,9 @@ def fuzz(
     """Search for a divergence of ``info``'s subject; shrink and return the first found.
 
     Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
-    seconds have passed (checked between runs of :data:`CHUNK` examples). With a budget and
+    seconds have passed (checked between runs of :data:`CHUNK` examples). Seeded, each run
+    draws from :func:`chunk_seed` of ``seed``, ``seed_stream`` (a worker's index) and its
+    number. With a budget and
     no ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
 
@@ -201,7 +205,7 @@ def fuzz(
         )
         test = hypothesis_settings(given(scenarios(profile))(check))
         if seed is not None:
-            test = hypothesis.seed(seed + run)(test)
+            test = hypothesis.seed(chunk_seed(seed, seed_stream, run))(test)
         run += 1
         try:
             test()
@@ -226,6 +230,13 @@ def fuzz(
     result.coverage = dict(coverage)
     report_progress(force=True)
     return result
+
+
+def chunk_seed(seed: int, stream: int, chunk: int) -> int:
+    """The seed of one Hypothesis run: a hash, so that no two (stream, chunk) pairs of one
+    seed draw the same examples, as ``seed + chunk`` would across parallel streams."""
+    digest = hashlib.blake2b(f"swafuzz:{seed}:{stream}:{chunk}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 def pin_schedules(scenario: Scenario, schedules: dict[int, tuple[int, ...]]) -> Scenario:

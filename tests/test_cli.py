@@ -215,8 +215,8 @@ def test_unseeded_workers_write_one_replay_file_each(capsys, engine, tmp_path):
     jobs = [cli._worker_job(base, i, 5) for i in range(2)]
     assert [(j.seed, j.run, j.max_examples) for j in jobs] == [(None, "20260101-120000-w0", 5),
                                                                (None, "20260101-120000-w1", 5)]
-    seeded = [cli._worker_job(replace(base, seed=7), i, None) for i in range(2)]
-    assert [(j.seed, j.run) for j in seeded] == [(7, "seed7"), (8, "seed8")]
+    seeded = [cli._worker_job(replace(base, seed=7, run="seed7"), i, None) for i in range(2)]
+    assert [(j.seed, j.worker, j.run) for j in seeded] == [(7, 0, "seed7-w0"), (7, 1, "seed7-w1")]
 
 
 def test_fuzz_accepts_a_user_subject_and_records_its_spec(capsys, engine, tmp_path):
@@ -328,7 +328,7 @@ def test_replay_says_when_the_divergence_changed(capsys, replay_file):
     (lambda d: {**d, "schema_version": 7}, "schema version 7"),
     (lambda d: {**d, "format": "other"}, "not a swafuzz replay file"),
     (lambda d: {**d, "scenario": {"events": [{"op": "explode"}]}}, "field 'scenario' is invalid"),
-    (lambda d: {**d, "subject": "gone_module_xyz:Cls"}, "cannot import module"),
+    (lambda d: {**d, "subject": "gone_module_xyz:Cls"}, "names code to import"),
     (lambda d: {**d, "scenario": {"events": [{"op": "finish", "request": 4}]}}, "cannot run"),
 ])
 def test_bad_replay_files_exit_2_and_overwrite_nothing(capsys, replay_file, tmp_path, damage, message):

@@ -130,7 +130,8 @@ def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path):
     assert any(path.is_file() for path in database.rglob("*"))  # an unseeded run keeps its database
 
     # and the replay file replays, still diverging
-    replayed = subprocess.run([sys.executable, "-m", "harness", "replay", str(replay_file)], cwd=tmp_path,
+    replayed = subprocess.run([sys.executable, "-m", "harness", "replay", str(replay_file),
+                               "--subject", "slow_subject:SlowStale"], cwd=tmp_path,
                               env=environment(tmp_path), capture_output=True, text=True,
                               timeout=120)
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
