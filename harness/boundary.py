@@ -82,15 +82,34 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
-def _bounded_int(digits: str) -> int:
-    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise InputError(f"an integer of {len(digits.lstrip('-'))} digits exceeds the limit "
-                         f"MAX_INT_DIGITS = {MAX_INT_DIGITS}")
-    return int(digits)
+class _LongInt:
+    """Stands in for an integer too long to build, until its place in the document is known."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _bounded_int(text: str) -> int | _LongInt:
+    digits = len(text.lstrip("-"))
+    return _LongInt(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
+def _first_long_int(data: Any) -> tuple[str, _LongInt] | None:
+    """Where the first too-long integer sits, as a path like ``scenario.events[3].pad``."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _LongInt):
+            return path or "the document", value
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{key}" if path else str(key), item) for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{index}]", item) for index, item in reversed(list(enumerate(value))))
+    return None
 
 
 def _no_constant(name: str) -> None:
-    raise InputError(f"{name} is not JSON")
+    raise InputError(f"{name} is not JSON (numbers are finite)")
 
 
 def parse_json(data: bytes, name: str) -> Any:
@@ -103,13 +122,17 @@ def parse_json(data: bytes, name: str) -> Any:
     if depth > MAX_JSON_DEPTH:
         raise InputError(f"{name}: JSON nested {depth} deep exceeds the limit MAX_JSON_DEPTH = {MAX_JSON_DEPTH}")
     try:
-        return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+        data = json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
     except InputError as exc:
         raise InputError(f"{name}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    except RecursionError:  # the depth check above should make this unreachable
-        raise InputError(f"{name}: JSON nested too deep") from None
+    long_int = _first_long_int(data)
+    if long_int is not None:
+        path, value = long_int
+        raise InputError(f"{name}: {show(path)[1:-1]}: an integer of {value.digits} digits exceeds the limit "
+                         f"MAX_INT_DIGITS = {MAX_INT_DIGITS}")
+    return data
 
 
 def writable_file(path: Path, option: str, *, not_the_same_as: Path | None = None) -> Path:

@@ -60,9 +60,11 @@ LIMITS: dict[str, int] = {
     "forward_rows": 65536,  # rows one step of a forward writes, padding included
     "stores": 65536,  # store calls of the whole scenario
     "checked_rows": 2**22,  # rows of all store calls together
-    # every event brings the subject's copy of the mappings in line, and register_mapping
-    # rebuilds the pools: slots of both pools of every model, summed over the events
-    "pool_work": 2**27,
+    # every event brings the subject's copy of the mappings in line: slots of both pools of
+    # every model, summed over the events; register_mapping also lays out every SWA page
+    # again, which costs far more per page
+    "pool_work": 2**26,
+    "remapped_pages": 2**21,
 }
 
 
@@ -467,11 +469,15 @@ def _check_work(scenario: "Scenario") -> None:
     """Bounds what running the scenario costs, from the events alone (see LIMITS)."""
     config = scenario.config
     pool_slots = (config.full_pool_size + config.swa_pool_size) * len(config.models)
-    stores = checked = pool_work = 0
+    swa_pages = config.swa_pool_size // config.swa_page_size * len(config.models)
+    stores = checked = pool_work = remapped = 0
     for index, event in enumerate(scenario.events):
         where = f"events[{index}]"
         pool_work += pool_slots
         _check_limit(where, "pool_work", pool_work, f"{pool_work} pool slots walked by events[0..{index}]")
+        if event.op == "register_mapping":
+            remapped += swa_pages
+            _check_limit(where, "remapped_pages", remapped, f"{remapped} SWA pages laid out by events[0..{index}]")
         if event.op != "forward":
             continue
         rows = _step_rows(event, config)
