@@ -56,11 +56,12 @@ def read_regular_file(path: str | os.PathLike, what: str, max_bytes: int = MAX_F
         raise InputError(f"{name}: no such {what}") from None
     except OSError as exc:
         raise InputError(f"{name}: cannot open it: {exc.strerror or exc}") from None
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise InputError(f"{name}: {kind}; a {what} is read only from a regular file")
     with os.fdopen(descriptor, "rb") as stream:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise InputError(f"{name}: {kind}; a {what} is read only from a regular file")
         try:
             data = stream.read(max_bytes + 1)
         except OSError as exc:

@@ -96,8 +96,8 @@ class Replay:
             raise ReplayError(f"field 'scenario' is invalid: {exc}") from None
         return cls(
             subject=data["subject"], profile=data["profile"], scenario=scenario,
-            divergence=_divergence_from(data.get("diagnosis")), seed=data["seed"],
-            settings=data["settings"], device=data["device"], harness_version=data["harness_version"],
+            divergence=_divergence_from(data.get("diagnosis")), seed=data.get("seed"),
+            settings=data.get("settings"), device=data["device"], harness_version=data["harness_version"],
         )
 
 
