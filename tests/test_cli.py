@@ -493,3 +493,38 @@ def test_a_clean_exhaustive_run_states_equivalence_within_its_bounds(capsys, tmp
     assert code == 0
     assert re.search(r"equivalent to the reference on all \d+ scenarios within the bounds: "
                      r"forwards <= 1, layers <= 1, micro-batches <= 2", out)
+
+
+def test_an_interrupt_that_surfaces_as_another_exception_ends_the_run_as_interrupted():
+    from hypothesis.errors import FlakyStrategyDefinition
+
+    def start(progress):
+        os.kill(os.getpid(), signal.SIGINT)  # lands mid-draw: Hypothesis calls the draw flaky
+        raise FlakyStrategyDefinition("Inconsistent data generation!")
+
+    with cli.InterruptWatch(raise_first=False) as watch:
+        result = cli.run_until_interrupted(start, lambda examples, elapsed: ("partial", examples),
+                                           lambda progress: None, watch)
+    assert result == ("partial", 0)
+
+
+def test_the_same_exception_without_an_interrupt_is_a_harness_failure():
+    from hypothesis.errors import FlakyStrategyDefinition
+
+    def start(progress):
+        raise FlakyStrategyDefinition("Inconsistent data generation!")
+
+    with cli.InterruptWatch(raise_first=False) as watch, pytest.raises(FlakyStrategyDefinition):
+        cli.run_until_interrupted(start, lambda examples, elapsed: None, lambda progress: None, watch)
+
+
+def test_a_closed_stdout_ends_quietly_with_the_result_code(replay_file):
+    harness_root = Path(harness.__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(harness_root), os.environ.get("PYTHONPATH")]))}
+    # as `swafuzz replay FILE | head -0` does: the reader is gone before anything is printed
+    process = subprocess.Popen([sys.executable, "-m", "harness", "replay", str(replay_file)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == 1, err  # the divergence is still there
+    assert err == ""
