@@ -38,6 +38,12 @@ def show(value: Any) -> str:
     return _short.repr(value)
 
 
+def printable(text: str) -> str:
+    """Text read from a file as it may be shown on a terminal: control characters (escape
+    sequences that could rewrite the screen) are shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def describe_path(path: str | os.PathLike) -> str:
     """A path for a one-line message (a file name may hold a newline)."""
     text = os.fspath(path)

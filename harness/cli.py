@@ -7,6 +7,9 @@ Exit codes, for every subcommand:
 - 2: usage or input error: bad option, unknown subject, malformed replay file, no such device
 - 130 / 143: interrupted by SIGINT / SIGTERM before any divergence was found
 - 3: swafuzz itself failed (a bug in the harness, with its traceback)
+
+Once a divergence is recorded the code is 1, whatever signal follows; a closed stdout ends
+the command quietly with its own code (see :mod:`harness.entry`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from reference import ScenarioError
 
 from . import __version__
 from . import fuzz as fuzz_engine
-from .boundary import InputError, describe_path, writable_directory, writable_file
+from .boundary import InputError, describe_path, printable, writable_directory, writable_file
 from .entry import entry  # noqa: F401 - the console script of installs made before harness.entry
 from .entry import note_signal, run_starting, signal_before_run
 from .executor import SubjectError
@@ -868,14 +871,14 @@ def _print_replay(args: argparse.Namespace, subject: str, recorded: Replay, foun
                   checks: int) -> None:
     if found is None:
         print(f"swafuzz replay: fixed: {subject} matches the reference on {args.file} ({checks} stores checked)")
-        print(f"  recorded: {recorded.divergence.sentence}")
+        print(f"  recorded: {printable(recorded.divergence.sentence)}")
     elif reproduced:
         print(f"swafuzz replay: divergence still there in {subject}")
         print(f"  {found.sentence}")
     else:
         print(f"swafuzz replay: {subject} still diverges on {args.file}, but differently")
         print(f"  now:      {found.sentence}")
-        print(f"  recorded: {recorded.divergence.sentence}")
+        print(f"  recorded: {printable(recorded.divergence.sentence)}")
     if args.emit_pytest is not None:
         print(f"  regression test written to {args.emit_pytest}")
 

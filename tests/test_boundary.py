@@ -155,6 +155,14 @@ def test_a_long_string_is_shown_shortened_in_the_message(capsys, tmp_path):
     assert len(err) < 400
 
 
+def test_a_recorded_sentence_cannot_write_escape_sequences_to_the_terminal(capsys, tmp_path):
+    data = recorded(subject="uncached").to_dict()  # replays as fixed, printing the recorded sentence
+    data["diagnosis"]["sentence"] = "Stale\x1b[2J\x1b]0;owned\x07 cache"
+    assert cli.main(["replay", str(written(tmp_path, data))]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "Stale\\x1b[2J" in out
+
+
 # ---- no code from a file -------------------------------------------------------------------------
 
 
