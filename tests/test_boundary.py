@@ -6,6 +6,7 @@ touching the file."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import resource
@@ -122,6 +123,18 @@ def test_every_configuration_size_has_a_limit_applied_to_programmatic_configs_to
         too_big = (LIMITS[name] + 1,) if isinstance(value, list) else LIMITS[name] + 1
         with pytest.raises(ScenarioError, match=f"config.{name}: .*exceeds the limit"):
             EngineConfig(**{**EngineConfig().__dict__, name: too_big}).validate()
+
+
+def test_every_size_an_event_or_mutation_holds_has_a_limit():
+    # a new field gets its entry in LIMITS, and, if it multiplies the work of a forward, its
+    # share in what reference.scenario._check_work adds up
+    from reference import Event, Mutation
+
+    for kind in (Event, Mutation):
+        for field in dataclasses.fields(kind):
+            if field.name in ("op", "mode", "mutation") or isinstance(field.default, bool):
+                continue
+            assert field.name in LIMITS, f"{kind.__name__}.{field.name} has no limit"
 
 
 @pytest.mark.parametrize("text, message", [

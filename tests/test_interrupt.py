@@ -178,7 +178,7 @@ LINGERING_SUBJECT = '''
 
     from harness.builtin import PoolStartLayer as Stale
 
-    atexit.register(time.sleep, 3)  # the process lingers after its result is known
+    atexit.register(time.sleep, 2)  # the process lingers after its result is known
 '''
 
 
