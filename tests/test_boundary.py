@@ -215,14 +215,6 @@ def test_the_person_loads_user_code_with_subject_on_the_command_line(capsys, tmp
     assert tripwire.exists()
 
 
-def test_the_reproduce_command_of_a_user_subject_names_it(capsys, tmp_path, tripwire):
-    code = cli.main(["fuzz", "--subject", "tripwire_subject:Stale", "--settings", "ci", "--json",
-                     "--report-dir", str(tmp_path / "reports")])
-    printed = json.loads(capsys.readouterr().out)
-    assert code == 1
-    assert printed["replay_command"].endswith("--subject tripwire_subject:Stale")
-
-
 def test_a_user_subject_is_found_in_the_working_directory(tmp_path, monkeypatch):
     (tmp_path / "cwd_only_subject.py").write_text("from harness.builtin import Uncached as Mine\n")
     monkeypatch.chdir(tmp_path)

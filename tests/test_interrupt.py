@@ -151,7 +151,11 @@ def test_a_run_over_workers_stops_them_all_and_reports(tmp_path):
 
 def catches(pid: int, signum: int) -> bool:
     """Whether ``pid`` has a handler installed for ``signum`` (Linux)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False  # it ended
+    for line in status.splitlines():
         if line.startswith("SigCgt:"):
             return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     return False
@@ -218,13 +222,14 @@ def running(pid: int) -> bool:
 def test_workers_and_their_helpers_die_with_a_killed_parent(tmp_path):
     process = start_fuzz(tmp_path, "--subject", "uncached", "--settings", "nightly", "--budget", "600",
                          "--workers", "2")
-    # two workers and the resource tracker, fuzzing once every worker reported progress
-    progress = tmp_path / "reports" / "replays"
-    wait_for(lambda: progress.is_dir() and len(children_of(process.pid)) >= 3, process)
-    time.sleep(3.0)
+    # two workers and the resource tracker; a worker catches SIGINT once it fuzzes
+    wait_for(lambda: sum(catches(pid, signal.SIGINT) for pid in children_of(process.pid)) >= 2, process)
     helpers = children_of(process.pid)
+    assert len(helpers) >= 3
     process.kill()
-    process.communicate(timeout=30)
+    process.wait(timeout=30)  # its pipes stay open as long as a worker holds them
+    process.stdout.close()
+    process.stderr.close()
     deadline = time.monotonic() + 20
     while any(running(pid) for pid in helpers) and time.monotonic() < deadline:
         time.sleep(0.1)
