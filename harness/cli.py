@@ -70,21 +70,31 @@ class UsageError(Exception):
 # ---- parsing -------------------------------------------------------------------------------
 
 
-def _whole_number(minimum: int) -> Callable[[str], int]:
+MAX_OPTION_DIGITS = 19
+MAX_SEED = 2**63 - 1  # a replay file records it, and files hold 64-bit integers
+MAX_WORKERS = 256  # each is a process of a few hundred megabytes
+MAX_STREAM_DELAY = 10**10  # clock cycles: seconds of GPU sleep per metadata init
+
+
+def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
+        if len(text.strip().lstrip("+-")) > MAX_OPTION_DIGITS:
+            raise argparse.ArgumentTypeError(f"more than {MAX_OPTION_DIGITS} digits")
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
     return parse
 
 
 _positive_int = _whole_number(1)
-_seed = _whole_number(0)
+_seed = _whole_number(0, MAX_SEED)
 
 
 def _seconds(text: str) -> float:
@@ -131,7 +141,7 @@ def _add_device(parser: argparse.ArgumentParser, default: str | None = "cpu") ->
 
 
 def _add_stream_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stream-delay", type=_positive_int, default=0, metavar="CYCLES",
+    parser.add_argument("--stream-delay", type=_whole_number(1, MAX_STREAM_DELAY), default=0, metavar="CYCLES",
                         help="GPU only: queue a sleep of CYCLES clock cycles on the engine's side stream "
                              "before each metadata init, so a missing stream wait shows as a divergence")
     parser.add_argument("--sanitize-streams", action="store_true",
@@ -161,7 +171,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="random seed: the run repeats exactly, but keeps no example database "
                              "(default: unseeded, failures are kept in the database)")
     parser.add_argument(
-        "--workers", type=_positive_int, default=1, metavar="N",
+        "--workers", type=_whole_number(1, MAX_WORKERS), default=1, metavar="N",
         help="fuzz in N processes, each with the full time budget and 1/N of --max-examples; "
              "seeded, each draws its own seed stream from SEED, so none repeats another's "
              "examples; the first divergence stops the others",

@@ -36,6 +36,7 @@ from .reports import write_atomically
 
 FORMAT = "swafuzz-replay"
 SCHEMA_VERSION = 1
+MAX_NAME_LENGTH = 200  # subject, profile, settings, device, harness version
 
 
 class ReplayError(InputError):
@@ -88,8 +89,14 @@ class Replay:
             )
         for name, kinds in (("subject", str), ("profile", str), ("device", str), ("harness_version", str),
                             ("settings", (str, type(None))), ("seed", (int, type(None)))):
-            if not isinstance(data.get(name), kinds) or isinstance(data.get(name), bool):
-                raise ReplayError(f"field '{name}' is missing or has the wrong type: {show(data.get(name))}")
+            value = data.get(name)
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise ReplayError(f"field '{name}' is missing or has the wrong type: {show(value)}")
+            # these end up in file names, terminals and the comments of an emitted test file,
+            # where a line break would turn the rest of the text into code
+            if isinstance(value, str) and not (len(value) <= MAX_NAME_LENGTH and value.isprintable()):
+                raise ReplayError(f"field '{name}' must be printable text of at most {MAX_NAME_LENGTH} "
+                                  f"characters (the limit MAX_NAME_LENGTH), got {show(value)}")
         try:
             scenario = Scenario.from_dict(data.get("scenario"))
         except ScenarioError as exc:

@@ -163,6 +163,16 @@ def test_only_regular_files_are_read(capsys, tmp_path, kind):
     assert "regular file" in replay_refused(capsys, path)
 
 
+@pytest.mark.parametrize("field", ["harness_version", "profile", "settings", "subject", "device"])
+def test_a_line_break_in_a_name_cannot_smuggle_code_into_an_emitted_test(capsys, tmp_path, field):
+    # the emitted test records these in comments: a line break would end the comment
+    data = {**GOOD, field: "0.1.0\nimport os; os.system('echo owned')\n#"}
+    emitted = tmp_path / "test_regression.py"
+    err = replay_refused(capsys, written(tmp_path, data), "--emit-pytest", str(emitted))
+    assert f"field '{field}' must be printable text" in err and "MAX_NAME_LENGTH" in err
+    assert not emitted.exists()
+
+
 def test_a_long_string_is_shown_shortened_in_the_message(capsys, tmp_path):
     err = replay_refused(capsys, written(tmp_path, {**GOOD, "format": "x" * 100_000 + "\n"}))
     assert len(err) < 400
