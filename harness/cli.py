@@ -339,11 +339,20 @@ class InterruptWatch:
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
             for signum in self.SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
+        self._previous_unraisable_hook = sys.unraisablehook
+        sys.unraisablehook = self._on_unraisable
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = self._previous_unraisable_hook
+
+    def _on_unraisable(self, unraisable: Any) -> None:
+        # this watch's interrupt, landed in a finalizer that could not raise it: it is
+        # raised again between examples (check), so its traceback is noise
+        if not (issubclass(unraisable.exc_type, KeyboardInterrupt) and self.interrupted):
+            self._previous_unraisable_hook(unraisable)
 
     def disarm(self) -> None:
         self.raise_first = False

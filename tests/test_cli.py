@@ -531,3 +531,18 @@ def test_a_closed_stdout_ends_quietly_with_the_result_code(replay_file):
     err = process.stderr.read()
     assert process.wait(timeout=120) == 1, err  # the divergence is still there
     assert err == ""
+
+
+def test_an_interrupt_swallowed_by_a_finalizer_prints_no_traceback(monkeypatch):
+    printed = []  # what would print "Exception ignored in ..." and a traceback
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)  # the handler raises here, where it cannot escape
+
+    with cli.InterruptWatch() as watch:
+        Finalized()
+        with pytest.raises(KeyboardInterrupt):
+            watch.check()
+    assert printed == []
