@@ -14,28 +14,21 @@ import errno
 import json
 import os
 import re
-import reprlib
 import stat
 from pathlib import Path
 from typing import Any
+
+from reference.scenario import abbreviate
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # a real replay file is a few kilobytes
 MAX_JSON_DEPTH = 32  # a replay file nests six deep
 MAX_INT_DIGITS = 20  # every integer swafuzz reads fits in 64 bits
 
-_short = reprlib.Repr()
-_short.maxstring = _short.maxother = 60
+show = abbreviate  # a value for a one-line message
 
 
 class InputError(ValueError):
     """Input from outside that swafuzz refuses (exit code 2)."""
-
-
-def show(value: Any) -> str:
-    """A value for a one-line message: abbreviated, never a wall of digits or text."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an integer of {value.bit_length()} bits"
-    return _short.repr(value)
 
 
 def printable(text: str) -> str:

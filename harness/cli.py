@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _apply_sglang_options(args)
         return args.handler(args)
-    except (UsageError, SubjectError, InputError, ScenarioError) as exc:
+    except (UsageError, SubjectError, InputError) as exc:
         message = " ".join(str(exc).splitlines())
         print(f"swafuzz {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE

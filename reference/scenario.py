@@ -76,15 +76,19 @@ def _fail(where: str, message: str) -> ScenarioError:
     return ScenarioError(f"{where}: {message}")
 
 
-def _show(value: Any) -> str:
-    """A value for a one-line message: abbreviated, never a wall of digits."""
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def abbreviate(value: Any) -> str:
+    """A value for a one-line message: shortened, never a wall of digits or text."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"an integer of {value.bit_length()} bits"
-    return reprlib.repr(value)
+    return _SHORT.repr(value)
 
 
 def _over_limit(where: str, name: str, value: int, what: str = "") -> ScenarioError:
-    return _fail(where, f"{what or _show(value)} exceeds the limit {name} = {LIMITS[name]}")
+    return _fail(where, f"{what or abbreviate(value)} exceeds the limit {name} = {LIMITS[name]}")
 
 
 def _check_limit(where: str, name: str, value: int, what: str = "") -> None:
@@ -99,9 +103,9 @@ def _int(data: dict, key: str, where: str, default: Any = ..., minimum: int | No
     if value is None and default is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(f"{where}.{key}", f"expected an integer, got {_show(value)}")
+        raise _fail(f"{where}.{key}", f"expected an integer, got {abbreviate(value)}")
     if minimum is not None and value < minimum:
-        raise _fail(f"{where}.{key}", f"must be >= {minimum}, got {_show(value)}")
+        raise _fail(f"{where}.{key}", f"must be >= {minimum}, got {abbreviate(value)}")
     if key in LIMITS:
         _check_limit(f"{where}.{key}", key, value)
     return value
@@ -110,7 +114,7 @@ def _int(data: dict, key: str, where: str, default: Any = ..., minimum: int | No
 def _bool(data: dict, key: str, where: str, default: bool) -> bool:
     value = data.get(key, default)
     if not isinstance(value, bool):
-        raise _fail(f"{where}.{key}", f"expected true or false, got {_show(value)}")
+        raise _fail(f"{where}.{key}", f"expected true or false, got {abbreviate(value)}")
     return value
 
 
@@ -119,23 +123,23 @@ def _int_list(data: dict, key: str, where: str, default: Any, minimum: int = 0):
     if value is None:
         return None
     if not isinstance(value, (list, tuple)):
-        raise _fail(f"{where}.{key}", f"expected a list of integers, got {_show(value)}")
+        raise _fail(f"{where}.{key}", f"expected a list of integers, got {abbreviate(value)}")
     length_limit = "order_length" if key == "order" else "list_length"
     _check_limit(f"{where}.{key}", length_limit, len(value), f"{len(value)} entries")
     if any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-        raise _fail(f"{where}.{key}", f"expected a list of integers, got {_show(value)}")
+        raise _fail(f"{where}.{key}", f"expected a list of integers, got {abbreviate(value)}")
     if any(v < minimum for v in value):
-        raise _fail(f"{where}.{key}", f"entries must be >= {minimum}, got {_show(list(value))}")
+        raise _fail(f"{where}.{key}", f"entries must be >= {minimum}, got {abbreviate(list(value))}")
     largest = max(value, default=minimum)
     if key in LIMITS:
-        _check_limit(f"{where}.{key}", key, largest, f"entry {_show(largest)}")
+        _check_limit(f"{where}.{key}", key, largest, f"entry {abbreviate(largest)}")
     return tuple(value)
 
 
 def _reject_unknown(data: dict, known: set[str], where: str) -> None:
     unknown = sorted(map(str, set(data) - known))
     if unknown:
-        raise _fail(where, f"unknown field(s) {', '.join(map(_show, unknown[:5]))}")
+        raise _fail(where, f"unknown field(s) {', '.join(map(abbreviate, unknown[:5]))}")
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ class EngineConfig:
             if isinstance(value, tuple):
                 _check_limit(f"{w}.{f.name}", "list_length", len(value), f"{len(value)} entries")
                 if value:
-                    _check_limit(f"{w}.{f.name}", f.name, max(value), f"entry {_show(max(value))}")
+                    _check_limit(f"{w}.{f.name}", f.name, max(value), f"entry {abbreviate(max(value))}")
             else:
                 _check_limit(f"{w}.{f.name}", f.name, value)
         if self.start_layer < 0:
@@ -266,7 +270,7 @@ class Mutation:
         _reject_unknown(data, {"after_calls", "op", "request", "shuffle"}, where)
         op = data.get("op")
         if op not in MUTATIONS:
-            raise _fail(f"{where}.op", f"expected one of {MUTATIONS}, got {_show(op)}")
+            raise _fail(f"{where}.op", f"expected one of {MUTATIONS}, got {abbreviate(op)}")
         return cls(
             after_calls=_int(data, "after_calls", where, minimum=0),
             op=op,
@@ -328,7 +332,7 @@ class Event:
             raise _fail(where, f"expected an object, got {type(data).__name__}")
         op = data.get("op")
         if op not in cls.OPS:
-            raise _fail(f"{where}.op", f"expected one of {cls.OPS}, got {_show(op)}")
+            raise _fail(f"{where}.op", f"expected one of {cls.OPS}, got {abbreviate(op)}")
         _reject_unknown(data, cls._FIELDS[op] | {"op"}, where)
         if op != "forward":
             return cls(
@@ -339,7 +343,7 @@ class Event:
             )
         mode = data.get("mode", "decode")
         if mode not in MODES:
-            raise _fail(f"{where}.mode", f"expected one of {MODES}, got {_show(mode)}")
+            raise _fail(f"{where}.mode", f"expected one of {MODES}, got {abbreviate(mode)}")
         event = cls(
             op=op,
             mode=mode,
@@ -368,7 +372,7 @@ class Event:
         elif not self.requests:
             raise _fail(f"{where}.requests", f"a {self.mode} forward needs at least one request")
         if len(set(self.requests)) != len(self.requests):
-            raise _fail(f"{where}.requests", f"a request appears twice in {_show(list(self.requests))}")
+            raise _fail(f"{where}.requests", f"a request appears twice in {abbreviate(list(self.requests))}")
         if self.mode in ("extend", "draft_extend"):
             if len(self.tokens) != len(self.requests):
                 raise _fail(
@@ -433,7 +437,7 @@ class Scenario:
         _reject_unknown(data, {"version", "config", "events"}, "scenario")
         version = data.get("version", SCENARIO_VERSION)
         if isinstance(version, bool) or version != SCENARIO_VERSION:
-            raise _fail("scenario.version", f"this harness reads version {SCENARIO_VERSION}, got {_show(version)}")
+            raise _fail("scenario.version", f"this harness reads version {SCENARIO_VERSION}, got {abbreviate(version)}")
         config = EngineConfig.from_dict(data.get("config", {}))
         events = data.get("events", [])
         if not isinstance(events, list):
@@ -463,7 +467,7 @@ def _check_against_config(event: Event, config: EngineConfig, where: str) -> Non
             raise _fail(
                 f"{where}.order",
                 f"must name each of the {event.micro_batches} micro-batches exactly {stores} times "
-                f"(once per store), got {_show(list(event.order))}",
+                f"(once per store), got {abbreviate(list(event.order))}",
             )
 
 
