@@ -24,6 +24,7 @@ from harness.registry import resolve_subject
 from harness.replay import Replay, ReplayError, load_replay, write_replay
 from reference import LIMITS, EngineState, Scenario, ScenarioError, replay_events
 from strategies.examples import EXAMPLES
+from strategies.scenarios import ADVERSARIAL, scenarios
 
 STALE_EXAMPLE = "first-swa-layer-not-start"
 
@@ -287,7 +288,7 @@ def _leaves(value, path=()):
 def mutated_replays(draw) -> dict:
     """A valid replay file with a few places replaced, removed or given a near-limit size."""
     data = copy.deepcopy(GOOD)
-    data["scenario"] = draw(st.sampled_from(list(EXAMPLES.values()))).to_dict()
+    data["scenario"] = draw(st.sampled_from(list(EXAMPLES.values())) | scenarios(ADVERSARIAL)).to_dict()
     for _ in range(draw(st.integers(1, 3))):
         places = sorted(set(_leaves(data)) - {()}, key=repr)
         *parent_path, key = draw(st.sampled_from(places))
