@@ -89,22 +89,30 @@ class _LongInt:
         self.digits = digits
 
 
-def _bounded_int(text: str) -> int | _LongInt:
-    digits = len(text.lstrip("-"))
-    return _LongInt(digits) if digits > MAX_INT_DIGITS else int(text)
+class _Digits:
+    """The parser's integer hook for one document: notes whether any integer was too long."""
+
+    def __init__(self) -> None:
+        self.too_long = False
+
+    def __call__(self, text: str) -> int | _LongInt:
+        digits = len(text.lstrip("-"))
+        if digits > MAX_INT_DIGITS:
+            self.too_long = True
+            return _LongInt(digits)
+        return int(text)
 
 
-def _first_long_int(data: Any) -> tuple[str, _LongInt] | None:
-    """Where the first too-long integer sits, as a path like ``scenario.events[3].pad``."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, _LongInt):
-            return path or "the document", value
-        if isinstance(value, dict):
-            stack.extend((f"{path}.{key}" if path else str(key), item) for key, item in reversed(value.items()))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{index}]", item) for index, item in reversed(list(enumerate(value))))
+def _path_to_long_int(value: Any) -> list[str | int] | None:
+    """The keys and indices leading to the first too-long integer (nesting is bounded)."""
+    if isinstance(value, _LongInt):
+        return []
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(item, (dict, list, _LongInt)):
+            below = _path_to_long_int(item)
+            if below is not None:
+                return [key, *below]
     return None
 
 
@@ -121,17 +129,21 @@ def parse_json(data: bytes, name: str) -> Any:
     depth = _nesting_depth(text)
     if depth > MAX_JSON_DEPTH:
         raise InputError(f"{name}: JSON nested {depth} deep exceeds the limit MAX_JSON_DEPTH = {MAX_JSON_DEPTH}")
+    integers = _Digits()
     try:
-        data = json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+        data = json.loads(text, parse_int=integers, parse_constant=_no_constant)
     except InputError as exc:
         raise InputError(f"{name}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    long_int = _first_long_int(data)
-    if long_int is not None:
-        path, value = long_int
-        raise InputError(f"{name}: {show(path)[1:-1]}: an integer of {value.digits} digits exceeds the limit "
-                         f"MAX_INT_DIGITS = {MAX_INT_DIGITS}")
+    if integers.too_long:
+        keys = _path_to_long_int(data)
+        found: Any = data
+        for key in keys:
+            found = found[key]
+        where = "".join(f"[{key}]" if isinstance(key, int) else f".{key}" for key in keys).lstrip(".")
+        raise InputError(f"{name}: {printable(where[:120]) or 'the document'}: an integer of {found.digits} "
+                         f"digits exceeds the limit MAX_INT_DIGITS = {MAX_INT_DIGITS}")
     return data
 
 
