@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import resource
+import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -217,6 +218,23 @@ def test_a_replay_file_never_imports_the_module_it_names(capsys, tmp_path, tripw
 
         run_replay(load_replay(path))
     assert not tripwire.exists()
+
+
+def test_a_release_a_replay_file_names_is_fetched_as_a_wheel_never_built(monkeypatch, tmp_path):
+    # building a source distribution runs its setup code; `sglang:<target>@<version>` may
+    # come from a file
+    from harness.sglang import locate
+
+    commands = []
+
+    def refuse(command, **options):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1, "", "no matching distribution")
+
+    monkeypatch.setattr(locate.subprocess, "run", refuse)
+    with pytest.raises(locate.SglangUnavailable):
+        locate.fetch_wheel("0.0.1", tmp_path)
+    assert "--only-binary=:all:" in commands[0]
 
 
 def test_the_person_loads_user_code_with_subject_on_the_command_line(capsys, tmp_path, tripwire):
