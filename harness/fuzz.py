@@ -132,9 +132,9 @@ def fuzz(
     Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
     seconds have passed (checked between runs of :data:`CHUNK` examples). Seeded, each run
     draws from :func:`chunk_seed` of ``seed``, ``seed_stream`` (a worker's index) and its
-    number. With a budget and
-    no ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
-    is called when a divergence is first seen and again once it has been shrunk.
+    number. With a budget and no ``max_examples``, the settings profile's example count does
+    not apply. ``on_divergence`` is called when a divergence is first seen and again once it
+    has been shrunk.
 
     ``threads`` is the stress mode: micro-batches call the subject from real threads. Thread
     interleavings do not repeat, so nothing is shrunk or stored in the database; instead the
