@@ -64,7 +64,7 @@ LIMITS: dict[str, int] = {
     # every model, summed over the events; register_mapping also lays out every SWA page
     # again, which costs far more per page
     "pool_work": 2**26,
-    "remapped_pages": 2**21,
+    "remapped_pages": 2**18,
 }
 
 
