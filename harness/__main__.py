@@ -1,6 +1,6 @@
 """``python -m harness``: the same as the ``swafuzz`` command."""
 
-from .cli import entry
+from .entry import entry
 
 # the guard matters: worker processes started with "spawn" import this module again
 if __name__ == "__main__":

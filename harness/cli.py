@@ -7,12 +7,16 @@ Exit codes, for every subcommand:
 - 2: usage or input error: bad option, unknown subject, malformed replay file, no such device
 - 130 / 143: interrupted by SIGINT / SIGTERM before any divergence was found
 - 3: swafuzz itself failed (a bug in the harness, with its traceback)
+
+Once a divergence is recorded the code is 1, whatever signal follows; a closed stdout ends
+the command quietly with its own code (see :mod:`harness.entry`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import multiprocessing
 import os
@@ -36,14 +40,20 @@ from reference import ScenarioError
 
 from . import __version__
 from . import fuzz as fuzz_engine
-from .database import DatabaseError, open_database
+from .database import DatabaseError, is_redis_url, open_database
+from .boundary import InputError, describe_path, printable, writable_directory, writable_file
+from .entry import entry  # noqa: F401 - the console script of installs made before harness.entry
+from .entry import note_signal, run_starting, signal_before_run
 from .executor import SubjectError
 from .merge import ReportError, merge_reports
 from .fuzz import PROFILES, SETTINGS_PROFILES, FuzzResult, Progress
 from .progress import ProgressLine
 from .devices import enable_stream_sanitizer
 from .registry import SubjectInfo, all_subjects, resolve_subject
-from .replay import Replay, ReplayError, emit_pytest, load_replay, run_replay, same_divergence, write_replay
+from .replay import (
+    Replay, ReplayError, emit_pytest, load_replay, recorded_subject, run_replay, same_divergence,
+    write_replay,
+)
 from .reports import REPORT_FILES, Report, write_reports
 from .shard import WHOLE, SeedLane, Shard, seed_lane
 
@@ -63,21 +73,31 @@ class UsageError(Exception):
 # ---- parsing -------------------------------------------------------------------------------
 
 
-def _whole_number(minimum: int) -> Callable[[str], int]:
+MAX_OPTION_DIGITS = 19
+MAX_SEED = 2**63 - 1  # a replay file records it, and files hold 64-bit integers
+MAX_WORKERS = 256  # each is a process of a few hundred megabytes
+MAX_STREAM_DELAY = 10**10  # clock cycles: seconds of GPU sleep per metadata init
+
+
+def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
+        if len(text.strip().lstrip("+-")) > MAX_OPTION_DIGITS:
+            raise argparse.ArgumentTypeError(f"more than {MAX_OPTION_DIGITS} digits")
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
     return parse
 
 
 _positive_int = _whole_number(1)
-_seed = _whole_number(0)
+_seed = _whole_number(0, MAX_SEED)
 
 
 def _seconds(text: str) -> float:
@@ -131,7 +151,7 @@ def _add_device(parser: argparse.ArgumentParser, default: str | None = "cpu") ->
 
 
 def _add_stream_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stream-delay", type=_positive_int, default=0, metavar="CYCLES",
+    parser.add_argument("--stream-delay", type=_whole_number(1, MAX_STREAM_DELAY), default=0, metavar="CYCLES",
                         help="GPU only: queue a sleep of CYCLES clock cycles on the engine's side stream "
                              "before each metadata init, so a missing stream wait shows as a divergence")
     parser.add_argument("--sanitize-streams", action="store_true",
@@ -168,9 +188,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "interesting ones, for state that goes stale only after many steps "
                              "(slower examples: use with a budget; --settings nightly-long implies it)")
     parser.add_argument(
-        "--workers", type=_positive_int, default=1, metavar="N",
-        help="fuzz in N processes (with seeds SEED..SEED+N-1 when seeded), each with the full "
-             "time budget and 1/N of --max-examples; the first divergence stops the others",
+        "--workers", type=_whole_number(1, MAX_WORKERS), default=1, metavar="N",
+        help="fuzz in N processes, each with the full time budget and 1/N of --max-examples; "
+             "seeded, each draws its own seed stream from SEED, so none repeats another's "
+             "examples; the first divergence stops the others",
     )
 
 
@@ -261,22 +282,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def entry() -> None:
-    """The program's entry point (console script and ``python -m harness``).
-
-    After a run stopped by a signal, CPython may still end the process by SIGINT at exit
-    (an interrupt raised inside library code leaves it flagged as unhandled), which would
-    replace the documented 130/143 or 1; so such a run leaves through ``os._exit`` once its
-    output is flushed.
-    """
-    code = main()
-    if InterruptWatch.caught_any:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    raise SystemExit(code)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
@@ -289,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _apply_sglang_options(args)
         return args.handler(args)
-    except (UsageError, SubjectError, ReplayError) as exc:
-        print(f"swafuzz {args.command}: error: {exc}", file=sys.stderr)
+    except (UsageError, SubjectError, InputError) as exc:
+        message = " ".join(str(exc).splitlines())
+        print(f"swafuzz {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except Exception:  # noqa: BLE001 - a harness bug: say so, never pass it off as a divergence
         print(f"swafuzz {args.command}: internal error (a bug in swafuzz):\n{traceback.format_exc()}",
@@ -353,22 +359,31 @@ class InterruptWatch:
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
-    caught_any = False  # any watch of this process caught a signal
 
     def __init__(self, raise_first: bool = True):
         self.raise_first = raise_first
-        self.signum: int | None = None
+        self.signum: int | None = signal_before_run()
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "InterruptWatch":
+        run_starting()
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
             for signum in self.SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
+        self._previous_unraisable_hook = sys.unraisablehook
+        sys.unraisablehook = self._on_unraisable
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = self._previous_unraisable_hook
+
+    def _on_unraisable(self, unraisable: Any) -> None:
+        # this watch's interrupt, landed in a finalizer that could not raise it: it is
+        # raised again between examples (check), so its traceback is noise
+        if not (issubclass(unraisable.exc_type, KeyboardInterrupt) and self.interrupted):
+            self._previous_unraisable_hook(unraisable)
 
     def disarm(self) -> None:
         self.raise_first = False
@@ -391,7 +406,7 @@ class InterruptWatch:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         first = self.signum is None
-        InterruptWatch.caught_any = True
+        note_signal(signum)
         if first:
             self.signum = signum
         if first and self.raise_first:
@@ -467,6 +482,13 @@ def run_until_interrupted(start: Callable[[Callable[[Progress], None]], FuzzResu
         return start(progress)
     except KeyboardInterrupt:
         return partial(last[0].examples if last else 0, time.monotonic() - started)
+    except Exception:
+        # an interrupt landing inside library code can surface as another exception (a
+        # Hypothesis strategy interrupted mid-draw reports itself as flaky): the run was
+        # stopped, it did not fail
+        if watch.interrupted:
+            return partial(last[0].examples if last else 0, time.monotonic() - started)
+        raise
     finally:
         watch.disarm()
 
@@ -517,14 +539,41 @@ def merge_results(results: list[FuzzResult], winner: FuzzResult | None) -> FuzzR
 
 
 _worker_queue: Any = None
+PARENT_WATCH_S = 0.5
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _init_worker(queue: Any) -> None:
+def _init_worker(queue: Any, parent: int) -> None:
     global _worker_queue
     _worker_queue = queue
     # a Ctrl-C reaches every process of the terminal's group: a worker that dies between
-    # jobs breaks the whole pool, so it only listens while it fuzzes (see _worker)
+    # jobs breaks the whole pool, so it only listens while it fuzzes (see _worker); one
+    # that came while it started (blocked since, see WorkerPool.run) is dropped here
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _die_with(parent)
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when ``parent`` ends, however it ends (SIGKILL included).
+
+    Linux delivers SIGKILL on the parent's death once asked with prctl; elsewhere, and
+    should the parent have died before the request, a thread polls for the parent.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl here: the thread below suffices
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_WATCH_S)
+        os._exit(EXIT_INTERNAL)
+
+    if os.getppid() != parent:
+        os._exit(EXIT_INTERNAL)
+    threading.Thread(target=watch, name="swafuzz-parent-watch", daemon=True).start()
 
 
 def _worker(index: int, job: FuzzJob) -> tuple[FuzzResult, str | None]:
@@ -564,8 +613,14 @@ class WorkerPool:
         queue = context.Queue()
         outcomes: dict[int, FuzzResult] = {}
         with ProcessPoolExecutor(len(self.jobs), mp_context=context, initializer=_init_worker,
-                                 initargs=(queue,)) as pool:
-            futures = {pool.submit(_worker, i, job): i for i, job in enumerate(self.jobs)}
+                                 initargs=(queue, os.getpid())) as pool:
+            # workers inherit a blocked SIGINT, so that a Ctrl-C to the whole process group
+            # while they import cannot end one with a traceback (_init_worker unblocks it)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                futures = {pool.submit(_worker, i, job): i for i, job in enumerate(self.jobs)}
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             pending = set(futures)
             stop_deadline = float("inf")
             while pending and time.monotonic() < stop_deadline:
@@ -691,6 +746,9 @@ class Campaign:
             if used and not device.startswith("cuda"):
                 raise UsageError(f"{flag} works on GPU streams: it needs --device cuda")
         report_dir = _prepare_report_dir(args.report_dir)
+        report_dir = _prepare_report_dir(args.report_dir)
+        if args.database is not None and not is_redis_url(args.database):
+            writable_directory(Path(args.database), "--database")
         database = args.database or str(report_dir / ".hypothesis-db")
         try:
             open_database(database, report_dir / ".hypothesis-db")
@@ -851,15 +909,20 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     recorded = load_replay(args.file)
+    if args.emit_pytest is not None:
+        writable_file(args.emit_pytest, "--emit-pytest", not_the_same_as=args.file)
     subject = args.subject or recorded.subject
-    info = resolve_subject(subject)
+    try:
+        info = resolve_subject(args.subject) if args.subject else recorded_subject(recorded)
+    except ReplayError as exc:
+        raise ReplayError(f"{describe_path(args.file)}: {exc}") from None
     device = check_device(args.device or recorded.device)
     started = time.monotonic()
     try:
         with _stdout_to_stderr(args.json):
-            run = run_replay(recorded, subject=subject, device=device)
+            run = run_replay(recorded, subject=args.subject, device=device)
     except ScenarioError as exc:
-        raise ReplayError(f"{args.file}: the recorded scenario cannot run: {exc}") from None
+        raise ReplayError(f"{describe_path(args.file)}: the recorded scenario cannot run: {exc}") from None
     elapsed = time.monotonic() - started
     if args.emit_pytest is not None:
         emit_pytest(replace(recorded, subject=subject, device=device), args.emit_pytest, source=str(args.file))
@@ -884,14 +947,14 @@ def _print_replay(args: argparse.Namespace, subject: str, recorded: Replay, foun
                   checks: int) -> None:
     if found is None:
         print(f"swafuzz replay: fixed: {subject} matches the reference on {args.file} ({checks} stores checked)")
-        print(f"  recorded: {recorded.divergence.sentence}")
+        print(f"  recorded: {printable(recorded.divergence.sentence)}")
     elif reproduced:
         print(f"swafuzz replay: divergence still there in {subject}")
         print(f"  {found.sentence}")
     else:
         print(f"swafuzz replay: {subject} still diverges on {args.file}, but differently")
         print(f"  now:      {found.sentence}")
-        print(f"  recorded: {recorded.divergence.sentence}")
+        print(f"  recorded: {printable(recorded.divergence.sentence)}")
     if args.emit_pytest is not None:
         print(f"  regression test written to {args.emit_pytest}")
 

@@ -8,6 +8,8 @@ tests check them by *running* scenarios, never by reading them back.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass, field
 
 from strategies.features import (
@@ -25,6 +27,7 @@ from strategies.features import (
 
 from . import builtin
 from .api import Subject
+from .boundary import show
 from .executor import SubjectError, check_subject
 
 DIVERGES = "diverges"
@@ -112,9 +115,15 @@ def all_subjects() -> list[SubjectInfo]:
     return [*BUILTIN_SUBJECTS, *sglang.discover()]
 
 
-def resolve_subject(spec: str) -> SubjectInfo:
+def resolve_subject(spec: str, allow_import: bool = True) -> SubjectInfo:
     """A built-in name, ``sglang:<target>[@<version>]`` (real SGLang code), or
-    ``module:attr`` naming a Subject class or a SubjectInfo."""
+    ``module:attr`` naming a Subject class or a SubjectInfo.
+
+    A module is looked for in the current directory first, as ``python -m`` would, so that
+    ``--subject my_subject:Class`` finds ``my_subject.py`` where the command runs. With
+    ``allow_import`` false (a spec read from a file) only built-in names and ``sglang:``
+    targets resolve.
+    """
     if spec in _BY_NAME:
         return _BY_NAME[spec]
     if spec.startswith("sglang:"):  # before module:attr, since "sglang" is a module too
@@ -123,10 +132,16 @@ def resolve_subject(spec: str) -> SubjectInfo:
         return sglang.resolve(spec)
     if ":" not in spec:
         raise SubjectError(
-            f"unknown subject {spec!r}; built-in subjects are {', '.join(subject_names())}, "
+            f"unknown subject {show(spec)}; built-in subjects are {', '.join(subject_names())}, "
             "or give module:attr"
         )
+    if not allow_import:
+        raise SubjectError(
+            f"{show(spec)} names code to import, which swafuzz never does because a file says so; "
+            f"to run it, pass --subject {show(spec)} on the command line"
+        )
     module_name, _, attr = spec.partition(":")
+    _look_in_the_working_directory()
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - report any import failure as a usage error
@@ -139,3 +154,10 @@ def resolve_subject(spec: str) -> SubjectInfo:
         return target
     check_subject(target)
     return SubjectInfo(spec, target, expected="unknown", kind="user")
+
+
+def _look_in_the_working_directory() -> None:
+    # the console script's sys.path starts at its own folder, not where it was started
+    here = os.getcwd()
+    if not any(entry in ("", here) or os.path.abspath(entry) == here for entry in sys.path):
+        sys.path.insert(0, here)

@@ -6,8 +6,10 @@ A replay file is JSON::
      "subject": "pool-start-layer", "profile": "realistic", "settings": "dev", "seed": 7,
      "device": "cpu", "scenario": {...}, "diagnosis": {...}}
 
-``subject`` is the spec as given on the command line (a built-in name or ``module:attr``), so
-the same spec resolves the subject again when the file is replayed or turned into a test.
+``subject`` is the spec as given on the command line (a built-in name, ``sglang:<target>`` or
+``module:attr``). Replaying resolves a built-in name or an ``sglang:`` target from the file;
+a ``module:attr`` is never imported because a file says so: the person replaying passes
+``--subject module:attr`` to load that code.
 Replaying runs the recorded scenario once through the executor; the engine model is
 deterministic, so the same subject gives the same answer every time.
 """
@@ -26,17 +28,20 @@ from typing import Any
 from reference import Scenario, ScenarioError
 
 from . import __version__
+from .boundary import InputError, describe_path, parse_json, read_regular_file, show
 from .diagnosis import Divergence
-from .executor import DEFAULT_TIMEOUT_S, RunResult, run_scenario
-from .registry import resolve_subject
+from .executor import DEFAULT_TIMEOUT_S, RunResult, SubjectError, run_scenario
+from .registry import SubjectInfo, resolve_subject
 from .reports import write_atomically
 
 FORMAT = "swafuzz-replay"
 SCHEMA_VERSION = 1
+MAX_NAME_LENGTH = 200  # subject, profile, settings, device, harness version
 
 
-class ReplayError(ValueError):
-    """A replay file that cannot be read: missing, not JSON, another format or version."""
+class ReplayError(InputError):
+    """A replay file that cannot be read: missing, not JSON, another format or version,
+    beyond a limit, or naming code to import."""
 
 
 @dataclass(frozen=True)
@@ -70,28 +75,36 @@ class Replay:
             raise ReplayError(f"expected a JSON object, got {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise ReplayError(
-                f"not a swafuzz replay file: its 'format' is {data.get('format')!r}, expected {FORMAT!r}"
+                f"not a swafuzz replay file: its 'format' is {show(data.get('format'))}, expected {FORMAT!r}"
             )
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
-            written_by = data.get("harness_version", "an unknown version")
+            written_by = data.get("harness_version")
+            if not (isinstance(written_by, str) and len(written_by) <= 40 and written_by.isprintable()):
+                written_by = "an unknown version"
             raise ReplayError(
-                f"replay schema version {version!r} (written by swafuzz {written_by}) is not supported: "
+                f"replay schema version {show(version)} (written by swafuzz {written_by}) is not supported: "
                 f"swafuzz {__version__} reads schema version {SCHEMA_VERSION}; replay it with the "
                 "swafuzz that wrote it, or fuzz again to record a new file"
             )
         for name, kinds in (("subject", str), ("profile", str), ("device", str), ("harness_version", str),
                             ("settings", (str, type(None))), ("seed", (int, type(None)))):
-            if not isinstance(data.get(name), kinds) or isinstance(data.get(name), bool):
-                raise ReplayError(f"field '{name}' is missing or has the wrong type: {data.get(name)!r}")
+            value = data.get(name)
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise ReplayError(f"field '{name}' is missing or has the wrong type: {show(value)}")
+            # these end up in file names, terminals and the comments of an emitted test file,
+            # where a line break would turn the rest of the text into code
+            if isinstance(value, str) and not (len(value) <= MAX_NAME_LENGTH and value.isprintable()):
+                raise ReplayError(f"field '{name}' must be printable text of at most {MAX_NAME_LENGTH} "
+                                  f"characters (the limit MAX_NAME_LENGTH), got {show(value)}")
         try:
             scenario = Scenario.from_dict(data.get("scenario"))
         except ScenarioError as exc:
             raise ReplayError(f"field 'scenario' is invalid: {exc}") from None
         return cls(
             subject=data["subject"], profile=data["profile"], scenario=scenario,
-            divergence=divergence_from(data.get("diagnosis")), seed=data["seed"],
-            settings=data["settings"], device=data["device"], harness_version=data["harness_version"],
+            divergence=divergence_from(data.get("diagnosis")), seed=data.get("seed"),
+            settings=data.get("settings"), device=data["device"], harness_version=data["harness_version"],
         )
 
 
@@ -101,10 +114,10 @@ def divergence_from(data: Any) -> Divergence:
     known = {f.name for f in fields(Divergence)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ReplayError(f"field 'diagnosis' has unknown key(s) {', '.join(map(repr, unknown))}")
+        raise ReplayError(f"field 'diagnosis' has unknown key(s) {', '.join(map(show, unknown[:5]))}")
     for name in ("kind", "sentence"):
         if not isinstance(data.get(name), str):
-            raise ReplayError(f"field 'diagnosis.{name}' must be a string, got {data.get(name)!r}")
+            raise ReplayError(f"field 'diagnosis.{name}' must be a string, got {show(data.get(name))}")
     try:
         return Divergence.from_dict(data)
     except TypeError as exc:
@@ -113,21 +126,15 @@ def divergence_from(data: Any) -> Divergence:
 
 def load_replay(path: str | os.PathLike) -> Replay:
     """Read and check a replay file; every problem is a :class:`ReplayError` naming the file."""
-    path = Path(path)
+    name = describe_path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ReplayError(f"{path}: no such replay file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReplayError(f"{path}: cannot read it: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ReplayError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        data = parse_json(read_regular_file(path, "replay file"), name)
+    except InputError as exc:
+        raise ReplayError(str(exc)) from None
     try:
         return Replay.from_dict(data)
     except ReplayError as exc:
-        raise ReplayError(f"{path}: {exc}") from None
+        raise ReplayError(f"{name}: {exc}") from None
 
 
 def replay_file_name(replay: Replay, run: str | None = None) -> str:
@@ -145,9 +152,21 @@ def write_replay(replay: Replay, directory: str | os.PathLike, run: str | None =
 
 def run_replay(replay: Replay, *, subject: str | None = None, device: str | None = None,
                timeout_s: float = DEFAULT_TIMEOUT_S) -> RunResult:
-    """Run the recorded scenario once against ``subject`` (default: the recorded one)."""
-    info = resolve_subject(subject or replay.subject)
+    """Run the recorded scenario once against ``subject`` (default: the recorded one).
+
+    The recorded subject is resolved only as a built-in or an ``sglang:`` target: a file
+    never makes swafuzz import code; ``subject`` (given by the person) may name user code.
+    """
+    info = resolve_subject(subject) if subject else recorded_subject(replay)
     return run_scenario(info.subject, replay.scenario, device=device or replay.device, timeout_s=timeout_s)
+
+
+def recorded_subject(replay: Replay) -> SubjectInfo:
+    """The subject a replay file names, refused when naming it would import code."""
+    try:
+        return resolve_subject(replay.subject, allow_import=False)
+    except SubjectError as exc:
+        raise ReplayError(f"field 'subject': {exc}") from None
 
 
 def same_divergence(a: Divergence, b: Divergence) -> bool:

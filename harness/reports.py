@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import shlex
 import re
 import socket
 import tempfile
@@ -106,7 +107,12 @@ class Report:
 
     @property
     def replay_command(self) -> str | None:
-        return f"swafuzz replay {self.replay_file}" if self.replay_file else None
+        if not self.replay_file:
+            return None
+        # a replay file never loads user code by itself: the command names it
+        user_code = ":" in self.subject and not self.subject.startswith("sglang:")
+        chosen = f" --subject {shlex.quote(self.subject)}" if user_code else ""
+        return f"swafuzz replay {shlex.quote(self.replay_file)}{chosen}"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

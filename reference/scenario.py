@@ -9,6 +9,7 @@ runs the events, with the event's index in the message.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -18,7 +19,54 @@ SCENARIO_VERSION = 1
 
 MODES = ("decode", "extend", "verify", "draft", "draft_extend", "idle")
 MUTATIONS = ("relocate", "register_mapping")
-MAX_GRAPH_WARMUPS = 8
+
+
+# The largest value swafuzz accepts for each size in a scenario, checked before the engine
+# model allocates or loops over anything, so that a scenario from anywhere runs in bounded
+# time and memory. Each is far above what the strategies draw and what a real engine stage
+# holds. A field of a configuration or an event is limited under its own name (a list field:
+# its entries); the rest bound what a scenario adds up to.
+LIMITS: dict[str, int] = {
+    # configuration
+    "start_layer": 1023,
+    "end_layer": 1024,
+    "sliding_window": 65536,
+    "num_draft_tokens": 64,
+    "num_req_slots": 4096,
+    "full_page_size": 4096,
+    "swa_page_size": 4096,
+    "full_pool_size": 2**20,
+    "swa_pool_size": 2**20,
+    "graph_warmups": 8,
+    "graph_batch_sizes": 4096,
+    "non_swa_layers": 1023,
+    # events
+    "count": 4096,
+    "request": 2**31 - 1,
+    "requests": 2**31 - 1,
+    "shuffle": 2**63 - 1,
+    "tokens": 65536,
+    "steps": 64,
+    "micro_batches": 64,
+    "pad": 4096,
+    "order": 63,
+    "layers": 1023,
+    "skip_layers": 1023,
+    "after_calls": 2**31 - 1,
+    # what a scenario adds up to
+    "list_length": 4096,  # entries of any list but an interleaving order
+    "order_length": 2**18,  # micro-batches x stores of one step
+    "events": 16384,
+    "ring_rows": 2**20,  # num_req_slots x ring
+    "forward_rows": 65536,  # rows one step of a forward writes, padding included
+    "stores": 65536,  # store calls of the whole scenario
+    "checked_rows": 2**22,  # rows of all store calls together
+    # every event brings the subject's copy of the mappings in line: slots of both pools of
+    # every model, summed over the events; register_mapping also lays out every SWA page
+    # again, which costs far more per page
+    "pool_work": 2**26,
+    "remapped_pages": 2**18,
+}
 
 
 class ScenarioError(ValueError):
@@ -29,6 +77,26 @@ def _fail(where: str, message: str) -> ScenarioError:
     return ScenarioError(f"{where}: {message}")
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def abbreviate(value: Any) -> str:
+    """A value for a one-line message: shortened, never a wall of digits or text."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return _SHORT.repr(value)
+
+
+def _over_limit(where: str, name: str, value: int, what: str = "") -> ScenarioError:
+    return _fail(where, f"{what or abbreviate(value)} exceeds the limit {name} = {LIMITS[name]}")
+
+
+def _check_limit(where: str, name: str, value: int, what: str = "") -> None:
+    if value > LIMITS[name]:
+        raise _over_limit(where, name, value, what)
+
+
 def _int(data: dict, key: str, where: str, default: Any = ..., minimum: int | None = None):
     value = data.get(key, default)
     if value is ...:
@@ -36,16 +104,18 @@ def _int(data: dict, key: str, where: str, default: Any = ..., minimum: int | No
     if value is None and default is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(f"{where}.{key}", f"expected an integer, got {value!r}")
+        raise _fail(f"{where}.{key}", f"expected an integer, got {abbreviate(value)}")
     if minimum is not None and value < minimum:
-        raise _fail(f"{where}.{key}", f"must be >= {minimum}, got {value}")
+        raise _fail(f"{where}.{key}", f"must be >= {minimum}, got {abbreviate(value)}")
+    if key in LIMITS:
+        _check_limit(f"{where}.{key}", key, value)
     return value
 
 
 def _bool(data: dict, key: str, where: str, default: bool) -> bool:
     value = data.get(key, default)
     if not isinstance(value, bool):
-        raise _fail(f"{where}.{key}", f"expected true or false, got {value!r}")
+        raise _fail(f"{where}.{key}", f"expected true or false, got {abbreviate(value)}")
     return value
 
 
@@ -53,19 +123,24 @@ def _int_list(data: dict, key: str, where: str, default: Any, minimum: int = 0):
     value = data.get(key, default)
     if value is None:
         return None
-    if not isinstance(value, (list, tuple)) or any(
-        isinstance(v, bool) or not isinstance(v, int) for v in value
-    ):
-        raise _fail(f"{where}.{key}", f"expected a list of integers, got {value!r}")
+    if not isinstance(value, (list, tuple)):
+        raise _fail(f"{where}.{key}", f"expected a list of integers, got {abbreviate(value)}")
+    length_limit = "order_length" if key == "order" else "list_length"
+    _check_limit(f"{where}.{key}", length_limit, len(value), f"{len(value)} entries")
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise _fail(f"{where}.{key}", f"expected a list of integers, got {abbreviate(value)}")
     if any(v < minimum for v in value):
-        raise _fail(f"{where}.{key}", f"entries must be >= {minimum}, got {list(value)}")
+        raise _fail(f"{where}.{key}", f"entries must be >= {minimum}, got {abbreviate(list(value))}")
+    largest = max(value, default=minimum)
+    if key in LIMITS:
+        _check_limit(f"{where}.{key}", key, largest, f"entry {abbreviate(largest)}")
     return tuple(value)
 
 
 def _reject_unknown(data: dict, known: set[str], where: str) -> None:
-    unknown = sorted(set(data) - known)
+    unknown = sorted(map(str, set(data) - known))
     if unknown:
-        raise _fail(where, f"unknown field(s) {', '.join(map(repr, unknown))}")
+        raise _fail(where, f"unknown field(s) {', '.join(map(abbreviate, unknown[:5]))}")
 
 
 @dataclass(frozen=True)
@@ -111,6 +186,16 @@ class EngineConfig:
 
     def validate(self) -> "EngineConfig":
         w = "config"
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in LIMITS:
+                continue  # a flag (tests/test_boundary.py requires a limit of every size)
+            if isinstance(value, tuple):
+                _check_limit(f"{w}.{f.name}", "list_length", len(value), f"{len(value)} entries")
+                if value:
+                    _check_limit(f"{w}.{f.name}", f.name, max(value), f"entry {abbreviate(max(value))}")
+            else:
+                _check_limit(f"{w}.{f.name}", f.name, value)
         if self.start_layer < 0:
             raise _fail(f"{w}.start_layer", f"must be >= 0, got {self.start_layer}")
         if self.start_layer >= self.end_layer:
@@ -142,15 +227,12 @@ class EngineConfig:
                     f"{w}.{name}",
                     f"must be a multiple of the page size {page} holding at least two pages, got {size}",
                 )
-        if self.num_req_slots * self.ring - 1 > 2**31 - 1:
-            raise _fail(f"{w}.num_req_slots", "num_req_slots x ring overflows int32 ring rows")
+        ring_rows = self.num_req_slots * self.ring
+        _check_limit(f"{w}.num_req_slots", "ring_rows", ring_rows, f"num_req_slots x ring = {ring_rows} ring rows")
         if any(size < 1 for size in self.graph_batch_sizes):
             raise _fail(f"{w}.graph_batch_sizes", "sizes must be >= 1")
-        if not 0 <= self.graph_warmups <= MAX_GRAPH_WARMUPS:
-            raise _fail(
-                f"{w}.graph_warmups",
-                f"must be between 0 and {MAX_GRAPH_WARMUPS} (released runners run 2), got {self.graph_warmups}",
-            )
+        if self.graph_warmups < 0:
+            raise _fail(f"{w}.graph_warmups", f"must be >= 0 (released runners run 2), got {self.graph_warmups}")
         return self
 
     @classmethod
@@ -194,7 +276,7 @@ class Mutation:
         _reject_unknown(data, {"after_calls", "op", "request", "shuffle"}, where)
         op = data.get("op")
         if op not in MUTATIONS:
-            raise _fail(f"{where}.op", f"expected one of {MUTATIONS}, got {op!r}")
+            raise _fail(f"{where}.op", f"expected one of {MUTATIONS}, got {abbreviate(op)}")
         return cls(
             after_calls=_int(data, "after_calls", where, minimum=0),
             op=op,
@@ -258,7 +340,7 @@ class Event:
             raise _fail(where, f"expected an object, got {type(data).__name__}")
         op = data.get("op")
         if op not in cls.OPS:
-            raise _fail(f"{where}.op", f"expected one of {cls.OPS}, got {op!r}")
+            raise _fail(f"{where}.op", f"expected one of {cls.OPS}, got {abbreviate(op)}")
         _reject_unknown(data, cls._FIELDS[op] | {"op"}, where)
         if op != "forward":
             return cls(
@@ -269,7 +351,7 @@ class Event:
             )
         mode = data.get("mode", "decode")
         if mode not in MODES:
-            raise _fail(f"{where}.mode", f"expected one of {MODES}, got {mode!r}")
+            raise _fail(f"{where}.mode", f"expected one of {MODES}, got {abbreviate(mode)}")
         event = cls(
             op=op,
             mode=mode,
@@ -298,7 +380,7 @@ class Event:
         elif not self.requests:
             raise _fail(f"{where}.requests", f"a {self.mode} forward needs at least one request")
         if len(set(self.requests)) != len(self.requests):
-            raise _fail(f"{where}.requests", f"a request appears twice in {list(self.requests)}")
+            raise _fail(f"{where}.requests", f"a request appears twice in {abbreviate(list(self.requests))}")
         if self.mode in ("extend", "draft_extend"):
             if len(self.tokens) != len(self.requests):
                 raise _fail(
@@ -350,10 +432,11 @@ class Scenario:
     events: tuple[Event, ...] = ()
 
     def __post_init__(self) -> None:
+        _check_limit("scenario.events", "events", len(self.events), f"{len(self.events)} events")
         for index, event in enumerate(self.events):
             if event.op == "forward":
                 _check_against_config(event, self.config, f"events[{index}]")
-
+        _check_work(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> "Scenario":
@@ -362,11 +445,12 @@ class Scenario:
         _reject_unknown(data, {"version", "config", "events"}, "scenario")
         version = data.get("version", SCENARIO_VERSION)
         if isinstance(version, bool) or version != SCENARIO_VERSION:
-            raise _fail("scenario.version", f"this harness reads version {SCENARIO_VERSION}, got {version!r}")
+            raise _fail("scenario.version", f"this harness reads version {SCENARIO_VERSION}, got {abbreviate(version)}")
         config = EngineConfig.from_dict(data.get("config", {}))
         events = data.get("events", [])
         if not isinstance(events, list):
             raise _fail("scenario.events", f"expected a list, got {type(events).__name__}")
+        _check_limit("scenario.events", "events", len(events), f"{len(events)} events")
         parsed = tuple(Event.from_dict(e, f"events[{i}]") for i, e in enumerate(events))
         return cls(config=config, events=parsed)
 
@@ -391,8 +475,42 @@ def _check_against_config(event: Event, config: EngineConfig, where: str) -> Non
             raise _fail(
                 f"{where}.order",
                 f"must name each of the {event.micro_batches} micro-batches exactly {stores} times "
-                f"(once per store), got {list(event.order)}",
+                f"(once per store), got {abbreviate(list(event.order))}",
             )
+
+
+def _check_work(scenario: "Scenario") -> None:
+    """Bounds what running the scenario costs, from the events alone (see LIMITS)."""
+    config = scenario.config
+    pool_slots = (config.full_pool_size + config.swa_pool_size) * len(config.models)
+    swa_pages = config.swa_pool_size // config.swa_page_size * len(config.models)
+    stores = checked = pool_work = remapped = 0
+    for index, event in enumerate(scenario.events):
+        where = f"events[{index}]"
+        pool_work += pool_slots
+        _check_limit(where, "pool_work", pool_work, f"{pool_work} pool slots walked by events[0..{index}]")
+        if event.op == "register_mapping":
+            remapped += swa_pages
+            _check_limit(where, "remapped_pages", remapped, f"{remapped} SWA pages laid out by events[0..{index}]")
+        if event.op != "forward":
+            continue
+        rows = _step_rows(event, config)
+        _check_limit(where, "forward_rows", rows, f"up to {rows} rows per step")
+        calls = len(store_schedule(event, config))
+        steps = event.steps + (1 if event.graph else 0)  # a graph is captured before it replays
+        stores += calls * event.micro_batches * steps
+        checked += calls * rows * steps
+        _check_limit(where, "stores", stores, f"{stores} store calls by events[0..{index}]")
+        _check_limit(where, "checked_rows", checked, f"up to {checked} rows checked by events[0..{index}]")
+
+
+def _step_rows(event: Event, config: EngineConfig) -> int:
+    """An upper bound on the rows one step of a forward writes, padding included."""
+    if event.graph:
+        return max(config.graph_batch_sizes, default=0) + event.pad
+    per_request = {"verify": config.num_draft_tokens}.get(event.mode, 1)
+    tokens = sum(event.tokens) if event.tokens else per_request * len(event.requests)
+    return tokens + event.pad
 
 
 def store_schedule(event: Event, config: EngineConfig) -> list[int]:

@@ -89,6 +89,9 @@ def engine(monkeypatch):
     (["fuzz", "--subject", "uncached", "--max-examples", "0"], "must be at least 1"),
     (["fuzz", "--subject", "uncached", "--workers", "0"], "must be at least 1"),
     (["fuzz", "--subject", "uncached", "--seed", "-3"], "must be at least 0"),
+    (["fuzz", "--subject", "uncached", "--seed", str(2**63)], f"must be at most {2**63 - 1}"),
+    (["fuzz", "--subject", "uncached", "--seed", "9" * 5000], "more than 19 digits"),
+    (["fuzz", "--subject", "uncached", "--workers", "100000"], "must be at most 256"),
     (["fuzz", "--subject", "uncached", "--profile", "gentle"], "invalid choice: 'gentle'"),
     (["fuzz", "--subject", "uncached", "--device", "tpu"], "--device 'tpu'"),
     (["fuzz", "--subject", "uncached", "--device", "mps"], "swafuzz runs on cpu or cuda"),
@@ -362,7 +365,7 @@ def test_replay_says_when_the_divergence_changed(capsys, replay_file):
     (lambda d: {**d, "schema_version": 7}, "schema version 7"),
     (lambda d: {**d, "format": "other"}, "not a swafuzz replay file"),
     (lambda d: {**d, "scenario": {"events": [{"op": "explode"}]}}, "field 'scenario' is invalid"),
-    (lambda d: {**d, "subject": "gone_module_xyz:Cls"}, "cannot import module"),
+    (lambda d: {**d, "subject": "gone_module_xyz:Cls"}, "names code to import"),
     (lambda d: {**d, "scenario": {"events": [{"op": "finish", "request": 4}]}}, "cannot run"),
 ])
 def test_bad_replay_files_exit_2_and_overwrite_nothing(capsys, replay_file, tmp_path, damage, message):
@@ -527,3 +530,53 @@ def test_a_clean_exhaustive_run_states_equivalence_within_its_bounds(capsys, tmp
     assert code == 0
     assert re.search(r"equivalent to the reference on all \d+ scenarios within the bounds: "
                      r"forwards <= 1, layers <= 1, micro-batches <= 2", out)
+
+
+def test_an_interrupt_that_surfaces_as_another_exception_ends_the_run_as_interrupted():
+    from hypothesis.errors import FlakyStrategyDefinition
+
+    def start(progress):
+        os.kill(os.getpid(), signal.SIGINT)  # lands mid-draw: Hypothesis calls the draw flaky
+        raise FlakyStrategyDefinition("Inconsistent data generation!")
+
+    with cli.InterruptWatch(raise_first=False) as watch:
+        result = cli.run_until_interrupted(start, lambda examples, elapsed: ("partial", examples),
+                                           lambda progress: None, watch)
+    assert result == ("partial", 0)
+
+
+def test_the_same_exception_without_an_interrupt_is_a_harness_failure():
+    from hypothesis.errors import FlakyStrategyDefinition
+
+    def start(progress):
+        raise FlakyStrategyDefinition("Inconsistent data generation!")
+
+    with cli.InterruptWatch(raise_first=False) as watch, pytest.raises(FlakyStrategyDefinition):
+        cli.run_until_interrupted(start, lambda examples, elapsed: None, lambda progress: None, watch)
+
+
+def test_a_closed_stdout_ends_quietly_with_the_result_code(replay_file):
+    harness_root = Path(harness.__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(harness_root), os.environ.get("PYTHONPATH")]))}
+    # as `swafuzz replay FILE | head -0` does: the reader is gone before anything is printed
+    process = subprocess.Popen([sys.executable, "-m", "harness", "replay", str(replay_file)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == 1, err  # the divergence is still there
+    assert err == ""
+
+
+def test_an_interrupt_swallowed_by_a_finalizer_prints_no_traceback(monkeypatch):
+    printed = []  # what would print "Exception ignored in ..." and a traceback
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)  # the handler raises here, where it cannot escape
+
+    with cli.InterruptWatch() as watch:
+        Finalized()
+        with pytest.raises(KeyboardInterrupt):
+            watch.check()
+    assert printed == []

@@ -7,16 +7,19 @@ Nothing here reads a subject's declared verdict to decide an outcome: the declar
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import pytest
 import torch
 
 from harness import Subject, Truth, run_scenario
+from harness import fuzz as fuzz_engine
 from harness.builtin import Uncached
 from harness.executor import NotCheckable
 from harness.fuzz import exhaustive, fuzz, pin_schedules
 from harness.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT, SubjectInfo, resolve_subject
+from harness.shard import WHOLE, seed_lane
 from reference import Scenario
 from strategies.examples import EXAMPLES
 from strategies.exhaustive import enumerate_scenarios
@@ -280,3 +283,25 @@ def test_nightly_long_settings_find_a_counter_that_wraps_and_shrink_the_run_to_t
     # the wrap needs 256 forward ids; a few more at most, never the hundreds drawn
     assert 256 <= forwards <= 264 and layers == 1 and requests <= 2, (forwards, layers, requests)
     assert run_scenario(info.subject, found.scenario).divergence == found.divergence
+
+
+def test_seeded_parallel_workers_do_not_repeat_each_other(monkeypatch):
+    # with one seed per worker and chunk counted up (seed + index), worker i's second chunk
+    # was worker i+1's first: half the scenarios of a seeded parallel run were repeats
+    drawn: dict[int, set[str]] = {0: set(), 1: set()}
+    worker = [0]
+    real_run = fuzz_engine.run_scenario
+
+    def run_and_note(subject, scenario, **options):
+        drawn[worker[0]].add(json.dumps(scenario.to_dict(), sort_keys=True))
+        return real_run(subject, scenario, **options)
+
+    monkeypatch.setattr(fuzz_engine, "run_scenario", run_and_note)
+    monkeypatch.setattr(fuzz_engine, "CHUNK", 25)
+    for worker[0] in (0, 1):
+        lane = seed_lane(WHOLE, worker[0], 2)
+        fuzz_engine.fuzz(resolve_subject("uncached"), settings="ci", seed=5 + lane.offset,
+                         seed_stride=lane.stride, max_examples=2 * fuzz_engine.CHUNK)
+    shared = drawn[0] & drawn[1]
+    # each Hypothesis run tries the simplest scenarios first: those few may coincide
+    assert len(shared) <= 2, f"{len(shared)} of {len(drawn[0])} scenarios drawn by both workers"

@@ -51,10 +51,10 @@ def environment(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
 
 
-def start_fuzz(tmp_path: Path, *options: str) -> subprocess.Popen:
+def start_fuzz(tmp_path: Path, *options: str, command: str = "fuzz") -> subprocess.Popen:
     env = environment(tmp_path)
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "fuzz", "--report-dir", str(tmp_path / "reports"), "--json", *options],
+        [sys.executable, "-m", "harness", command, "--report-dir", str(tmp_path / "reports"), "--json", *options],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -108,7 +108,8 @@ def test_a_clean_run_stopped_by_a_signal_writes_an_incomplete_report(tmp_path, s
     assert not list((tmp_path / "reports" / "replays").iterdir())
 
 
-def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path, signum):
     (tmp_path / "slow_subject.py").write_text(textwrap.dedent(SLOW_STALE_SUBJECT))
     process = start_fuzz(tmp_path, "--subject", "slow_subject:SlowStale", "--budget", "600")
     replays = tmp_path / "reports" / "replays"
@@ -116,7 +117,7 @@ def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path):
     # the replay file is written the moment the divergence is seen, the database entry just
     # after it: once both exist, shrinking has seconds to go
     wait_for(lambda: any(replays.glob("*.json")) and any(p.is_file() for p in database.rglob("*")), process)
-    code, printed = stop(process, signal.SIGINT)
+    code, printed = stop(process, signum)
 
     assert code == 1, printed  # a divergence was found: that outranks the interruption
     assert printed["verdict"] == "divergence" and printed["complete"] is False, printed
@@ -130,7 +131,8 @@ def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path):
     assert any(path.is_file() for path in database.rglob("*"))  # an unseeded run keeps its database
 
     # and the replay file replays, still diverging
-    replayed = subprocess.run([sys.executable, "-m", "harness", "replay", str(replay_file)], cwd=tmp_path,
+    replayed = subprocess.run([sys.executable, "-m", "harness", "replay", str(replay_file),
+                               "--subject", "slow_subject:SlowStale"], cwd=tmp_path,
                               env=environment(tmp_path), capture_output=True, text=True,
                               timeout=120)
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
@@ -145,3 +147,95 @@ def test_a_run_over_workers_stops_them_all_and_reports(tmp_path):
     assert code == 143, printed
     assert printed["complete"] is False and printed["workers"] == 2
     assert reports(tmp_path)["json"]["interrupted_by"] == "SIGTERM"
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether ``pid`` has a handler installed for ``signum`` (Linux)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False  # it ended
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads handlers from /proc (Linux)")
+@pytest.mark.parametrize("signum, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_start_up_exits_with_its_code_and_one_line(tmp_path, signum, exit_code):
+    process = start_fuzz(tmp_path, "--subject", "uncached", "--settings", "nightly", "--budget", "600")
+    # the entry catches SIGTERM first thing, before it imports torch and the rest (seconds)
+    wait_for(lambda: catches(process.pid, signal.SIGTERM), process, timeout_s=30)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == exit_code, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert f"interrupted by {signal.Signals(signum).name}" in err and out == ""
+    assert not (tmp_path / "reports").exists()
+
+
+LINGERING_SUBJECT = '''
+    import atexit
+    import time
+
+    from harness.builtin import PoolStartLayer as Stale
+
+    atexit.register(time.sleep, 2)  # the process lingers after its result is known
+'''
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_after_the_divergence_was_reported_keeps_exit_code_1(tmp_path, signum):
+    (tmp_path / "lingering_subject.py").write_text(textwrap.dedent(LINGERING_SUBJECT))
+    # the first divergence of a small enumeration: found at once, nothing to shrink
+    process = start_fuzz(tmp_path, "--subject", "lingering_subject:Stale", "--max-forwards", "2",
+                         "--max-layers", "2", "--max-micro-batches", "1", command="exhaustive")
+    html = tmp_path / "reports" / "report.html"  # the last report written
+    wait_for(html.exists, process)
+    time.sleep(0.5)
+    code, printed = stop(process, signum)
+    assert code == 1, printed
+    assert printed["verdict"] == "divergence" and printed["complete"] is True
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if int(parent) == pid and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+def test_workers_and_their_helpers_die_with_a_killed_parent(tmp_path):
+    process = start_fuzz(tmp_path, "--subject", "uncached", "--settings", "nightly", "--budget", "600",
+                         "--workers", "2")
+    # two workers and the resource tracker; a worker catches SIGINT once it fuzzes
+    wait_for(lambda: sum(catches(pid, signal.SIGINT) for pid in children_of(process.pid)) >= 2, process)
+    helpers = children_of(process.pid)
+    assert len(helpers) >= 3
+    process.kill()
+    process.wait(timeout=30)  # its pipes stay open as long as a worker holds them
+    process.stdout.close()
+    process.stderr.close()
+    deadline = time.monotonic() + 20
+    while any(running(pid) for pid in helpers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in helpers if running(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} of {len(helpers)} processes outlived their parent"

@@ -97,6 +97,14 @@ def test_json_has_the_verdict_and_the_diagnosis():
     json.dumps(data)
 
 
+def test_the_reproduce_command_of_a_user_subject_names_it_since_files_never_import_code():
+    report = diverging("pool-start-layer", "first-swa-layer-not-start")
+    report.subject, report.replay_file = "my_subject:Stale Cache", "reports/replays/my subject.json"
+    assert report.replay_command == "swafuzz replay 'reports/replays/my subject.json' --subject 'my_subject:Stale Cache'"
+    report.subject = "sglang:unified-metadata-merge@0.5.19"
+    assert report.replay_command == "swafuzz replay 'reports/replays/my subject.json'"
+
+
 def test_json_of_a_clean_run_has_no_diagnosis():
     data = passing().to_dict()
     assert data["verdict"] == "no divergence"

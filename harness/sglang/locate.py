@@ -119,8 +119,10 @@ def fetch_wheel(version: str, cache: str | os.PathLike | None = None) -> Path:
     # download privately, then rename into the cache: processes fetching the same release at
     # once (parallel test workers) never see a half-written wheel
     with tempfile.TemporaryDirectory(dir=directory, prefix=".download-") as private:
+        # wheels only: preparing a source distribution would run its build code, and the
+        # version may come from a replay file
         command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
             "--disable-pip-version-check", f"sglang=={version}", "-d", private,
         ]
         try:
