@@ -22,13 +22,29 @@ from pathlib import Path
 
 CACHE_ENV = "SWAFUZZ_SGLANG_CACHE"
 DEFAULT_CACHE_DIR = Path("~/.cache/swafuzz/sglang")
-MATRIX_VERSIONS = tuple(f"0.5.{minor}" for minor in range(12, 24))
+# Every release from 0.5.12 to 0.5.23 on PyPI, post releases included (``pip index versions
+# sglang`` on 2026-11-30): a post release can change a verdict (0.5.12.post1 clears the pool
+# cache in register_mapping).
+RELEASES = (
+    "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
+    "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)
+MATRIX_VERSIONS = RELEASES
 # the build writes _version.py; older trees keep the number in version.py
 VERSION_FILES = ("sglang/_version.py", "sglang/version.py")
 
 
 class SglangUnavailable(RuntimeError):
     """No SGLang source can be found or downloaded."""
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """Orders releases as PyPI does for these numbers: ``0.5.12 < 0.5.12.post1 < 0.5.13``."""
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?", version)
+    if match is None:
+        raise ValueError(f"{version!r} is not a release number of the form X.Y.Z[.postN]")
+    major, minor, patch, post = match.groups()
+    return int(major), int(minor), int(patch), int(post) if post is not None else -1
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:

@@ -91,14 +91,14 @@ TARGETS: tuple[Target, ...] = (
         "pool-fused-store",
         "DeepSeek-V4 pool set_swa_key_buffer_radix_fused with its inline translation cache",
         PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused"),),
-        first="0.5.12", last="0.5.12",
+        first="0.5.12", last="0.5.12.post1",
         driver_settings=(("store", "set_swa_key_buffer_radix_fused"),),
     ),
     Target(
         "pool-norm-rope-store",
         "DeepSeek-V4 pool set_swa_key_buffer_radix_fused_norm_rope with its inline translation cache",
         PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused_norm_rope"),),
-        first="0.5.12", last="0.5.12",
+        first="0.5.12", last="0.5.12.post1",
         driver_settings=(("store", "set_swa_key_buffer_radix_fused_norm_rope"),),
     ),
     Target(
