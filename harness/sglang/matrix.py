@@ -54,7 +54,7 @@ from ..fuzz import fuzz
 from ..registry import SubjectInfo
 from ..replay import Replay, write_replay
 from ..reports import write_atomically
-from . import locate
+from . import locate, provenance
 from .binding import BindError
 from .reachability import QUESTIONS, Route, question
 from .targets import TARGETS, Target
@@ -119,6 +119,7 @@ class Matrix:
     max_examples: int | None
     seed: int
     elapsed_s: float
+    sources: dict[str, str] = field(default_factory=dict)  # version -> digest of the SGLang files read
 
 
 def run_matrix(
@@ -129,6 +130,7 @@ def run_matrix(
     started = time.monotonic()
     cells: list[Cell] = []
     unavailable: dict[str, str] = {}
+    sources: dict[str, str] = {}
     for version in versions:
         try:
             tree = locate.wheel(version, cache)
@@ -136,6 +138,7 @@ def run_matrix(
             unavailable[version] = str(exc)
             log(f"{version}: {exc}")
             continue
+        sources[version] = provenance.sglang_digest(tree)
         for target in TARGETS:
             try:
                 info = target.info(tree, "source", name=f"{target.subject_name}@{version}")
@@ -148,7 +151,8 @@ def run_matrix(
                 _run_fuzz(cell, info, profile, settings, max_examples, seed, replay_dir)
             log(f"{version} {target.name}: " + ", ".join(f"{k} {v}" for k, v in cell.runs.items()))
             cells.append(cell)
-    return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started)
+    return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started,
+                  sources)
 
 
 def _run_examples(cell: Cell, info: SubjectInfo, replay_dir: Path) -> None:
@@ -291,6 +295,11 @@ def render(matrix: Matrix, report_path: Path) -> str:
         + (f", at most {matrix.max_examples} scenarios" if matrix.max_examples else "")
         + f" per run), {matrix.elapsed_s:.0f} s in all.",
         "",
+        f"- harness sources: `{provenance.harness_digest()}` (revision `{provenance.revision()}`); "
+        "the SGLang sources read, per release, are under *Provenance*. "
+        "`tests/test_sglang_matrix_report.py` fails when either changes: regenerate with "
+        "`tox -e sglang-matrix`.",
+        "",
         "Each bound version x target pair runs the hand-written examples "
         "(`strategies/examples.py`, one per bug class) and the fuzzer under the `realistic` and "
         "`adversarial` profiles; the fuzzer stops at its first divergence and shrinks it. Every "
@@ -355,6 +364,11 @@ def render(matrix: Matrix, report_path: Path) -> str:
         lines.append(f"- `sglang:{target}` in {', '.join(versions)}: {message}")
     for version, message in matrix.unavailable.items():
         lines.append(f"- {version}: {message}")
+    lines += ["", "## Provenance", "",
+              "Digest of the SGLang files each release's verdicts rest on: "
+              + ", ".join(f"`{path}`" for path in provenance.sglang_paths()) + ".", "",
+              "| release | SGLang sources |", "| --- | --- |"]
+    lines += [f"| {version} | `{digest}` |" for version, digest in matrix.sources.items()]
     return "\n".join(lines) + "\n"
 
 
