@@ -27,6 +27,7 @@ from harness.sglang.reachability import (
     releases,
     route_problems,
 )
+from harness.sglang.switches import SWITCHES, declared_default, switch
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 DEFAULT_TEST_VERSIONS = ("0.5.12", "0.5.19", "0.5.23")
@@ -127,3 +128,40 @@ def test_nested_functions_are_found_by_their_dotted_names(tmp_path):
     tree = _checkout(tmp_path, MODEL_WITH_OVERLAP)
     assert function_source(tree, Hop(MODEL, "DeepseekV4Model.Inner.helper.nested")).startswith("def nested")
     assert function_source(tree, Hop("models/absent.py", "f")) is None
+
+
+# ---- engine switches ---------------------------------------------------------------------------
+
+
+def _switch_cases():
+    for item in SWITCHES:
+        for version in CHECKED:
+            yield pytest.param(item.name, version, id=f"{item.name}-{version}")
+
+
+@pytest.mark.parametrize("name,version", list(_switch_cases()))
+def test_each_switch_default_is_the_one_the_release_declares(name, version):
+    tree = _tree(version)
+    if isinstance(tree, str):
+        pytest.skip(tree)
+    assert declared_default(tree, switch(name)) == switch(name).default(version)
+
+
+def test_a_route_that_needs_a_setting_sets_a_switch_against_its_default():
+    for item in QUESTIONS:
+        for route in item.routes:
+            if route.setting is None:
+                continue
+            for version in route.releases:
+                matching = [s for s in SWITCHES if s.default(version) is not None
+                            and s.setting(not s.default(version)) == route.setting]
+                assert matching, f"{item.key} in {version}: {route.setting} is no switch against its default"
+
+
+def test_switch_defaults_are_read_from_declarations(tmp_path):
+    environ = tmp_path / "sglang" / "srt" / "environ.py"
+    environ.parent.mkdir(parents=True)
+    environ.write_text("class Envs:\n    SGLANG_PREP_IN_CUDA_GRAPH = EnvBool(False)\n")
+    tree = locate.SourceTree(tmp_path, "checkout")
+    assert declared_default(tree, switch("SGLANG_PREP_IN_CUDA_GRAPH")) is False
+    assert declared_default(tree, switch("SGLANG_OPT_CACHE_SWA_TRANSLATION")) is None

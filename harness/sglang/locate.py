@@ -65,11 +65,10 @@ class SourceTree:
     def read(self, path: str) -> str | None:
         """The text of ``path`` (``sglang/...``), or None when this tree lacks it."""
         if self.root.suffix == ".whl":
-            with zipfile.ZipFile(self.root) as wheel:
-                try:
-                    return wheel.read(path).decode("utf-8")
-                except KeyError:
-                    return None
+            try:
+                return _open_wheel(self.root).read(path).decode("utf-8")
+            except KeyError:
+                return None
         file = self.root / path
         return file.read_text(encoding="utf-8") if file.is_file() else None
 
@@ -98,6 +97,12 @@ class SourceTree:
             "checkout": f"sglang checkout {self.root} ({version})",
             "wheel": f"sglang {version} wheel",
         }[self.origin]
+
+
+@functools.lru_cache(maxsize=32)
+def _open_wheel(path: Path) -> zipfile.ZipFile:
+    # a wheel's directory of several thousand entries is read once, not on every file read
+    return zipfile.ZipFile(path)
 
 
 def checkout(path: str | os.PathLike) -> SourceTree:

@@ -57,6 +57,7 @@ from ..reports import write_atomically
 from . import locate, provenance
 from .binding import BindError
 from .reachability import QUESTIONS, Route, question
+from .switches import defaults_table
 from .targets import TARGETS, Target
 
 EXAMPLES_COLUMN = "examples"
@@ -338,6 +339,10 @@ def render(matrix: Matrix, report_path: Path) -> str:
     lines += ["", "## Historical problems by release", "",
               "What the call paths read in each release say (`harness/sglang/reachability.py`, pinned "
               "against the wheels by `tests/test_sglang_reachability.py`).", "", *_problems_table(matrix.versions)]
+    lines += ["", "## Engine switches by release", "",
+              "Defaults read from each release (`harness/sglang/switches.py`); a route that needs a "
+              "switch set against its default makes a divergence *reachable off-default*.", "",
+              *defaults_table(tuple(matrix.versions))]
     lines += ["", "## Which releases have which target", "",
               "| target | code | releases |", "| --- | --- | --- |"]
     for target in TARGETS:

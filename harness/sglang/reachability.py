@@ -15,9 +15,11 @@ it, and prints the route; where the release's route does not reach it, the diver
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 
 from .locate import RELEASES, SourceTree, release_key
+from .switches import switch
 
 PACKAGE = "sglang/srt/"
 
@@ -29,9 +31,7 @@ CUDA_BACKEND = "layers/attention/deepseek_v4_backend.py"
 HIP_BACKEND = "layers/attention/deepseek_v4_backend_hip_radix.py"
 DECODE_RUNNER = "model_executor/runner/decode_cuda_graph_runner.py"
 
-# the decode graph runner's in-graph metadata preparation switch, default on until 0.5.17;
-# 0.5.18 removed it (decode metadata is always raw and upgraded inside the graph)
-PREP_IN_GRAPH_OFF = "SGLANG_PREP_IN_CUDA_GRAPH=0"
+PREP_IN_GRAPH_OFF = switch("SGLANG_PREP_IN_CUDA_GRAPH").setting(False)
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Route:
     reached: bool
     hops: tuple[Hop, ...]
     why: str
-    setting: str | None = None  # the non-default engine setting the route needs
+    setting: str | None = None  # the non-default engine setting the route needs (switches.SWITCHES)
 
     def cited(self) -> str:
         return " -> ".join(f"`{hop}`" for hop in self.hops)
@@ -317,10 +317,10 @@ def question(key: str) -> Question:
 
 def function_source(tree: SourceTree, hop: Hop) -> str | None:
     """The source of the hop's function (or file) in ``tree``, or None when it is not there."""
-    text = tree.read(PACKAGE + hop.path)
+    text, module = _parsed(tree, PACKAGE + hop.path)
     if text is None or not hop.function:
         return text
-    body: list[ast.stmt] = ast.parse(text).body
+    body: list[ast.stmt] = module.body
     node = None
     for part in hop.function.split("."):
         node = next((n for n in _definitions(body) if n.name == part), None)
@@ -328,6 +328,13 @@ def function_source(tree: SourceTree, hop: Hop) -> str | None:
             return None
         body = node.body
     return ast.get_source_segment(text, node)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(tree: SourceTree, path: str) -> tuple[str | None, ast.Module | None]:
+    # routes cite the same few large files many times
+    text = tree.read(path)
+    return text, (ast.parse(text) if text is not None and path.endswith(".py") else None)
 
 
 def _definitions(body: list[ast.stmt]):
