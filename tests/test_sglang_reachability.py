@@ -34,8 +34,7 @@ DEFAULT_TEST_VERSIONS = ("0.5.12", "0.5.19", "0.5.23")
 REQUESTED = tuple(
     v.strip() for v in os.environ.get(TEST_VERSIONS_ENV, ",".join(DEFAULT_TEST_VERSIONS)).split(",") if v.strip()
 )
-CACHED = tuple(v for v in locate.RELEASES if any(locate.cache_dir().glob(f"sglang-{v}-*.whl")))
-CHECKED = tuple(v for v in locate.RELEASES if v in REQUESTED or v in CACHED)
+CHECKED = tuple(v for v in locate.RELEASES if v in REQUESTED or v in locate.cached_releases())
 
 
 @functools.lru_cache(maxsize=None)

@@ -160,6 +160,12 @@ def fetch_wheel(version: str, cache: str | os.PathLike | None = None) -> Path:
     return found
 
 
+def cached_releases(cache: str | os.PathLike | None = None) -> tuple[str, ...]:
+    """The releases of :data:`RELEASES` whose wheel is already in the cache."""
+    directory = cache_dir(cache)
+    return tuple(v for v in RELEASES if _cached_wheel(directory, v) is not None)
+
+
 def _cached_wheel(directory: Path, version: str) -> Path | None:
     matches = sorted(directory.glob(f"sglang-{version}-*.whl"))
     return matches[0] if matches else None
