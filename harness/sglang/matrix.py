@@ -196,9 +196,10 @@ def reachability(finding: Finding) -> tuple[str, str]:
     only, harness gap) and why.
 
     The profile decides first (the realistic profile draws only what the domain brief says
-    the engine does); then SGLang's own code: which modes call the target, that graph
-    replays always run replay prep, and the call paths read per release
-    (:mod:`.reachability`). Only a cited call path makes a divergence reachable.
+    the engine does); then SGLang's own code, through the call paths read per release
+    (:mod:`.reachability`): whether the model reads the target in the diverging forward's
+    mode, and whether the problem the divergence is an instance of is reached. Only a
+    cited call path makes a divergence reachable.
     """
     divergence, target = finding.divergence, finding.target
     if harness_gap(divergence):
@@ -210,36 +211,37 @@ def reachability(finding: Finding) -> tuple[str, str]:
     upto = divergence.event if divergence.event is not None and divergence.event >= 0 else len(events) - 1
     event = events[upto]
     features = features_of(Scenario(finding.scenario.config, events[: upto + 1]))
-    if target.model_modes is not None and event.mode not in {m.value for m in target.model_modes}:
-        called = ", ".join(sorted(m.value for m in target.model_modes))
-        return "not reached", (
-            f"a realistic lifecycle, but SGLang's DeepSeek-V4 model reads this code only in {called} "
-            f"forwards (models/deepseek_v4.py: the unified-KV store takes ring rows from the getter "
-            f"on the decode arm), so this {event.mode} store never calls it"
-        )
-    if event.graph and event.skip_init:
-        return "not reached", (
-            "the realistic profile replays an idle graph without metadata init (DOMAIN.md §3, idle under "
-            "speculative decoding), but SGLang's decode graph runner runs replay prep on every replay, "
-            "idle included (model_executor/runner/decode_cuda_graph_runner.py: DeepSeek-V4's prep "
-            "substitutes idle inputs), so the captured rows are refreshed there"
-        )
     facts = [f"{DOMAIN_FACTS[f][1]} (DOMAIN.md {DOMAIN_FACTS[f][0]})" for f in sorted(features) if f in DOMAIN_FACTS]
-    key = question_key(finding, features)
-    routes = question(key).routes_for(finding.version) if key else ()
-    if not routes:
+    cause = question_key(finding, features)
+    keys = [k for k in (_mode_question(target, event.mode), cause) if k is not None]
+    readings = [(key, question(key).routes_for(finding.version)) for key in keys]
+    readings = [(key, routes) for key, routes in readings if routes]
+    for key, routes in readings:
+        if not any(route.reached for route in routes):
+            return "not reached", _cite(key, routes[0])
+    if cause is None or cause not in dict(readings):
         return "unconfirmed", (
             "realistic for the domain brief (" + ("; ".join(facts) or "a plain decode lifecycle")
             + "), but no SGLang call path to it has been read for this release"
         )
-    default = routes[0] if routes[0].setting is None else None
-    if default is not None and default.reached:
-        return "reachable", _cite(key, default)
-    switched = next((r for r in routes if r.setting is not None and r.reached), None)
-    if switched is not None:
-        return "reachable off-default", f"only with {switched.setting}: " + _cite(key, switched) + (
-            f"; with the release's defaults: {default.why}" if default is not None else "")
-    return "not reached", _cite(key, default or routes[0])
+    defaults = [(key, routes[0]) for key, routes in readings if routes[0].setting is None and routes[0].reached]
+    if len(defaults) == len(readings):
+        return "reachable", "; ".join(_cite(key, route) for key, route in defaults)
+    needed = [(key, next(r for r in routes if r.reached)) for key, routes in readings]
+    settings = sorted({route.setting for _, route in needed if route.setting})
+    return "reachable off-default", f"only with {', '.join(settings)}: " + "; ".join(
+        _cite(key, route) for key, route in needed)
+
+
+def _mode_question(target: Target, mode: str) -> str | None:
+    """Whether SGLang's model reads this target's code in ``mode`` at all (ring getters only)."""
+    if target.name not in question("ring-getter-in-verify").targets:
+        return None
+    if mode == "verify":
+        return "ring-getter-in-verify"
+    if mode in ("extend", "draft_extend"):
+        return "ring-getter-in-extend"
+    return None
 
 
 def question_key(finding: Finding, features: set[str]) -> str | None:

@@ -32,6 +32,7 @@ HIP_BACKEND = "layers/attention/deepseek_v4_backend_hip_radix.py"
 DECODE_RUNNER = "model_executor/runner/decode_cuda_graph_runner.py"
 
 PREP_IN_GRAPH_OFF = switch("SGLANG_PREP_IN_CUDA_GRAPH").setting(False)
+UNIFIED_KV_FP8_ON = switch("SGLANG_DSV4_UNIFIED_KV_FP8").setting(True)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,15 @@ _RAW_REPLAY_WHY = (
     "decode graph replay merges raw metadata (request slots, lengths, locations copied in place) "
     "and the in-graph prep recorded at capture rebuilds the ring rows from them on every replay; "
     "UnifiedKvMetadata.copy_ is not on this path"
+)
+
+_IDLE_REPLAY_PREP = Hop(
+    HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata_out_graph", mentions=("ForwardMode.IDLE",),
+)
+_IDLE_WHY = (
+    "both getters never trust metadata on idle forwards (idle recomputes from the zero-padded "
+    "inputs, which address the dummy slot), and graph replay prep runs on every replay, idle "
+    "included, rebuilding the metadata from zeroed request slots and locations"
 )
 
 # ---- the questions ---------------------------------------------------------------------------
@@ -291,15 +301,76 @@ QUESTIONS: tuple[Question, ...] = (
             ),
             Route(
                 releases("0.5.13", "0.5.13.post1"), False,
-                (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("is_idle",)),),
-                "the translated-location getter never trusts metadata on idle forwards",
+                (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("is_idle",)),
+                 _IDLE_REPLAY_PREP),
+                "the translated-location getter never trusts metadata on idle forwards, and graph "
+                "replay prep rebuilds idle metadata from zeroed inputs" ,
             ),
             Route(
-                RING_RELEASES, False,
+                releases("0.5.14", "0.5.22"), False,
                 (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("is_idle",)),
-                 _ring_getter("is_idle")),
-                "both getters never trust metadata on idle forwards (idle recomputes from the "
-                "zero-padded inputs, which address the dummy slot)",
+                 _ring_getter("is_idle"),
+                 Hop(DECODE_RUNNER, _RUNNER_0_5_14[0], mentions=("init_forward_metadata_out_graph",)),
+                 _IDLE_REPLAY_PREP),
+                _IDLE_WHY,
+            ),
+            Route(
+                releases("0.5.23"), False,
+                (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("is_idle",)),
+                 _ring_getter("is_idle"),
+                 Hop(DECODE_RUNNER, _RUNNER_0_5_23[0], mentions=("init_forward_metadata_out_graph",)),
+                 _IDLE_REPLAY_PREP),
+                _IDLE_WHY,
+            ),
+        ),
+    ),
+    Question(
+        "ring-getter-in-verify",
+        "the model reads the ring getter in a target-verify forward",
+        RING_TARGETS,
+        (
+            NO_RING_GETTER,
+            Route(
+                releases("0.5.14", "0.5.18"), False,
+                (Hop(MODEL, "MQALayer._forward_prepare",
+                     mentions=("do_fused_store = (unified and is_decode)", "get_unified_swa_loc")),),
+                "only the decode arm (decode or idle) takes the fused store that reads the getter",
+            ),
+            Route(
+                releases("0.5.19", "0.5.22"), False,
+                (Hop(MODEL, "MQALayer._forward_prepare",
+                     mentions=("if unified and fuse_verify:", "get_unified_swa_loc")),),
+                "fused target-verify skips the kernel's own store (the backend stores by the "
+                "per-token state slot), so it never reads the getter",
+            ),
+            Route(
+                releases("0.5.23"), False,
+                (Hop(MODEL, "MQALayer._forward_prepare",
+                     mentions=("if unified and fuse_verify and not fuse_verify_fp8:", "get_unified_swa_loc")),),
+                "bf16 target-verify skips the kernel's own store, so it never reads the getter",
+            ),
+            Route(
+                releases("0.5.23"), True,
+                (Hop(MODEL, "MQALayer._forward_prepare",
+                     mentions=("fuse_verify_fp8 = (", "if unified and fuse_verify and not fuse_verify_fp8:",
+                               "get_unified_swa_loc")),
+                 Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend._attach_unified_kv_decode_streams",
+                     mentions=("swa_loc",)),
+                 _ring_getter("repeat_interleave")),
+                "fp8 target-verify stores like decode, taking its ring rows from the getter",
+                setting=UNIFIED_KV_FP8_ON,
+            ),
+        ),
+    ),
+    Question(
+        "ring-getter-in-extend",
+        "the model reads the ring getter in an extend, prefill or draft-extend forward",
+        RING_TARGETS,
+        (
+            NO_RING_GETTER,
+            Route(
+                RING_RELEASES, False, (RING_GETTER_ON_DECODE,),
+                "extend-like forwards store through the backend's prefill rows, never the getter",
             ),
         ),
     ),

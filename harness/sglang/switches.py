@@ -56,6 +56,13 @@ SWITCHES: tuple[Switch, ...] = (
         fixed="0.5.13+: the translation is cached per forward on the backend metadata, always",
     ),
     Switch(
+        "SGLANG_DSV4_UNIFIED_KV_FP8", (ENVIRON,), "SGLANG_DSV4_UNIFIED_KV_FP8",
+        "the unified KV ring stores fp8 (AMD gfx95 only); in 0.5.23 fp8 target-verify stores "
+        "take their ring rows from the getter",
+        (("0.5.20", None, False),),
+        fixed="before 0.5.20: bf16 ring only",
+    ),
+    Switch(
         "--enable-encoder-swa-bounded-replay",
         ("sglang/srt/arg_groups/fields/exec_.py",), "enable_encoder_swa_bounded_replay",
         "the DeepSeek-V4.1 target pool keeps SWA keys in a per-request window (RequestWindow); "

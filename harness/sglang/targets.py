@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..api import ForwardMode
 from ..registry import SubjectInfo
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
 from .drivers import (
     POOL_CLASS,
-    RING_GETTER_MODES,
     STAND_IN_ATTRIBUTES,
     STAND_INS,
     STANDARD_NAMES,
@@ -55,8 +53,6 @@ class Target:
     first: str
     last: str | None = None
     driver_settings: tuple[tuple[str, object], ...] = ()
-    # the forward modes in which SGLang's model calls the code (None: every mode)
-    model_modes: frozenset[ForwardMode] | None = None
 
     @property
     def subject_name(self) -> str:
@@ -124,7 +120,6 @@ TARGETS: tuple[Target, ...] = (
         (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_unified_swa_loc",), role="backend"),),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
-        model_modes=RING_GETTER_MODES,
     ),
     Target(
         "unified-metadata-merge",
@@ -137,7 +132,6 @@ TARGETS: tuple[Target, ...] = (
         ),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
-        model_modes=RING_GETTER_MODES,
     ),
 )
 
