@@ -318,13 +318,24 @@ def test_installed_sglang_in_import_mode_matches_on_a_correct_lifecycle():
 # ---- binding without SGLang: a checkout of our own -----------------------------------------
 
 RING_BACKEND = "sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py"
+RING_PRODUCER = """
+    def _attach_unified_kv_decode_streams(self, core, state_slot):
+        ring = self.token_to_kv_pool.unified_swa_ring_size
+        rows = state_slot.to(torch.int64) * ring + core.positions_casual.to(torch.int64) % ring
+        core.unified.swa_loc = rows.to(torch.int32)
+"""
 UNCACHED_RING_GETTER = """
 class DeepseekV4HipRadixBackend:
     def get_unified_swa_loc(self, forward_batch):
         ring = self.token_to_kv_pool.unified_swa_ring_size
         slots = forward_batch.req_pool_indices.to(torch.int64)
         return (slots * ring + forward_batch.positions.to(torch.int64) % ring).to(torch.int32)
-"""
+""" + RING_PRODUCER
+CACHED_RING_GETTER = """
+class DeepseekV4HipRadixBackend:
+    def get_unified_swa_loc(self, forward_batch):
+        return self.forward_metadata.core_attn_metadata.unified.swa_loc
+""" + RING_PRODUCER
 
 
 def _checkout(root: Path, files: dict[str, str], version: str = "9.9.9") -> Path:
@@ -349,6 +360,18 @@ def test_a_checkout_binds_and_runs_in_source_mode(tmp_path, monkeypatch):
     assert [info.name for info in found] == ["sglang:hip-unified-swa-loc"]
     assert "9.9.9" in found[0].summary and "source mode" in found[0].summary
     assert run_scenario(found[0].subject, LIFECYCLES["decode"]).passed
+
+
+@pytest.mark.parametrize("producer,passes", [
+    (RING_PRODUCER, True),
+    # a change to the producer alone: the request slot left out of the row
+    (RING_PRODUCER.replace("state_slot.to(torch.int64) * ring + ", ""), False),
+])
+def test_the_ring_rows_a_getter_caches_come_from_the_releases_producer(tmp_path, producer, passes):
+    getter = CACHED_RING_GETTER.replace(RING_PRODUCER, producer)
+    tree = locate.checkout(_checkout(tmp_path, {RING_BACKEND: getter}))
+    result = run_scenario(target("hip-unified-swa-loc").info(tree, "source").subject, LIFECYCLES["decode"])
+    assert result.passed is passes, result.divergence and result.divergence.sentence
 
 
 @pytest.mark.parametrize("body,message", [

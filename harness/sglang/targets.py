@@ -32,6 +32,9 @@ METADATA_FILE = "sglang/srt/layers/attention/dsv4/metadata.py"
 CUDA_BACKEND = "DeepseekV4AttnBackend"
 HIP_BACKEND = "DeepseekV4HipRadixBackend"
 
+# the ring getter and the producer of the rows it caches (decode metadata)
+RING_METHODS = ("get_unified_swa_loc", "_attach_unified_kv_decode_streams")
+
 _POOL_TRANSLATION = ClassCode(POOL_FILE, POOL_CLASS, ("register_mapping", "translate_loc_from_full_to_swa"), role="pool")
 
 
@@ -117,7 +120,7 @@ TARGETS: tuple[Target, ...] = (
         "hip-unified-swa-loc",
         "HIP DeepSeek-V4 backend get_unified_swa_loc over per-forward ring rows",
         RingSubject,
-        (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_unified_swa_loc",), role="backend"),),
+        (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"),),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
     ),
@@ -128,7 +131,7 @@ TARGETS: tuple[Target, ...] = (
         (
             ClassCode(HIP_BACKEND_FILE, UNIFIED_METADATA_CLASS, ("copy_",), dataclass_fields=True),
             FunctionCode(METADATA_FILE, "copy_metadata"),
-            ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_unified_swa_loc",), role="backend"),
+            ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"),
         ),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
