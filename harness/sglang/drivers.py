@@ -201,9 +201,11 @@ STAND_INS: dict[str, Any] = {
 # names the module-level helpers use, from the standard library
 STANDARD_NAMES: dict[str, Any] = {"fields": dataclasses.fields, "functools": functools, "warnings": warnings}
 
-# The modes in which SGLang's DeepSeek-V4 model reads get_unified_swa_loc: its unified-KV
-# store takes the ring rows from the getter on the decode arm (is_decode_or_idle) and, from
-# 0.5.20 under fp8, for target-verify; prefill and extend rows are stored by the backend.
+# The modes in which SGLang's DeepSeek-V4 model may read get_unified_swa_loc: its unified-KV
+# store takes the ring rows from the getter on the decode arm (is_decode_or_idle) and, in
+# 0.5.23 with the fp8 ring, for target-verify; prefill and extend rows are stored by the
+# backend. Which modes read it in which release is the matrix's call-path table
+# (reachability.py: ring-getter-in-verify, ring-getter-in-extend).
 RING_GETTER_MODES = frozenset({
     ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY,
 })

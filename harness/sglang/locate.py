@@ -29,7 +29,6 @@ RELEASES = (
     "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
     "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
 )
-MATRIX_VERSIONS = RELEASES
 # the build writes _version.py; older trees keep the number in version.py
 VERSION_FILES = ("sglang/_version.py", "sglang/version.py")
 

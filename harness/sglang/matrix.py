@@ -440,7 +440,7 @@ def _relative(path: Path, report_path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.sglang.matrix", description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", default=",".join(locate.MATRIX_VERSIONS),
+    parser.add_argument("--versions", default=",".join(locate.RELEASES),
                         help="comma-separated SGLang releases (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("reports/sglang-matrix.md"))
     parser.add_argument("--replay-dir", type=Path, default=Path("reports/sglang-matrix"))
