@@ -2,10 +2,21 @@
 
 from .engine import EngineState, ForwardPlan, StepInputs, replay_events
 from .scenario import LIMITS, SCENARIO_VERSION, EngineConfig, Event, Mutation, Scenario, ScenarioError, store_schedule
-from .truth import DUMMY_SLOT, INT32_MAX, TruthError, ring_rows, ring_size, translate_pool
+from .truth import (
+    DUMMY_SLOT,
+    INT32_MAX,
+    PrefillRows,
+    TruthError,
+    prefill_rows,
+    ring_rows,
+    ring_size,
+    token_state_slots,
+    translate_pool,
+)
 
 __all__ = [
     "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event",
-    "ForwardPlan", "Mutation", "Scenario", "ScenarioError", "StepInputs", "TruthError",
-    "replay_events", "ring_rows", "ring_size", "store_schedule", "translate_pool",
+    "ForwardPlan", "Mutation", "PrefillRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
+    "prefill_rows", "replay_events", "ring_rows", "ring_size", "store_schedule", "token_state_slots",
+    "translate_pool",
 ]

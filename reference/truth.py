@@ -6,6 +6,8 @@ int32 rows; every check that could hide a wrong answer raises :class:`TruthError
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 INT32_MAX = 2**31 - 1
@@ -78,3 +80,56 @@ def ring_rows(
     if int(pos.min()) < 0:
         raise TruthError("negative position")
     return (slots * ring + pos % ring).to(torch.int32)
+
+
+def _per_request_counts(req_pool_indices: torch.Tensor, counts: torch.Tensor, what: str) -> list[int]:
+    requests = req_pool_indices.reshape(-1).numel()
+    values = [int(c) for c in counts.to(device="cpu", dtype=torch.int64).reshape(-1)]
+    if len(values) != requests:
+        raise TruthError(f"{len(values)} {what} for {requests} requests")
+    if any(c < 0 for c in values):
+        raise TruthError(f"negative {what}")
+    return values
+
+
+def token_state_slots(req_pool_indices: torch.Tensor, extend_seq_lens: torch.Tensor) -> torch.Tensor:
+    """The request slot of every token a forward adds, in batch order (int64).
+
+    SGLang's target-verify ``req_pool_indices_repeated`` and ``verify_store_state_slot`` and
+    its prefill ``pf_state_slot`` are this, for the live tokens; each request adds
+    ``extend_seq_lens`` tokens, so ragged batches need no assumption about equal counts.
+    """
+    slots = [int(s) for s in req_pool_indices.to(device="cpu", dtype=torch.int64).reshape(-1)]
+    counts = _per_request_counts(req_pool_indices, extend_seq_lens, "token counts")
+    return torch.tensor([slot for slot, count in zip(slots, counts) for _ in range(count)], dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class PrefillRows:
+    """Per-token rows the unified-KV prefill store reads (int64, live tokens only)."""
+
+    state_slot: torch.Tensor  # the token's request slot
+    chunk_start: torch.Tensor  # tokens its request had cached before this forward
+    cu_q: torch.Tensor  # where its request's tokens start in the batch
+    final_pos: torch.Tensor  # the position of its request's last token after this forward
+
+
+def prefill_rows(
+    req_pool_indices: torch.Tensor, extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor
+) -> PrefillRows:
+    """The rows of :class:`PrefillRows` for a forward whose request ``r`` had
+    ``extend_prefix_lens[r]`` tokens cached and adds ``extend_seq_lens[r]``."""
+    counts = _per_request_counts(req_pool_indices, extend_seq_lens, "token counts")
+    prefixes = _per_request_counts(req_pool_indices, extend_prefix_lens, "prefix lengths")
+    starts = [sum(counts[:r]) for r in range(len(counts))]
+    per_token = [r for r, count in enumerate(counts) for _ in range(count)]
+
+    def rows(per_request: list[int]) -> torch.Tensor:
+        return torch.tensor([per_request[r] for r in per_token], dtype=torch.int64)
+
+    return PrefillRows(
+        state_slot=token_state_slots(req_pool_indices, extend_seq_lens),
+        chunk_start=rows(prefixes),
+        cu_q=rows(starts),
+        final_pos=rows([p + c - 1 for p, c in zip(prefixes, counts)]),
+    )

@@ -25,6 +25,7 @@ from harness.fuzz import fuzz
 from harness.replay import load_replay
 from harness.sglang import BindError, ImportModeUnavailable, locate
 from harness.sglang.matrix import Finding, reachability, render, run_matrix
+from harness.sglang.reachability import releases
 from harness.sglang.targets import TARGETS, target
 from reference import Scenario
 from strategies.examples import EXAMPLES
@@ -37,11 +38,8 @@ DEFAULT_TEST_VERSIONS = ("0.5.12", "0.5.19", "0.5.23")
 VERSIONS = tuple(
     v.strip() for v in os.environ.get(TEST_VERSIONS_ENV, ",".join(DEFAULT_TEST_VERSIONS)).split(",") if v.strip()
 )
-ASSIGN_LISTED = tuple(f"0.5.{minor}" for minor in range(14, 20))  # ring rows re-pointed before replay
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split(".")[:3])
+ASSIGN_LISTED = releases("0.5.14", "0.5.19")  # ring rows re-pointed before replay
+_version_key = locate.release_key
 
 
 def _has(item, version: str) -> bool:
@@ -184,7 +182,7 @@ def test_real_code_fed_a_correct_lifecycle_matches_the_reference(name, version, 
 # ---- the assign-listed ring rows of 0.5.14-0.5.19 ------------------------------------------
 
 
-@pytest.mark.parametrize("version", [v for v in VERSIONS if _version_key(v) >= (0, 5, 14)])
+@pytest.mark.parametrize("version", [v for v in VERSIONS if _version_key(v) >= _version_key("0.5.14")])
 def test_fuzzing_finds_assign_listed_ring_rows_only_before_0_5_20(version):
     result = fuzz(_info("unified-metadata-merge", version), profile="realistic", settings="ci", seed=0)
     if version in ASSIGN_LISTED:
@@ -204,7 +202,6 @@ def test_fuzzing_finds_assign_listed_ring_rows_only_before_0_5_20(version):
 
 
 @pytest.mark.parametrize("name,example,verdict", [
-    ("unified-metadata-merge", "graph-replay", "reachable"),
     ("hip-unified-swa-loc", "ragged-extend", "not reached"),
     ("hip-unified-swa-loc", "idle-replay-skips-init", "adversarial only"),
     ("cuda-swa-out-cache-loc", "in-place-change-mid-forward", "adversarial only"),
@@ -219,8 +216,47 @@ def test_divergences_are_judged_against_sglangs_lifecycle(name, example, verdict
     finding = Finding(version, target(name), "examples", divergence, scenario, tmp_path / "replay.json", example)
     judged, why = reachability(finding)
     assert judged == verdict, why
-    if verdict == "reachable":
-        assert "DOMAIN.md §" in why
+
+
+def _judged_example(name: str, version: str, example: str, tmp_path: Path, judged_as: str | None = None):
+    """The verdict on a release's divergence on a hand-written example; ``judged_as`` files
+    the same divergence under another release number."""
+    scenario = EXAMPLES[example]
+    divergence = run_scenario(_info(name, version).subject, scenario).divergence
+    assert divergence is not None, f"{name} {version} passes {example}"
+    finding = Finding(judged_as or version, target(name), "examples", divergence, scenario,
+                      tmp_path / "replay.json", example)
+    return reachability(finding)
+
+
+@pytest.mark.parametrize("version,verdict,cited", [
+    # in-graph preparation on by default: the replay merges raw metadata, never UnifiedKvMetadata
+    ("0.5.17", "reachable off-default", ("SGLANG_PREP_IN_CUDA_GRAPH=0", "UnifiedKvMetadata.copy_",
+                                         "DecodeCudaGraphRunner.load_batch")),
+    ("0.5.19", "not reached", ("DSV4RawDecodeMetadata.copy_", "make_forward_metadata_from_raw_decode")),
+])
+def test_assign_listed_ring_rows_are_judged_by_the_replay_path_of_the_release(version, verdict, cited, tmp_path):
+    _tree(version)
+    judged, why = _judged_example("unified-metadata-merge", version, "graph-replay", tmp_path)
+    assert judged == verdict, why
+    for hop in cited:
+        assert hop in why
+
+
+@pytest.mark.parametrize("name", ["pool-fused-store", "pool-norm-rope-store"])
+def test_a_pool_cache_shared_by_micro_batches_is_not_reached_without_two_batch_overlap(name, tmp_path):
+    version = "0.5.12"
+    if version not in VERSIONS:
+        pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
+    judged, why = _judged_example(name, version, "two-batch-overlap", tmp_path)
+    assert judged == "not reached", why
+    assert "models/deepseek_v4.py:DeepseekV4Model.forward" in why
+
+
+def test_a_realistic_divergence_without_a_cited_path_is_never_reachable(tmp_path):
+    version = _released_wheel(lambda v: v in ASSIGN_LISTED)
+    judged, why = _judged_example("unified-metadata-merge", version, "graph-replay", tmp_path, judged_as="9.9.9")
+    assert judged == "unconfirmed", why
 
 
 # ---- the version matrix --------------------------------------------------------------------
@@ -282,13 +318,24 @@ def test_installed_sglang_in_import_mode_matches_on_a_correct_lifecycle():
 # ---- binding without SGLang: a checkout of our own -----------------------------------------
 
 RING_BACKEND = "sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py"
+RING_PRODUCER = """
+    def _attach_unified_kv_decode_streams(self, core, state_slot):
+        ring = self.token_to_kv_pool.unified_swa_ring_size
+        rows = state_slot.to(torch.int64) * ring + core.positions_casual.to(torch.int64) % ring
+        core.unified.swa_loc = rows.to(torch.int32)
+"""
 UNCACHED_RING_GETTER = """
 class DeepseekV4HipRadixBackend:
     def get_unified_swa_loc(self, forward_batch):
         ring = self.token_to_kv_pool.unified_swa_ring_size
         slots = forward_batch.req_pool_indices.to(torch.int64)
         return (slots * ring + forward_batch.positions.to(torch.int64) % ring).to(torch.int32)
-"""
+""" + RING_PRODUCER
+CACHED_RING_GETTER = """
+class DeepseekV4HipRadixBackend:
+    def get_unified_swa_loc(self, forward_batch):
+        return self.forward_metadata.core_attn_metadata.unified.swa_loc
+""" + RING_PRODUCER
 
 
 def _checkout(root: Path, files: dict[str, str], version: str = "9.9.9") -> Path:
@@ -313,6 +360,18 @@ def test_a_checkout_binds_and_runs_in_source_mode(tmp_path, monkeypatch):
     assert [info.name for info in found] == ["sglang:hip-unified-swa-loc"]
     assert "9.9.9" in found[0].summary and "source mode" in found[0].summary
     assert run_scenario(found[0].subject, LIFECYCLES["decode"]).passed
+
+
+@pytest.mark.parametrize("producer,passes", [
+    (RING_PRODUCER, True),
+    # a change to the producer alone: the request slot left out of the row
+    (RING_PRODUCER.replace("state_slot.to(torch.int64) * ring + ", ""), False),
+])
+def test_the_ring_rows_a_getter_caches_come_from_the_releases_producer(tmp_path, producer, passes):
+    getter = CACHED_RING_GETTER.replace(RING_PRODUCER, producer)
+    tree = locate.checkout(_checkout(tmp_path, {RING_BACKEND: getter}))
+    result = run_scenario(target("hip-unified-swa-loc").info(tree, "source").subject, LIFECYCLES["decode"])
+    assert result.passed is passes, result.divergence and result.divergence.sentence
 
 
 @pytest.mark.parametrize("body,message", [

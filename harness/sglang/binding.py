@@ -37,6 +37,8 @@ from ..executor import SubjectError
 from .locate import SourceTree
 
 MODES = ("source", "import")
+# the global through which a function's deferred SGLang imports reach the stand-ins
+LOCAL_IMPORTS = "__swafuzz_stand_ins__"
 
 
 class BindError(SubjectError):
@@ -143,7 +145,10 @@ class _SourceBinder:
 
         self.tree = tree
         self.label = label
-        self.namespace: dict[str, Any] = {"torch": torch, "__name__": "swafuzz_sglang_bound", **stand_ins}
+        self.stand_ins = stand_ins
+        self.namespace: dict[str, Any] = {
+            "torch": torch, "__name__": "swafuzz_sglang_bound", LOCAL_IMPORTS: stand_ins, **stand_ins,
+        }
         self.modules: dict[str, ast.Module] = {}
 
     def add_helpers(self, helpers: dict[str, Callable]) -> None:
@@ -192,6 +197,7 @@ class _SourceBinder:
             decorators = ", ".join(ast.unparse(d) for d in node.decorator_list)
             raise BindError(f"{self.label}: {qualname} is decorated ({decorators}); only plain functions bind")
         node = _without_annotations(node)
+        node = self._local_imports_from_stand_ins(path, node, qualname)
         missing = sorted(
             name for name in _global_names(node)
             if name not in self.namespace and not hasattr(builtins, name)
@@ -208,6 +214,29 @@ class _SourceBinder:
         function.__qualname__ = qualname
         function.swafuzz_source = node  # for the self-attribute check
         return function
+
+
+    def _local_imports_from_stand_ins(self, path: str, node: ast.FunctionDef, qualname: str) -> ast.FunctionDef:
+        """``from sglang... import name`` inside a function (SGLang defers GPU-only imports
+        that way) takes ``name`` from the stand-ins when the function runs."""
+        stand_ins, label = self.stand_ins, self.label
+
+        class Rewrite(ast.NodeTransformer):
+            def visit_ImportFrom(self, statement: ast.ImportFrom):
+                if not (statement.module or "").startswith("sglang"):
+                    return statement
+                assignments = []
+                for alias in statement.names:
+                    if alias.name not in stand_ins:
+                        raise BindError(
+                            f"{label}: {qualname} imports {alias.name} from {statement.module}, which "
+                            f"swafuzz has no stand-in for"
+                        )
+                    lookup = ast.Subscript(ast.Name(LOCAL_IMPORTS, ast.Load()), ast.Constant(alias.name), ast.Load())
+                    assignments.append(ast.Assign([ast.Name(alias.asname or alias.name, ast.Store())], lookup))
+                return [ast.copy_location(a, statement) for a in assignments]
+
+        return ast.fix_missing_locations(Rewrite().visit(node))
 
 
 def _find(body: list[ast.stmt], kind: type, name: str):

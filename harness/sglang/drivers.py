@@ -18,6 +18,7 @@ SGLang keeps one backend per model and one per step of a multi-step draft.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -57,7 +58,7 @@ class PoolStandIn(StandIn):
     attributes = frozenset({
         "full_to_swa_index_mapping", "start_layer", "_stage_start", "cached_loc",
         "_should_cache_swa", "swa_kv_pool", "request_window", "swa_req_ring_size",
-        "unified_swa_ring_size",
+        "unified_swa_ring_size", "unified_swa_window", "unified_swa_pages",
     })
 
 
@@ -66,6 +67,8 @@ class BackendStandIn(StandIn):
     attributes = frozenset({
         "forward_metadata", "token_to_kv_pool", "pre_kv_store_hook", "topk", "mtp_enabled",
         "speculative_num_steps", "speculative_step_id",
+        # the ring producer's fp8 speculative-draft branch (0.5.23), never taken: bf16 ring
+        "is_dspark", "_fp8_decode_num_heads", "_fp8_verify_epi",
     })
 
 
@@ -148,18 +151,61 @@ def join_in_graph_metadata_prep() -> None:
     """Stands in for the wait on metadata prepared on a side stream (there is none here)."""
 
 
+class AttentionStreams:
+    """Stands in for SGLang's ``unified_kv_kernels.runtime``: the attention index streams it
+    builds are read by attention kernels, not by any store, so none are built."""
+
+    @staticmethod
+    def build_decode_streams(**_: Any) -> tuple[None, ...]:
+        return (None,) * 6
+
+
+class GroupedVerifyStreams:
+    """Stands in for ``unified_kv_kernels.grouped_verify_streams`` (grouped verify attention,
+    switched off by the ``_grouped_asm_enabled`` stand-in)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise StandInGap(f"SGLang code used grouped_verify_streams.{name}, which swafuzz does not model")
+
+
+class DecodeCore:
+    """What ``_attach_unified_kv_decode_streams`` reads from the core attention metadata:
+    the tokens' positions and the attention lengths and pages (empty: no attention runs)."""
+
+    def __init__(self, unified: Any, positions: torch.Tensor):
+        n = positions.shape[0]
+        self.unified = unified
+        self.positions_casual = positions
+        self.swa_topk_lengths = self.c128_topk_lengths_raw = self.c4_sparse_topk_lengths_raw = (
+            torch.zeros(n, dtype=torch.int32, device=positions.device))
+        self.c128_page_indices = self.c4_sparse_page_indices = torch.empty(
+            (n, 0), dtype=torch.int32, device=positions.device)
+
+
 # the global names bound SGLang code gets in place of SGLang's own
 STAND_INS: dict[str, Any] = {
     "DSV4Metadata": ForwardMetadata,
     "fused_k_norm_rope_flashmla": fused_k_norm_rope_flashmla,
     "join_in_graph_metadata_prep": join_in_graph_metadata_prep,
+    # the unified-KV ring producer's gates and kernels: the ring is on, bf16, ungrouped
+    "is_unified_kv_triton": lambda: True,
+    "is_unified_kv_fp8": lambda: False,
+    "_grouped_asm_enabled": lambda: False,
+    "_GROUPED_ASM_MIN_REQS": 0,
+    "_GROUPED_ASM_BLOCK_Q": 0,
+    "runtime": AttentionStreams,
+    "grouped_verify_streams": GroupedVerifyStreams(),
+    # the producer builds metadata only when none is attached; the drivers always attach one
+    "UnifiedKvMetadata": lambda: UnifiedStandIn(swa_loc=None),
 }
 # names the module-level helpers use, from the standard library
-STANDARD_NAMES: dict[str, Any] = {"fields": dataclasses.fields, "warnings": warnings}
+STANDARD_NAMES: dict[str, Any] = {"fields": dataclasses.fields, "functools": functools, "warnings": warnings}
 
-# The modes in which SGLang's DeepSeek-V4 model reads get_unified_swa_loc: its unified-KV
-# store takes the ring rows from the getter on the decode arm (is_decode_or_idle) and, from
-# 0.5.20 under fp8, for target-verify; prefill and extend rows are stored by the backend.
+# The modes in which SGLang's DeepSeek-V4 model may read get_unified_swa_loc: its unified-KV
+# store takes the ring rows from the getter on the decode arm (is_decode_or_idle) and, in
+# 0.5.23 with the fp8 ring, for target-verify; prefill and extend rows are stored by the
+# backend. Which modes read it in which release is the matrix's call-path table
+# (reachability.py: ring-getter-in-verify, ring-getter-in-extend).
 RING_GETTER_MODES = frozenset({
     ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY,
 })
@@ -184,7 +230,7 @@ class SglangSubject(Subject):
             _stage_start=spec.start_layer, cached_loc=None,
             _should_cache_swa=True,  # the env flag that turns the pool's cache on
             swa_kv_pool=SwaKeyStore(), request_window=None, swa_req_ring_size=None,
-            unified_swa_ring_size=spec.ring,
+            unified_swa_ring_size=spec.ring, unified_swa_window=spec.sliding_window, unified_swa_pages=0,
         )
         if self.backend_class_name is not None:
             self.backend_class = self.binding.classes[self.backend_class_name].build(BackendStandIn)
@@ -277,6 +323,7 @@ class _MetadataSubject(SglangSubject):
                 forward_metadata=None, token_to_kv_pool=self.pool, pre_kv_store_hook=None,
                 topk=1 if self.spec.speculative else 0, mtp_enabled=self.spec.speculative,
                 speculative_num_steps=0, speculative_step_id=step,
+                is_dspark=False, _fp8_decode_num_heads=None, _fp8_verify_epi=None,
             )
         if batch.mode is ForwardMode.DRAFT_DECODE:
             backend.speculative_num_steps = batch.num_draft_steps
@@ -356,12 +403,12 @@ class TranslatedLocSubject(_MetadataSubject):
 class RingSubject(_MetadataSubject):
     """``get_unified_swa_loc``: decode metadata holds the ring rows.
 
-    The producer follows SGLang's rules: decode (and idle) metadata computes
-    ``req_slot * ring + position % ring`` from the request slots and positions of the
-    forward; other modes leave the rows unset; idle under MTP is skipped. Every step of a
-    multi-step draft gets metadata built once, from the positions at init. Before a graph
-    replay fresh metadata is built and merged into the captured one; this subject copies
-    the rows in place so that only the getter is under test (see :class:`RingMergeSubject`).
+    The rows are SGLang's own: decode (and idle) metadata runs the release's
+    ``_attach_unified_kv_decode_streams`` on the forward's request slots and positions;
+    other modes leave the rows unset; idle under MTP is skipped. Every step of a multi-step
+    draft gets metadata built once, from the positions at init. Before a graph replay fresh
+    metadata is built and merged into the captured one; this subject copies the rows in
+    place so that only the getter is under test (see :class:`RingMergeSubject`).
     """
 
     truth = Truth.RING
@@ -373,10 +420,9 @@ class RingSubject(_MetadataSubject):
     def _build(self, batch: ForwardBatch) -> ForwardMetadata:
         unified = self._unified()
         if batch.mode.is_decode_or_idle():
-            n = batch.positions.shape[0]
-            ring = self.pool.unified_swa_ring_size
-            req_slot = batch.req_pool_indices[:n].to(torch.int64)
-            unified.swa_loc = (req_slot * ring + batch.positions.to(torch.int64) % ring).to(torch.int32)
+            # decode passes one request slot per token, as SGLang's decode metadata does
+            state_slot = batch.req_pool_indices[: batch.positions.shape[0]]
+            self._backend(batch, 0)._attach_unified_kv_decode_streams(DecodeCore(unified, batch.positions), state_slot)
         return self._metadata(unified=unified)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

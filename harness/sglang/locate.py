@@ -22,13 +22,28 @@ from pathlib import Path
 
 CACHE_ENV = "SWAFUZZ_SGLANG_CACHE"
 DEFAULT_CACHE_DIR = Path("~/.cache/swafuzz/sglang")
-MATRIX_VERSIONS = tuple(f"0.5.{minor}" for minor in range(12, 24))
+# Every release from 0.5.12 to 0.5.23 on PyPI, post releases included (``pip index versions
+# sglang`` on 2026-11-30): a post release can change a verdict (0.5.12.post1 clears the pool
+# cache in register_mapping).
+RELEASES = (
+    "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
+    "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)
 # the build writes _version.py; older trees keep the number in version.py
 VERSION_FILES = ("sglang/_version.py", "sglang/version.py")
 
 
 class SglangUnavailable(RuntimeError):
     """No SGLang source can be found or downloaded."""
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """Orders releases as PyPI does for these numbers: ``0.5.12 < 0.5.12.post1 < 0.5.13``."""
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?", version)
+    if match is None:
+        raise ValueError(f"{version!r} is not a release number of the form X.Y.Z[.postN]")
+    major, minor, patch, post = match.groups()
+    return int(major), int(minor), int(patch), int(post) if post is not None else -1
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
@@ -49,11 +64,10 @@ class SourceTree:
     def read(self, path: str) -> str | None:
         """The text of ``path`` (``sglang/...``), or None when this tree lacks it."""
         if self.root.suffix == ".whl":
-            with zipfile.ZipFile(self.root) as wheel:
-                try:
-                    return wheel.read(path).decode("utf-8")
-                except KeyError:
-                    return None
+            try:
+                return _open_wheel(self.root).read(path).decode("utf-8")
+            except KeyError:
+                return None
         file = self.root / path
         return file.read_text(encoding="utf-8") if file.is_file() else None
 
@@ -82,6 +96,12 @@ class SourceTree:
             "checkout": f"sglang checkout {self.root} ({version})",
             "wheel": f"sglang {version} wheel",
         }[self.origin]
+
+
+@functools.lru_cache(maxsize=32)
+def _open_wheel(path: Path) -> zipfile.ZipFile:
+    # a wheel's directory of several thousand entries is read once, not on every file read
+    return zipfile.ZipFile(path)
 
 
 def checkout(path: str | os.PathLike) -> SourceTree:
@@ -139,6 +159,12 @@ def fetch_wheel(version: str, cache: str | os.PathLike | None = None) -> Path:
             f"pip download of sglang=={version} failed (exit {done.returncode}): " + " | ".join(tail)
         )
     return found
+
+
+def cached_releases(cache: str | os.PathLike | None = None) -> tuple[str, ...]:
+    """The releases of :data:`RELEASES` whose wheel is already in the cache."""
+    directory = cache_dir(cache)
+    return tuple(v for v in RELEASES if _cached_wheel(directory, v) is not None)
 
 
 def _cached_wheel(directory: Path, version: str) -> Path | None:

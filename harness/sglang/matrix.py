@@ -31,6 +31,7 @@ from strategies.features import (
     PAGED_POOLS,
     PIPELINE_STAGE,
     RAGGED_EXTEND,
+    REGISTER_MAPPING,
     SKIP_METADATA_INIT,
     TARGET_VERIFY,
     features_of,
@@ -38,14 +39,25 @@ from strategies.features import (
 from strategies.scenarios import PROFILES, adversarial_reasons, weakest_profile
 
 from .. import __version__
-from ..diagnosis import RAISED, Divergence
+from ..diagnosis import (
+    EARLIER_FORWARD,
+    EARLIER_STEP,
+    GRAPH_CAPTURE,
+    OLD_MAPPING,
+    OTHER_MICRO_BATCH,
+    RAISED,
+    UNIFORM_REPEAT,
+    Divergence,
+)
 from ..executor import run_scenario
 from ..fuzz import fuzz
 from ..registry import SubjectInfo
 from ..replay import Replay, write_replay
 from ..reports import write_atomically
-from . import locate
+from . import locate, provenance
 from .binding import BindError
+from .reachability import QUESTIONS, Route, question
+from .switches import defaults_table
 from .targets import TARGETS, Target
 
 EXAMPLES_COLUMN = "examples"
@@ -108,6 +120,7 @@ class Matrix:
     max_examples: int | None
     seed: int
     elapsed_s: float
+    sources: dict[str, str] = field(default_factory=dict)  # version -> digest of the SGLang files read
 
 
 def run_matrix(
@@ -118,6 +131,7 @@ def run_matrix(
     started = time.monotonic()
     cells: list[Cell] = []
     unavailable: dict[str, str] = {}
+    sources: dict[str, str] = {}
     for version in versions:
         try:
             tree = locate.wheel(version, cache)
@@ -125,6 +139,7 @@ def run_matrix(
             unavailable[version] = str(exc)
             log(f"{version}: {exc}")
             continue
+        sources[version] = provenance.sglang_digest(tree)
         for target in TARGETS:
             try:
                 info = target.info(tree, "source", name=f"{target.subject_name}@{version}")
@@ -137,7 +152,8 @@ def run_matrix(
                 _run_fuzz(cell, info, profile, settings, max_examples, seed, replay_dir)
             log(f"{version} {target.name}: " + ", ".join(f"{k} {v}" for k, v in cell.runs.items()))
             cells.append(cell)
-    return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started)
+    return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started,
+                  sources)
 
 
 def _run_examples(cell: Cell, info: SubjectInfo, replay_dir: Path) -> None:
@@ -176,12 +192,14 @@ def harness_gap(divergence: Divergence) -> bool:
 
 
 def reachability(finding: Finding) -> tuple[str, str]:
-    """A verdict (reachable, not reached, adversarial only, harness gap) and why.
+    """A verdict (reachable, reachable off-default, not reached, unconfirmed, adversarial
+    only, harness gap) and why.
 
     The profile decides first (the realistic profile draws only what the domain brief says
-    the engine does); then what SGLang's own code shows about the diverging store narrows
-    "realistic" down: which modes call the target, that DeepSeek-V4 stores SWA keys in
-    every layer, that graph replays always run replay prep.
+    the engine does); then SGLang's own code, through the call paths read per release
+    (:mod:`.reachability`): whether the model reads the target in the diverging forward's
+    mode, and whether the problem the divergence is an instance of is reached. Only a
+    cited call path makes a divergence reachable.
     """
     divergence, target = finding.divergence, finding.target
     if harness_gap(divergence):
@@ -193,28 +211,70 @@ def reachability(finding: Finding) -> tuple[str, str]:
     upto = divergence.event if divergence.event is not None and divergence.event >= 0 else len(events) - 1
     event = events[upto]
     features = features_of(Scenario(finding.scenario.config, events[: upto + 1]))
-    if target.model_modes is not None and event.mode not in {m.value for m in target.model_modes}:
-        called = ", ".join(sorted(m.value for m in target.model_modes))
-        return "not reached", (
-            f"a realistic lifecycle, but SGLang's DeepSeek-V4 model reads this code only in {called} "
-            f"forwards (models/deepseek_v4.py: the unified-KV store takes ring rows from the getter "
-            f"on the decode arm), so this {event.mode} store never calls it"
-        )
-    if FIRST_SWA_LAYER_NOT_START in features:
-        return "not reached", (
-            f"needs a stage whose first SWA-storing layer is not start_layer, as in hybrid models "
-            f"(DOMAIN.md §3), but this is DeepSeek-V4 code and in DeepSeek-V4 every layer stores SWA "
-            f"keys (DOMAIN.md §3); it is reached only if a hybrid model adopts the same cache"
-        )
-    if event.graph and event.skip_init:
-        return "not reached", (
-            "the realistic profile replays an idle graph without metadata init (DOMAIN.md §3, idle under "
-            "speculative decoding), but SGLang's decode graph runner runs replay prep on every replay, "
-            "idle included (model_executor/runner/decode_cuda_graph_runner.py: DeepSeek-V4's prep "
-            "substitutes idle inputs), so the captured rows are refreshed there"
-        )
     facts = [f"{DOMAIN_FACTS[f][1]} (DOMAIN.md {DOMAIN_FACTS[f][0]})" for f in sorted(features) if f in DOMAIN_FACTS]
-    return "reachable", "; ".join(facts) or "a plain decode lifecycle"
+    cause = question_key(finding, features)
+    keys = [k for k in (_mode_question(target, event.mode), cause) if k is not None]
+    readings = [(key, question(key).routes_for(finding.version)) for key in keys]
+    readings = [(key, routes) for key, routes in readings if routes]
+    for key, routes in readings:
+        if not any(route.reached for route in routes):
+            return "not reached", _cite(key, routes[0])
+    if cause is None or cause not in dict(readings):
+        return "unconfirmed", (
+            "realistic for the domain brief (" + ("; ".join(facts) or "a plain decode lifecycle")
+            + "), but no SGLang call path to it has been read for this release"
+        )
+    defaults = [(key, routes[0]) for key, routes in readings if routes[0].setting is None and routes[0].reached]
+    if len(defaults) == len(readings):
+        return "reachable", "; ".join(_cite(key, route) for key, route in defaults)
+    needed = [(key, next(r for r in routes if r.reached)) for key, routes in readings]
+    settings = sorted({route.setting for _, route in needed if route.setting})
+    return "reachable off-default", f"only with {', '.join(settings)}: " + "; ".join(
+        _cite(key, route) for key, route in needed)
+
+
+def _mode_question(target: Target, mode: str) -> str | None:
+    """Whether SGLang's model reads this target's code in ``mode`` at all (ring getters only)."""
+    if target.name not in question("ring-getter-in-verify").targets:
+        return None
+    if mode == "verify":
+        return "ring-getter-in-verify"
+    if mode in ("extend", "draft_extend"):
+        return "ring-getter-in-extend"
+    return None
+
+
+def question_key(finding: Finding, features: set[str]) -> str | None:
+    """The historical problem (a key of :data:`reachability.QUESTIONS`) a divergence is an
+    instance of, from where its wrong rows came from and what the scenario exercised; None
+    when it is none of them, or when no route was read for this target's code."""
+    cause = (finding.divergence.source or {}).get("kind")
+    key = None
+    if cause == OTHER_MICRO_BATCH:
+        key = "pool-cache-two-batch-overlap"
+    elif cause == GRAPH_CAPTURE:
+        key = "assign-listed-ring-rows"
+    elif cause == EARLIER_STEP:
+        key = "multi-step-draft-ring-rows"
+    elif cause == UNIFORM_REPEAT:
+        key = "uniform-repeat-interleave"
+    elif cause == OLD_MAPPING and REGISTER_MAPPING in features:
+        key = "pool-register-mapping-keeps-cache"
+    elif cause == EARLIER_FORWARD and FIRST_SWA_LAYER_NOT_START in features:
+        key = "pool-cache-first-swa-layer"
+    elif SKIP_METADATA_INIT in features:
+        key = "skipped-metadata-init-idle"
+    if key is None or finding.target.name not in question(key).targets:
+        return None
+    return key
+
+
+def _cite(key: str, route: Route) -> str:
+    return f"{route.why} (call path read in {_span(route.releases)}: {route.cited()}) [{key}]"
+
+
+def _span(versions: tuple[str, ...]) -> str:
+    return versions[0] if len(versions) == 1 else f"{versions[0]} to {versions[-1]}"
 
 
 # ---- the report ----------------------------------------------------------------------------
@@ -238,12 +298,19 @@ def render(matrix: Matrix, report_path: Path) -> str:
         + (f", at most {matrix.max_examples} scenarios" if matrix.max_examples else "")
         + f" per run), {matrix.elapsed_s:.0f} s in all.",
         "",
+        f"- harness sources: `{provenance.harness_digest()}` (revision `{provenance.revision()}`); "
+        "the SGLang sources read, per release, are under *Provenance*. "
+        "`tests/test_sglang_matrix_report.py` fails when either changes: regenerate with "
+        "`tox -e sglang-matrix`.",
+        "",
         "Each bound version x target pair runs the hand-written examples "
         "(`strategies/examples.py`, one per bug class) and the fuzzer under the `realistic` and "
         "`adversarial` profiles; the fuzzer stops at its first divergence and shrinks it. Every "
-        "divergence is judged: **reachable** (a realistic scenario that SGLang's code can run "
-        "into, with the domain brief's facts it rests on), **not reached** (realistic for the "
-        "brief, but SGLang's own code shows that this store never takes that path), "
+        "divergence is judged: **reachable** (a realistic scenario on a call path read in that "
+        "release with its default settings, cited hop by hop), **reachable off-default** (the "
+        "cited path exists only under a non-default setting, named), **not reached** (the "
+        "release's code, cited, never takes that path, whatever profile found it), "
+        "**unconfirmed** (realistic for the domain brief, but no call path has been read), "
         "**adversarial only** (outside the realistic profile, with the reasons), or **harness "
         "gap** (the stand-ins lack something the code read).",
         "",
@@ -264,12 +331,20 @@ def render(matrix: Matrix, report_path: Path) -> str:
         f"{verdict} {len(numbers)} ({', '.join(f'#{n}' for n in numbers)})"
         for verdict, numbers in sorted(verdicts.items())) or "no divergence"))
     lines += ["", "## Reachable in SGLang", ""]
-    reachable = [(n, key, members) for n, (key, members) in numbered if key[4] == "reachable"]
-    for number, (target, column, example, sentence, _, _), members in reachable:
+    reachable = [(n, key, members) for n, (key, members) in numbered if key[4].startswith("reachable")]
+    for number, (target, column, example, sentence, verdict, _), members in reachable:
         label = f"example `{example}`" if example else f"{column} fuzzing"
-        lines.append(f"- #{number} `sglang:{target}` {', '.join(f.version for f in members)} ({label}): {sentence}")
+        lines.append(f"- #{number} `sglang:{target}` {', '.join(f.version for f in members)} ({label}, "
+                     f"{verdict}): {sentence}")
     if not reachable:
         lines.append("No divergence that SGLang's real lifecycle can reach.")
+    lines += ["", "## Historical problems by release", "",
+              "What the call paths read in each release say (`harness/sglang/reachability.py`, pinned "
+              "against the wheels by `tests/test_sglang_reachability.py`).", "", *_problems_table(matrix.versions)]
+    lines += ["", "## Engine switches by release", "",
+              "Defaults read from each release (`harness/sglang/switches.py`); a route that needs a "
+              "switch set against its default makes a divergence *reachable off-default*.", "",
+              *defaults_table(tuple(matrix.versions))]
     lines += ["", "## Which releases have which target", "",
               "| target | code | releases |", "| --- | --- | --- |"]
     for target in TARGETS:
@@ -296,7 +371,32 @@ def render(matrix: Matrix, report_path: Path) -> str:
         lines.append(f"- `sglang:{target}` in {', '.join(versions)}: {message}")
     for version, message in matrix.unavailable.items():
         lines.append(f"- {version}: {message}")
+    lines += ["", "## Provenance", "",
+              "Digest of the SGLang files each release's verdicts rest on: "
+              + ", ".join(f"`{path}`" for path in provenance.sglang_paths()) + ".", "",
+              "| release | SGLang sources |", "| --- | --- |"]
+    lines += [f"| {version} | `{digest}` |" for version, digest in matrix.sources.items()]
     return "\n".join(lines) + "\n"
+
+
+def _problems_table(versions: list[str]) -> list[str]:
+    """Release x historical problem: reached or not, each cell naming the call path read."""
+    marks: dict[Route, str] = {}
+    rows = ["| release | " + " | ".join(f"`{item.key}`" for item in QUESTIONS) + " |",
+            "| --- |" + " --- |" * len(QUESTIONS)]
+    for version in versions:
+        cells = []
+        for item in QUESTIONS:
+            parts = []
+            for route in item.routes_for(version):
+                mark = marks.setdefault(route, f"P{len(marks) + 1}")
+                state = "reached" if route.reached else "not reached"
+                parts.append(f"{state}{f' with {route.setting}' if route.setting else ''} ({mark})")
+            cells.append("; ".join(parts) or "not read")
+        rows.append(f"| {version} | " + " | ".join(cells) + " |")
+    rows += ["", "Call paths:", ""]
+    rows += [f"- {mark}: {route.why}: {route.cited()}" for route, mark in marks.items()]
+    return rows
 
 
 def _code_names(target: Target) -> list[str]:
@@ -340,7 +440,7 @@ def _relative(path: Path, report_path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.sglang.matrix", description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", default=",".join(locate.MATRIX_VERSIONS),
+    parser.add_argument("--versions", default=",".join(locate.RELEASES),
                         help="comma-separated SGLang releases (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("reports/sglang-matrix.md"))
     parser.add_argument("--replay-dir", type=Path, default=Path("reports/sglang-matrix"))

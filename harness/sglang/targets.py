@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..api import ForwardMode
 from ..registry import SubjectInfo
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
 from .drivers import (
     POOL_CLASS,
-    RING_GETTER_MODES,
     STAND_IN_ATTRIBUTES,
     STAND_INS,
     STANDARD_NAMES,
@@ -33,6 +31,9 @@ HIP_BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py
 METADATA_FILE = "sglang/srt/layers/attention/dsv4/metadata.py"
 CUDA_BACKEND = "DeepseekV4AttnBackend"
 HIP_BACKEND = "DeepseekV4HipRadixBackend"
+
+# the ring getter and the producer of the rows it caches (decode metadata)
+RING_METHODS = ("get_unified_swa_loc", "_attach_unified_kv_decode_streams")
 
 _POOL_TRANSLATION = ClassCode(POOL_FILE, POOL_CLASS, ("register_mapping", "translate_loc_from_full_to_swa"), role="pool")
 
@@ -55,8 +56,6 @@ class Target:
     first: str
     last: str | None = None
     driver_settings: tuple[tuple[str, object], ...] = ()
-    # the forward modes in which SGLang's model calls the code (None: every mode)
-    model_modes: frozenset[ForwardMode] | None = None
 
     @property
     def subject_name(self) -> str:
@@ -91,14 +90,14 @@ TARGETS: tuple[Target, ...] = (
         "pool-fused-store",
         "DeepSeek-V4 pool set_swa_key_buffer_radix_fused with its inline translation cache",
         PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused"),),
-        first="0.5.12", last="0.5.12",
+        first="0.5.12", last="0.5.12.post1",
         driver_settings=(("store", "set_swa_key_buffer_radix_fused"),),
     ),
     Target(
         "pool-norm-rope-store",
         "DeepSeek-V4 pool set_swa_key_buffer_radix_fused_norm_rope with its inline translation cache",
         PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused_norm_rope"),),
-        first="0.5.12", last="0.5.12",
+        first="0.5.12", last="0.5.12.post1",
         driver_settings=(("store", "set_swa_key_buffer_radix_fused_norm_rope"),),
     ),
     Target(
@@ -121,10 +120,9 @@ TARGETS: tuple[Target, ...] = (
         "hip-unified-swa-loc",
         "HIP DeepSeek-V4 backend get_unified_swa_loc over per-forward ring rows",
         RingSubject,
-        (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_unified_swa_loc",), role="backend"),),
+        (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"),),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
-        model_modes=RING_GETTER_MODES,
     ),
     Target(
         "unified-metadata-merge",
@@ -133,11 +131,10 @@ TARGETS: tuple[Target, ...] = (
         (
             ClassCode(HIP_BACKEND_FILE, UNIFIED_METADATA_CLASS, ("copy_",), dataclass_fields=True),
             FunctionCode(METADATA_FILE, "copy_metadata"),
-            ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_unified_swa_loc",), role="backend"),
+            ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"),
         ),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
-        model_modes=RING_GETTER_MODES,
     ),
 )
 

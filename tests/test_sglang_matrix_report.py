@@ -1,0 +1,76 @@
+"""The committed SGLang version matrix is not older than the sources that decide it.
+
+``reports/sglang-matrix.md`` records a digest of swafuzz's deciding sources and, per
+release, of the SGLang files it read. When either changes, the committed verdicts may be
+stale: regenerate with ``tox -e sglang-matrix``. Releases whose wheel is neither cached nor
+downloadable are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.sglang import locate, provenance
+
+REPORT = provenance.REPO_ROOT / "reports" / "sglang-matrix.md"
+REGENERATE = "regenerate reports/sglang-matrix.md with `tox -e sglang-matrix`"
+
+
+def _recorded():
+    return provenance.recorded(REPORT.read_text(encoding="utf-8"))
+
+
+def test_the_committed_matrix_was_generated_from_the_current_harness_sources():
+    harness, _ = _recorded()
+    assert harness is not None, f"the matrix records no harness digest; {REGENERATE}"
+    assert harness == provenance.harness_digest(), f"the harness changed since the matrix was made; {REGENERATE}"
+
+
+def test_the_committed_matrix_covers_every_release_with_post_releases():
+    _, releases = _recorded()
+    assert tuple(releases) == locate.RELEASES, REGENERATE
+
+
+@pytest.mark.parametrize("version", locate.RELEASES)
+def test_the_committed_matrix_read_the_sglang_sources_of_each_release(version):
+    recorded = _recorded()[1].get(version)
+    if recorded is None:
+        pytest.fail(f"the matrix records no SGLang digest for {version}; {REGENERATE}")
+    installed = locate.installed()
+    if installed is not None and installed.version == version:
+        tree = installed
+    elif any(locate.cache_dir().glob(f"sglang-{version}-*.whl")):
+        tree = locate.wheel(version)
+    else:
+        pytest.skip(f"sglang {version} is neither installed nor in the wheel cache (the matrix run downloads it)")
+    assert provenance.sglang_digest(tree) == recorded, f"sglang {version} reads differently now; {REGENERATE}"
+
+
+def test_any_change_to_a_deciding_source_changes_the_digest(tmp_path):
+    for folder in (*provenance.DECIDING_PACKAGES, "harness"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    for module in provenance.DECIDING_MODULES:
+        shutil.copy(provenance.REPO_ROOT / module, tmp_path / module)
+    truth = tmp_path / "reference" / "truth.py"
+    shutil.copy(provenance.REPO_ROOT / "reference" / "truth.py", truth)
+    before = provenance.harness_digest(tmp_path)
+    truth.write_text(truth.read_text() + "\n# changed\n")
+    changed = provenance.harness_digest(tmp_path)
+    assert changed != before
+    (tmp_path / "harness" / "cli.py").write_text("# the command line decides no verdict\n")
+    assert provenance.harness_digest(tmp_path) == changed
+
+
+def test_the_sglang_digest_follows_the_files_read(tmp_path):
+    root = tmp_path / "sglang-checkout"
+    path = Path(provenance.sglang_paths()[0])
+    (root / path.parent).mkdir(parents=True)
+    tree = locate.SourceTree(root, "checkout")
+    absent = provenance.sglang_digest(tree)
+    (root / path).write_text("x = 1\n")
+    present = provenance.sglang_digest(tree)
+    (root / path).write_text("x = 2\n")
+    assert len({absent, present, provenance.sglang_digest(tree)}) == 3

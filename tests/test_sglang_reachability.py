@@ -1,0 +1,166 @@
+"""The table of SGLang call paths (harness/sglang/reachability.py) against the releases.
+
+Every route cites hops (``file:function``) and what each says or does not say; these tests
+read each release's wheel and fail when a cited function is gone, moved, or no longer says
+what the verdict rests on. Releases checked: those of ``$SWAFUZZ_SGLANG_TEST_VERSIONS`` (as
+in the binding tests) and any release already in the wheel cache; one that cannot be
+downloaded is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.sglang import locate
+from harness.sglang.reachability import (
+    MODEL,
+    PACKAGE,
+    QUESTIONS,
+    Hop,
+    Route,
+    function_source,
+    question,
+    releases,
+    route_problems,
+)
+from harness.sglang.switches import SWITCHES, declared_default, switch
+
+TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
+DEFAULT_TEST_VERSIONS = ("0.5.12", "0.5.19", "0.5.23")
+REQUESTED = tuple(
+    v.strip() for v in os.environ.get(TEST_VERSIONS_ENV, ",".join(DEFAULT_TEST_VERSIONS)).split(",") if v.strip()
+)
+CHECKED = tuple(v for v in locate.RELEASES if v in REQUESTED or v in locate.cached_releases())
+
+
+@functools.lru_cache(maxsize=None)
+def _tree(version: str) -> locate.SourceTree | str:
+    try:
+        return locate.wheel(version)
+    except locate.SglangUnavailable as exc:
+        return f"no sglang {version} wheel: {exc}"
+
+
+def _cases():
+    for item in QUESTIONS:
+        for number, route in enumerate(item.routes):
+            for version in route.releases:
+                if version in CHECKED:
+                    label = f"{item.key}-{number}-{version}"
+                    yield pytest.param(item.key, number, version, id=label)
+
+
+@pytest.mark.parametrize("key,number,version", list(_cases()))
+def test_each_cited_call_path_reads_as_cited_in_its_release(key, number, version):
+    tree = _tree(version)
+    if isinstance(tree, str):
+        pytest.skip(tree)
+    route = question(key).routes[number]
+    assert route_problems(tree, route) == []
+
+
+@pytest.mark.parametrize("item", QUESTIONS, ids=lambda q: q.key)
+def test_every_release_has_exactly_one_default_reading_of_every_problem(item):
+    for version in locate.RELEASES:
+        defaults = [r for r in item.routes_for(version) if r.setting is None]
+        assert len(defaults) == 1, f"{item.key} in {version}: {len(defaults)} default routes"
+
+
+def test_a_reached_route_cites_the_code_it_passes_through():
+    for item in QUESTIONS:
+        for route in item.routes:
+            if route.reached:
+                assert all(hop.function for hop in route.hops), f"{item.key}: a reached path cites whole files"
+                assert len(route.hops) >= 2
+
+
+def test_releases_are_ordered_with_their_post_releases():
+    assert releases("0.5.12", "0.5.13") == ("0.5.12", "0.5.12.post1", "0.5.13")
+    assert locate.release_key("0.5.15.post1") < locate.release_key("0.5.16")
+    with pytest.raises(ValueError, match="not a release number"):
+        locate.release_key("0.5.x")
+
+
+# ---- the checker itself, on a checkout of our own ----------------------------------------------
+
+MODEL_WITH_OVERLAP = """
+class DeepseekV4Model:
+    def forward(self, batch):
+        for i in range(self.start_layer, self.end_layer):
+            pass
+        return model_forward_maybe_tbo(batch)
+
+    class Inner:
+        def helper(self):
+            def nested():
+                return 1
+            return nested
+"""
+
+
+def _checkout(root: Path, text: str) -> locate.SourceTree:
+    file = root / PACKAGE / MODEL
+    file.parent.mkdir(parents=True)
+    file.write_text(text)
+    return locate.SourceTree(root, "checkout")
+
+
+def test_a_route_the_code_contradicts_is_reported_hop_by_hop(tmp_path):
+    tree = _checkout(tmp_path, MODEL_WITH_OVERLAP)
+    route = Route(("9.9.9",), False, (
+        Hop(MODEL, lacks=("tbo",)),
+        Hop(MODEL, "DeepseekV4Model.forward", mentions=("self.start_layer", "layer_loop")),
+        Hop(MODEL, "DeepseekV4Model.backward"),
+    ), "a reading that no longer holds")
+    assert route_problems(tree, route) == [
+        f"{MODEL}: mentions 'tbo'",
+        f"{MODEL}:DeepseekV4Model.forward: does not mention 'layer_loop'",
+        f"{MODEL}:DeepseekV4Model.backward: not found",
+    ]
+
+
+def test_nested_functions_are_found_by_their_dotted_names(tmp_path):
+    tree = _checkout(tmp_path, MODEL_WITH_OVERLAP)
+    assert function_source(tree, Hop(MODEL, "DeepseekV4Model.Inner.helper.nested")).startswith("def nested")
+    assert function_source(tree, Hop("models/absent.py", "f")) is None
+
+
+# ---- engine switches ---------------------------------------------------------------------------
+
+
+def _switch_cases():
+    for item in SWITCHES:
+        for version in CHECKED:
+            yield pytest.param(item.name, version, id=f"{item.name}-{version}")
+
+
+@pytest.mark.parametrize("name,version", list(_switch_cases()))
+def test_each_switch_default_is_the_one_the_release_declares(name, version):
+    tree = _tree(version)
+    if isinstance(tree, str):
+        pytest.skip(tree)
+    assert declared_default(tree, switch(name)) == switch(name).default(version)
+
+
+def test_a_route_that_needs_a_setting_sets_a_switch_against_its_default():
+    for item in QUESTIONS:
+        for route in item.routes:
+            if route.setting is None:
+                continue
+            for version in route.releases:
+                matching = [s for s in SWITCHES if s.default(version) is not None
+                            and s.setting(not s.default(version)) == route.setting]
+                assert matching, f"{item.key} in {version}: {route.setting} is no switch against its default"
+
+
+def test_switch_defaults_are_read_from_declarations(tmp_path):
+    environ = tmp_path / "sglang" / "srt" / "environ.py"
+    environ.parent.mkdir(parents=True)
+    environ.write_text("class Envs:\n    SGLANG_PREP_IN_CUDA_GRAPH = EnvBool(False)\n")
+    tree = locate.SourceTree(tmp_path, "checkout")
+    assert declared_default(tree, switch("SGLANG_PREP_IN_CUDA_GRAPH")) is False
+    assert declared_default(tree, switch("SGLANG_OPT_CACHE_SWA_TRANSLATION")) is None
