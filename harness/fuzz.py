@@ -24,6 +24,7 @@ from strategies.scenarios import PROFILES, scenarios, weakest_profile
 from .diagnosis import Divergence
 from .devices import timeline_for
 from .executor import DEFAULT_TIMEOUT_S, check_device, run_scenario
+from .graphs import load_capture_machinery
 from .registry import SubjectInfo
 
 SETTINGS_ENV = "SWAFUZZ_SETTINGS"
@@ -153,6 +154,7 @@ def fuzz(
     database = None
     if seed is None and chosen.uses_database and not threads:
         database = DirectoryBasedExampleDatabase(str(database_path(database_dir)))
+    load_capture_machinery()
     started = time.monotonic()
     result = FuzzResult(info.name, profile, chosen.name, examples=0, elapsed_s=0.0, seed=seed)
     coverage: Counter[str] = Counter()
@@ -265,6 +267,7 @@ def exhaustive(
     enumeration order is returned; the enumeration lists short scenarios first.
     """
     check_device(info.subject, torch.device(device))
+    load_capture_machinery()
     started = time.monotonic()
     result = FuzzResult(info.name, profile, "exhaustive", examples=0, elapsed_s=0.0)
     coverage: Counter[str] = Counter()

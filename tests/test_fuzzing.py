@@ -6,6 +6,9 @@ Nothing here reads a subject's declared verdict to decide an outcome: the declar
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -144,3 +147,29 @@ def test_a_threaded_interleaving_is_pinned_into_the_scenario_and_replays_without
     pinned = pin_schedules(scenario, threaded.schedules)
     assert pinned.events[1].order == threaded.schedules[1]
     assert run_scenario(RefreshWhenLayersRestart, pinned).divergence == threaded.divergence
+
+
+_CLOCK_PROBE = """
+import sys, time
+import harness.fuzz as fuzz_module
+from harness.registry import resolve_subject
+
+class Clock:
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def monotonic(self):
+        first_reads.append("torch._dynamo" in sys.modules)
+        return time.monotonic()
+
+first_reads = []
+fuzz_module.time = Clock()
+fuzz_module.fuzz(resolve_subject("uncached"), settings="ci", max_examples=1)
+print("imported before the clock started" if first_reads[0] else "imported inside the timed region")
+"""
+
+
+def test_the_one_time_import_of_the_first_graph_capture_happens_before_the_clock_starts():
+    probe = subprocess.run([sys.executable, "-c", _CLOCK_PROBE], capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "imported before the clock started"
