@@ -81,6 +81,7 @@ class FuzzResult:
     examples: int
     elapsed_s: float
     divergence: Divergence | None = None
+    checks: int = 0  # store-location answers compared, over every example run
     scenario: Scenario | None = None  # shrunk scenario of the divergence
     weakest_profile: str | None = None  # weakest scenario profile that reproduces it
     seed: int | None = None
@@ -177,6 +178,7 @@ def fuzz(
             coverage[feature] += 1
         outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads,
                                stream_delay_cycles=stream_delay_cycles)
+        result.checks += outcome.checks
         report_progress()
         if not outcome.passed:
             scenario = pin_schedules(scenario, outcome.schedules)
@@ -244,7 +246,8 @@ def _found(result: FuzzResult, scenario: Scenario, divergence: Divergence, elaps
            coverage: Counter[str]) -> FuzzResult:
     return FuzzResult(
         subject=result.subject, profile=result.profile, settings=result.settings,
-        examples=result.examples, elapsed_s=elapsed_s, divergence=divergence, scenario=scenario,
+        examples=result.examples, elapsed_s=elapsed_s, divergence=divergence, checks=result.checks,
+        scenario=scenario,
         weakest_profile=weakest_profile(scenario), seed=result.seed, coverage=dict(coverage),
     )
 
@@ -275,6 +278,7 @@ def exhaustive(
         result.examples += 1
         coverage.update(features_of(scenario))
         outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
+        result.checks += outcome.checks
         if on_progress is not None and result.examples % 500 == 0:
             on_progress(Progress(result.examples, time.monotonic() - started, None, len(coverage), 0))
         if not outcome.passed:
