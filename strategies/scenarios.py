@@ -13,6 +13,7 @@ case, so a failure shrinks toward few forwards, few layers and few requests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from hypothesis import strategies as st
 
@@ -57,6 +58,7 @@ ADVERSARIAL_ONLY = (
 )
 
 
+@lru_cache(maxsize=None)  # drawn from many times per scenario: built once per bounds
 def _small_or(lo: int, small: int, large: int) -> st.SearchStrategy[int]:
     """Mostly small values (good failures), sometimes up to DeepSeek-V4 scale."""
     return st.one_of(st.integers(lo, small), st.integers(lo, large))
@@ -86,6 +88,9 @@ def scenarios(profile: str = REALISTIC) -> st.SearchStrategy[Scenario]:
     return _scenarios(profile == ADVERSARIAL)
 
 
+# built once per profile (a fuzz run asks again for every run of examples); building and
+# validating a strategy costs more than a draw from it
+@lru_cache(maxsize=None)
 @st.composite
 def _scenarios(draw, adversarial: bool) -> Scenario:
 
