@@ -35,6 +35,25 @@ from .fuzz import fuzz
 from .registry import BUILTIN_SUBJECTS, DIVERGES, resolve_subject
 
 
+# Lowest accepted value of each ratio ``--json-out`` writes (a prefix names a family); a
+# ratio under its floor is a speed regression (tests/test_bench_floors.py, marked slow).
+RATIO_FLOORS = {
+    "peer/checks_per_s/": 0.0,
+    "peer/time_to_failure/": 0.0,
+    "executor/": 0.0,
+}
+
+
+def ratios_below_floors(ratios: dict[str, float]) -> list[str]:
+    """One line per ratio under its floor."""
+    return [
+        f"{name} = {value:.3g} is below its floor {floor:g}"
+        for name, value in sorted(ratios.items())
+        for prefix, floor in RATIO_FLOORS.items()
+        if name.startswith(prefix) and value < floor
+    ]
+
+
 def decode_scenario(layers: int = 43, batch: int = 64, forwards: int = 20, graph: bool = False) -> Scenario:
     forward = {"op": "forward", "requests": list(range(batch)), **({"graph": True} if graph else {})}
     return Scenario.from_dict({

@@ -3,8 +3,7 @@
 Arming a timer per call would cost more than a cheap subject call, so a watchdog thread
 polls the deadline of the call in flight instead; a call only stores three attributes. One
 watchdog serves the whole process (starting a thread per guard, that is per scenario, cost
-a few percent of a fuzzing run): it watches the innermost guard entered on the main thread
-and sleeps while there is none.
+a few percent of a fuzzing run): it watches the innermost guard entered on the main thread.
 An overrun call is interrupted with a real SIGALRM, which also breaks blocking sleeps. The
 handler raises only if the call that overran is still the one in flight, so a late signal
 can never hit the next call; a call that swallows the alarm is re-alarmed every timeout
@@ -98,12 +97,20 @@ class CallGuard:
 
 
 class _Watchdog:
-    """The process's one watchdog thread, started by the first guard on the main thread."""
+    """The process's one watchdog thread, started by the first guard on the main thread.
+
+    Between the guards of back-to-back scenarios it keeps polling: waking a sleeping thread
+    for every guard cost more than the polls. It sleeps only after a second without guards.
+    """
+
+    IDLE_AFTER_S = 1.0
+    POLL_S = 0.05
 
     def __init__(self) -> None:
         self._guards: list[CallGuard] = []  # entered and not yet left, innermost last
         self._wake = threading.Event()
         self._lock = threading.Lock()
+        self._sleeping = False
         self._thread: threading.Thread | None = None
 
     def watch(self, guard: CallGuard) -> None:
@@ -112,7 +119,9 @@ class _Watchdog:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="swafuzz-watchdog", daemon=True)
                 self._thread.start()
-        self._wake.set()
+            if self._sleeping:
+                self._sleeping = False
+                self._wake.set()
 
     def unwatch(self, guard: CallGuard) -> None:
         with self._lock:
@@ -120,16 +129,23 @@ class _Watchdog:
 
     def _run(self) -> None:
         main = threading.main_thread().ident
+        last_busy = monotonic()
         while True:
-            # cleared before looking, so a guard entered after the look still wakes us
-            self._wake.clear()
             with self._lock:
                 guard = self._guards[-1] if self._guards else None
-            if guard is None:
+                # decided under the lock, so a guard entered now finds it sleeping and wakes it
+                self._sleeping = guard is None and monotonic() - last_busy > self.IDLE_AFTER_S
+                if self._sleeping:
+                    self._wake.clear()
+            if guard is not None:
+                last_busy = monotonic()
+                time.sleep(guard.poll_s())
+                guard.alarm_if_overrun(main)
+            elif self._sleeping:
                 self._wake.wait()
-                continue
-            time.sleep(guard.poll_s())
-            guard.alarm_if_overrun(main)
+                last_busy = monotonic()
+            else:
+                time.sleep(self.POLL_S)
 
 
 _WATCHDOG = _Watchdog()

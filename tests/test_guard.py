@@ -177,3 +177,12 @@ def test_an_outer_guard_still_times_out_after_an_inner_guard_was_left():
         with pytest.raises(SubjectFailure) as info:
             outer.call("swa_write_location", lambda: time.sleep(30))
     assert info.value.message == "swa_write_location did not return within 0.2 s"
+
+
+def test_a_guard_entered_after_the_watchdog_went_to_sleep_still_times_out():
+    with CallGuard(1.0) as guard:
+        guard.call("quick", lambda: None)
+    time.sleep(1.5)  # the watchdog sleeps after a second without guards
+    with CallGuard(0.2) as guard:
+        with pytest.raises(SubjectFailure, match="did not return within 0.2 s"):
+            guard.call("swa_write_location", lambda: time.sleep(30))
