@@ -37,10 +37,13 @@ from .registry import BUILTIN_SUBJECTS, DIVERGES, resolve_subject
 
 # Lowest accepted value of each ratio ``--json-out`` writes (a prefix names a family); a
 # ratio under its floor is a speed regression (tests/test_bench_floors.py, marked slow).
+# The seed-000 floor is the goal itself (the state machine takes at least twice as long);
+# the others sit at half the worst value measured on a loaded two-core machine, well short
+# of the goals: fuzzing checks/s 5x the state machine's, 1.5 us per answer above the subject.
 RATIO_FLOORS = {
-    "peer/checks_per_s/": 0.0,
-    "peer/time_to_failure/": 0.0,
-    "executor/": 0.0,
+    "peer/checks_per_s/": 0.03,
+    "peer/time_to_failure/": 2.0,
+    "executor/": 0.003,
 }
 
 
