@@ -160,19 +160,35 @@ def _scenarios(draw, adversarial: bool) -> Scenario:
     return Scenario.from_dict({"config": config, "events": events})
 
 
+# The strategies of a forward depend on the live requests and the configuration, which
+# repeat from draw to draw: built once per argument tuple.
+@lru_cache(maxsize=1024)
+def _one_of_values(values: tuple) -> st.SearchStrategy:
+    return st.sampled_from(values)
+
+
+@lru_cache(maxsize=1024)
+def _batches(live: tuple[int, ...]) -> st.SearchStrategy[list[int]]:
+    """The requests a forward schedules: any non-empty subset of the live ones, in any order."""
+    return st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True)
+
+
+@lru_cache(maxsize=1024)
+def _token_counts(high: int, requests: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(1, high), min_size=requests, max_size=requests)
+
+
 @st.composite
 def _forwards(draw, sim: _Sim, adversarial: bool, speculative: bool, num_draft_tokens: int,
               stage: list[int], swa_layers: list[int], graph_sizes: list[int]) -> dict:
-    modes = ["decode", "extend"] + (["verify", "draft", "draft_extend"] if speculative else [])
-    mode = draw(st.sampled_from(modes + ["idle"])) if sim.live else "idle"
+    modes = ("decode", "extend") + (("verify", "draft", "draft_extend") if speculative else ())
+    mode = draw(_one_of_values(modes + ("idle",))) if sim.live else "idle"
     event: dict = {"op": "forward", "mode": mode}
-    requests = [] if mode == "idle" else draw(
-        st.lists(st.sampled_from(sim.live), min_size=1, max_size=len(sim.live), unique=True)
-    )
+    requests = [] if mode == "idle" else draw(_batches(tuple(sim.live)))
     event["requests"] = requests
     if mode in ("extend", "draft_extend"):
         high = num_draft_tokens if mode == "draft_extend" else 8
-        event["tokens"] = draw(st.lists(st.integers(1, high), min_size=len(requests), max_size=len(requests)))
+        event["tokens"] = draw(_token_counts(high, len(requests)))
     steps = 1
     if mode == "draft":
         # a chain drafter runs its configured num_draft_tokens - 1 steps every draft forward

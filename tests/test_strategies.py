@@ -11,7 +11,7 @@ from reference import EngineState
 from strategies.examples import EXAMPLES
 from strategies.exhaustive import enumerate_scenarios
 from strategies.features import ALL_FEATURES, features_of
-from strategies.scenarios import ADVERSARIAL, REALISTIC, adversarial_reasons, scenarios, weakest_profile
+from strategies.scenarios import ADVERSARIAL, PROFILES, REALISTIC, adversarial_reasons, scenarios, weakest_profile
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -91,3 +91,10 @@ def test_exhaustive_scope_switches_every_feature_on_somewhere():
         seen |= features_of(scenario)
     missing = set(ALL_FEATURES) - seen - {"draft_model", "paged_pools", "permuted_layers"}
     assert missing == set()
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_each_profile_strategy_is_built_once_and_reused(profile):
+    # a fuzz run asks for the strategy once per run of examples: rebuilding it would
+    # re-validate every inner strategy
+    assert scenarios(profile) is scenarios(profile)
