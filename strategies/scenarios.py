@@ -64,6 +64,10 @@ def _small_or(lo: int, small: int, large: int) -> st.SearchStrategy[int]:
     return st.one_of(st.integers(lo, small), st.integers(lo, large))
 
 
+_PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
+_GRAPH_SIZE_SETS = st.sets(st.sampled_from([1, 2, 4, 8, 16, 64, 256]), min_size=1)
+
+
 @dataclass
 class _Sim:
     """Just enough engine bookkeeping to draw only valid events and size the pools."""
@@ -97,15 +101,15 @@ def _scenarios(draw, adversarial: bool) -> Scenario:
     start_layer = draw(_small_or(0, 1, 60))
     num_layers = draw(_small_or(1, 3, 64))
     stage = list(range(start_layer, start_layer + num_layers))
-    non_swa = draw(st.lists(st.sampled_from(stage), unique=True, max_size=num_layers - 1))
+    non_swa = draw(_layer_sets(tuple(stage), max_size=num_layers - 1))
     swa_layers = [layer for layer in stage if layer not in non_swa]
     sliding_window = draw(_small_or(1, 8, 128))
     speculative = draw(st.booleans())
     num_draft_tokens = draw(st.integers(2, 4)) if speculative else 1
     draft_model = speculative and draw(st.booleans())
-    full_page = draw(st.sampled_from([1, 2, 4, 16]))
-    swa_page = draw(st.sampled_from([1, 2, 4, 16]))
-    graph_sizes = sorted(draw(st.sets(st.sampled_from([1, 2, 4, 8, 16, 64, 256]), min_size=1)))
+    full_page = draw(_PAGE_SIZES)
+    swa_page = draw(_PAGE_SIZES)
+    graph_sizes = sorted(draw(_GRAPH_SIZE_SETS))
 
     sim = _Sim()
     events: list[dict] = []
@@ -174,6 +178,17 @@ def _batches(live: tuple[int, ...]) -> st.SearchStrategy[list[int]]:
 
 
 @lru_cache(maxsize=1024)
+def _layer_sets(stage: tuple[int, ...], min_size: int = 0, max_size: int | None = None) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.sampled_from(stage), unique=True, min_size=min_size, max_size=max_size)
+
+
+@lru_cache(maxsize=1024)
+def _layer_lists(stage: tuple[int, ...]) -> st.SearchStrategy[list[int]]:
+    """Layers in any order, repeats allowed (the adversarial ``layers`` of a forward)."""
+    return st.lists(st.sampled_from(stage), min_size=1, max_size=2 * len(stage))
+
+
+@lru_cache(maxsize=1024)
 def _token_counts(high: int, requests: int) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(1, high), min_size=requests, max_size=requests)
 
@@ -217,9 +232,9 @@ def _forwards(draw, sim: _Sim, adversarial: bool, speculative: bool, num_draft_t
         if draw(st.booleans()):
             event["skip_init"] = True
         if draw(st.booleans()):
-            event["layers"] = draw(st.lists(st.sampled_from(stage), min_size=1, max_size=2 * len(stage)))
+            event["layers"] = draw(_layer_lists(tuple(stage)))
         if draw(st.booleans()):
-            event["skip_layers"] = draw(st.lists(st.sampled_from(stage), unique=True, min_size=1))
+            event["skip_layers"] = draw(_layer_sets(tuple(stage), min_size=1))
     elif mode == "idle" and speculative and not event.get("graph"):
         event["skip_init"] = True
 
@@ -231,8 +246,8 @@ def _forwards(draw, sim: _Sim, adversarial: bool, speculative: bool, num_draft_t
     if adversarial and not event.get("graph") and requests and draw(st.booleans()):
         event["mutation"] = {
             "after_calls": draw(st.integers(0, len(schedule) * mbs * steps)),
-            "op": draw(st.sampled_from(["relocate", "register_mapping"])),
-            "request": draw(st.sampled_from(sim.live)),
+            "op": draw(_one_of_values(("relocate", "register_mapping"))),
+            "request": draw(_one_of_values(tuple(sim.live))),
             "shuffle": draw(st.integers(0, 3)),
         }
     return event
