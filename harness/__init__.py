@@ -1,12 +1,26 @@
 """swafuzz: differential fuzzing of cached SWA write locations against a reference."""
 
-from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth, tokens_request_slots
-from .diagnosis import Divergence
-from .executor import RunResult, SubjectError, run_scenario
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "SUBJECT_API_VERSION", "SUPPORTED_API_VERSIONS", "Divergence", "ForwardBatch", "ForwardMode", "ModelSpec",
-    "RunResult", "Subject", "SubjectError", "Truth", "run_scenario", "tokens_request_slots",
-]
+# The public API, imported on first use: the pytest plugin is part of this package and
+# pytest loads it in every session wherever swafuzz is installed, which must not pay for
+# importing torch unless swafuzz is asked for.
+_EXPORTS = {
+    "SUBJECT_API_VERSION": "api", "SUPPORTED_API_VERSIONS": "api", "ForwardBatch": "api", "ForwardMode": "api", "ModelSpec": "api",
+    "Subject": "api", "Truth": "api", "tokens_request_slots": "api",
+    "Divergence": "diagnosis",
+    "RunResult": "executor", "SubjectError": "executor", "run_scenario": "executor",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

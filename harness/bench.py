@@ -7,7 +7,8 @@
   cache (``step-keyed``, stale under graphs) next to its correct twin
   (``step-keyed-capture``).
 - ``fuzz``: seconds to the first divergence for every diverging built-in subject, median
-  and max over several seeds on one CPU thread; examples per second for
+  and max over several seeds on one CPU thread, the same including shrinking, and the
+  largest shrunk scenario (forwards, layers, requests); examples per second for
   ``step-keyed-capture``.
 - ``peer``: swafuzz beside a hand-written Hypothesis state machine on the same subject,
   interleaved: layer checks per second and time to the seed-000 bug, and their ratios
@@ -22,12 +23,14 @@ import argparse
 import json
 import statistics
 import time
+from collections import Counter
 from types import SimpleNamespace
 from typing import Callable
 
 import torch
 
 from reference import EngineState, ForwardPlan, Scenario, replay_events
+from strategies.features import scenario_size
 
 from .api import ForwardBatch, ForwardMode, ModelSpec
 from .executor import run_scenario
@@ -177,25 +180,43 @@ def bench_device(device: str = "cuda", batch_sizes=(1, 4, 16, 64, 256), repeats:
         out(f"{batch:5d} " + " ".join(f"{cost:9.2f} ({cost / baseline:5.2f}x)" for cost in costs))
 
 
+def _search(info, profile: str, seed: int) -> tuple[object, float | None]:
+    """The shrunk result and the seconds until the divergence was first seen."""
+    first_seen: list[float] = []
+    result = fuzz(info, profile=profile, settings="ci", seed=seed, max_examples=2000,
+                  on_divergence=lambda found: first_seen.append(found.elapsed_s))
+    return result, (first_seen[0] if first_seen else None)
+
+
 def bench_fuzz(seeds: int = 10, out=print) -> None:
+    """Per diverging built-in: seconds until the first divergence is seen, seconds including
+    shrinking, and the largest shrunk scenario over the seeds (forwards/layers/requests).
+    The realistic profile is searched first; a seed it misses is searched adversarially."""
     torch.set_num_threads(1)
     out(f"fuzz: seconds to first divergence over {seeds} seeds (one CPU thread, ci settings)")
-    out(f"{'subject':30s} {'profile':12s} {'median s':>9s} {'max s':>7s} {'found':>6s}")
+    out(f"{'subject':28s} {'profiles':22s} {'found':>6s} {'median s':>9s} {'max s':>6s} "
+        f"{'+shrink med':>11s} {'max':>6s} {'shrunk max f/l/r':>17s}")
     for info in BUILTIN_SUBJECTS:
         if info.expected != DIVERGES:
             continue
         if info.subject.requires:
-            out(f"{info.name:30s} not checkable on the CPU (needs {', '.join(sorted(info.subject.requires))})")
+            out(f"{info.name:28s} not checkable on the CPU (needs {', '.join(sorted(info.subject.requires))})")
             continue
-        times, profile, found = [], "realistic", 0
+        first, total, sizes, profiles = [], [], [], Counter()
         for seed in range(seeds):
-            result = fuzz(info, profile="realistic", settings="ci", seed=seed, max_examples=2000)
+            result, seen = _search(info, "realistic", seed)
             if result.divergence is None:
-                profile = "adversarial"
-                result = fuzz(info, profile="adversarial", settings="ci", seed=seed, max_examples=2000)
-            found += result.divergence is not None
-            times.append(result.elapsed_s)
-        out(f"{info.name:30s} {profile:12s} {statistics.median(times):9.2f} {max(times):7.2f} {found:3d}/{seeds}")
+                result, seen = _search(info, "adversarial", seed)
+            total.append(result.elapsed_s)
+            first.append(result.elapsed_s if seen is None else seen)
+            if result.divergence is not None:
+                profiles[result.profile] += 1
+                sizes.append(scenario_size(result.scenario))
+        found = sum(profiles.values())
+        largest = "/".join(str(max(size[i] for size in sizes)) for i in range(3)) if sizes else "-"
+        used = ", ".join(f"{name} {count}" for name, count in profiles.most_common())
+        out(f"{info.name:28s} {used:22s} {found:3d}/{seeds:<2d} {statistics.median(first):9.2f} {max(first):6.2f} "
+            f"{statistics.median(total):11.2f} {max(total):6.2f} {largest:>17s}")
     for profile in ("realistic", "adversarial"):
         result = fuzz(resolve_subject("step-keyed-capture"), profile=profile, settings="ci", max_examples=300)
         out(f"step-keyed-capture {profile}: {result.examples / result.elapsed_s:.0f} examples/s")

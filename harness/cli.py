@@ -36,13 +36,16 @@ from reference import ScenarioError
 
 from . import __version__
 from . import fuzz as fuzz_engine
+from .database import DatabaseError, open_database
 from .executor import SubjectError
+from .merge import ReportError, merge_reports
 from .fuzz import PROFILES, SETTINGS_PROFILES, FuzzResult, Progress
 from .progress import ProgressLine
 from .devices import enable_stream_sanitizer
 from .registry import SubjectInfo, all_subjects, resolve_subject
 from .replay import Replay, ReplayError, emit_pytest, load_replay, run_replay, same_divergence, write_replay
 from .reports import REPORT_FILES, Report, write_reports
+from .shard import WHOLE, SeedLane, Shard, seed_lane
 
 EXIT_OK = 0
 EXIT_DIVERGENCE = 1
@@ -85,6 +88,13 @@ def _seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
     return value
+
+
+def _shard(text: str) -> Shard:
+    try:
+        return Shard.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_subject(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -136,9 +146,11 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
              "(DIR/replays/) go (default: reports)",
     )
     parser.add_argument(
-        "--database", type=Path, metavar="DIR",
+        "--database", metavar="DIR|redis://HOST:PORT/DB",
         help="Hypothesis example database: every failing example is saved there as it is found, "
-             "so an interrupted run loses nothing (default: .hypothesis-db inside --report-dir)",
+             "so an interrupted run loses nothing; a Redis URL is shared by many machines and "
+             "copied into .hypothesis-db inside --report-dir, which carries on alone if Redis "
+             "goes away (default: .hypothesis-db inside --report-dir)",
     )
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object on stdout and no progress line")
@@ -148,8 +160,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=_seconds, metavar="SECONDS", help="stop after this many seconds")
     parser.add_argument("--max-examples", type=_positive_int, metavar="N", help="stop after N scenarios")
     parser.add_argument("--seed", type=_seed, metavar="N",
-                        help="random seed: the run repeats exactly, but keeps no example database "
-                             "(default: unseeded, failures are kept in the database)")
+                        help="random seed: the run repeats exactly, so it never replays the example "
+                             "database, though it saves its failures there (default: unseeded, saved "
+                             "failures are replayed first)")
+    parser.add_argument("--long-horizon", action="store_true",
+                        help="scenarios with runs of hundreds of plain decode forwards between the "
+                             "interesting ones, for state that goes stale only after many steps "
+                             "(slower examples: use with a budget; --settings nightly-long implies it)")
     parser.add_argument(
         "--workers", type=_positive_int, default=1, metavar="N",
         help="fuzz in N processes (with seeds SEED..SEED+N-1 when seeded), each with the full "
@@ -176,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--settings", choices=sorted(SETTINGS_PROFILES),
                       help="search settings profile (default: $SWAFUZZ_SETTINGS, else dev); "
                            "ci is deterministic and keeps no example database")
+    fuzz.add_argument("--shard", type=_shard, metavar="I/N",
+                      help="this machine's part I of a campaign spread over N machines: their seeds "
+                           "never overlap (seeded from --seed, default 0; every shard must use the "
+                           "same --seed and --workers); see merge-reports")
     fuzz.add_argument("--threads", action="store_true",
                       help="stress mode: micro-batches call the subject from real threads; a "
                            "divergence is not shrunk, its interleaving is pinned into the replay file")
@@ -225,6 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(exhaustive)
     _add_outputs(exhaustive)
     exhaustive.set_defaults(handler=_cmd_exhaustive)
+
+    merge = commands.add_parser(
+        "merge-reports", help="combine the reports of a sharded campaign into one",
+        description="Combine the report.json of each DIR (the --report-dir of each shard or run) "
+                    "into one summary.md, junit.xml, report.html and report.json. Exits 1 when any "
+                    "run found a divergence.")
+    merge.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a report directory, or a report.json")
+    merge.add_argument("--report-dir", type=Path, default=Path("reports") / "merged", metavar="DIR",
+                       help="where the merged reports go (default: reports/merged)")
+    merge.set_defaults(handler=_cmd_merge_reports)
 
     commands.add_parser("bench", add_help=False, help="benchmarks (arguments go to the benchmark runner)")
     return parser
@@ -381,12 +412,16 @@ class FuzzJob:
     run: str  # names the run's replay file
     device: str
     replay_dir: str
-    database_dir: str
+    database_dir: str  # a directory or a Redis URL
     budget_s: float | None = None
     max_examples: int | None = None
     threads: bool = False
     stream_delay_cycles: int = 0
     sanitize_streams: bool = False
+    long_horizon: bool | None = None  # None: as the settings profile says
+    seed_stride: int = 1  # chunk k draws from seed + k * seed_stride (see harness.shard)
+    local_database_dir: str | None = None  # the local copy of a Redis database
+    shard: str | None = None
 
 
 class DivergenceLog:
@@ -458,8 +493,9 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
     result = run_until_interrupted(
         lambda progress: fuzz_engine.fuzz(
             info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
-            budget_s=job.budget_s, seed=job.seed, device=job.device, database_dir=job.database_dir,
-            threads=job.threads, stream_delay_cycles=job.stream_delay_cycles,
+            budget_s=job.budget_s, seed=job.seed, seed_stride=job.seed_stride, device=job.device,
+            database_dir=job.database_dir, local_database_dir=job.local_database_dir,
+            threads=job.threads, stream_delay_cycles=job.stream_delay_cycles, long_horizon=job.long_horizon,
             on_progress=progress, on_divergence=divergence,
         ),
         partial, on_progress, watch,
@@ -643,7 +679,7 @@ class Campaign:
     info: SubjectInfo
     device: str
     report_dir: Path
-    database_dir: Path
+    database_dir: str  # a directory or a Redis URL
     as_json: bool
 
     @classmethod
@@ -655,15 +691,20 @@ class Campaign:
             if used and not device.startswith("cuda"):
                 raise UsageError(f"{flag} works on GPU streams: it needs --device cuda")
         report_dir = _prepare_report_dir(args.report_dir)
-        return cls(args.command, args.subject, info, device, report_dir,
-                   args.database or report_dir / ".hypothesis-db", args.json)
+        database = args.database or str(report_dir / ".hypothesis-db")
+        try:
+            open_database(database, report_dir / ".hypothesis-db")
+        except DatabaseError as exc:
+            raise UsageError(f"--database {exc}") from None
+        return cls(args.command, args.subject, info, device, report_dir, database, args.json)
 
     def job(self, args: argparse.Namespace, settings: str | None, profile: str) -> FuzzJob:
         try:
             chosen = fuzz_engine.settings_profile(settings)
         except ValueError as exc:  # only $SWAFUZZ_SETTINGS can name an unknown one here
             raise UsageError(f"${fuzz_engine.SETTINGS_ENV}: {exc}") from None
-        seed = 0 if args.seed is None and chosen.deterministic else args.seed
+        sharded = getattr(args, "shard", None) is not None
+        seed = 0 if args.seed is None and (chosen.deterministic or sharded) else args.seed
         run = f"seed{seed}" if seed is not None else datetime.now().strftime("%Y%m%d-%H%M%S")
         return FuzzJob(
             subject=self.subject, profile=profile, settings=chosen.name, seed=seed, run=run,
@@ -672,13 +713,17 @@ class Campaign:
             threads=getattr(args, "threads", False),
             stream_delay_cycles=getattr(args, "stream_delay", 0),
             sanitize_streams=getattr(args, "sanitize_streams", False),
+            long_horizon=True if getattr(args, "long_horizon", False) else None,
+            local_database_dir=str(self.report_dir / ".hypothesis-db"),
+            shard=str(args.shard) if getattr(args, "shard", None) else None,
         )
 
     def progress_line(self) -> ProgressLine:
         return ProgressLine(sys.stderr, enabled=not self.as_json)
 
     def finish(self, result: FuzzResult, replay_path: Path | None, watch: InterruptWatch,
-               budget_s: float | None = None, workers: int = 1, print_markdown: bool = False) -> int:
+               budget_s: float | None = None, workers: int = 1, print_markdown: bool = False,
+               shard: str | None = None) -> int:
         interrupted = result.interrupted  # a signal after the run ended cut nothing short
         report = Report(
             command=self.command, subject=self.subject, subject_info=self.info.to_dict(),
@@ -688,7 +733,9 @@ class Campaign:
             weakest_profile=result.weakest_profile,
             replay_file=str(replay_path) if replay_path and result.divergence else None,
             complete=not interrupted, interrupted_by=watch.signal_name if interrupted else None,
-            replays=result.replays,
+            replays=result.replays, shrink_complete=result.shrink_complete,
+            scope=result.scope.to_dict() if result.scope is not None else None,
+            shard=shard, examples_to_divergence=result.examples_to_divergence,
         )
         written = write_reports(report, self.report_dir)
         if self.as_json:
@@ -714,6 +761,8 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
         print(f"  {report.divergence.sentence}")
         print(f"  replay file: {report.replay_file}")
         print(f"  reproduce:   {report.replay_command}")
+        if not report.shrink_complete:
+            print("  the budget ran out while shrinking: the scenario is the smallest found so far")
     print(f"  features covered: {len(report.features_covered)}")
     print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES)}")
 
@@ -723,29 +772,37 @@ def _fuzz(args: argparse.Namespace, settings: str | None, profile: str, print_ma
     base = campaign.job(args, settings, profile)
     line = campaign.progress_line()
     workers = args.workers
+    shard = getattr(args, "shard", None) or WHOLE
     with InterruptWatch(raise_first=workers == 1) as watch:
         try:
             with _stdout_to_stderr(campaign.as_json):
                 if workers == 1:
                     result, path = run_job(
-                        campaign.info, base, watch, on_progress=line.update,
+                        campaign.info, _in_lane(base, seed_lane(shard)), watch, on_progress=line.update,
                         on_replay=lambda found, p: line.note(
                             f"divergence: {found.divergence.sentence}\n  replay file: {p}"),
                     )
                 else:
                     per_worker = -(-args.max_examples // workers) if args.max_examples else None
-                    jobs = [_worker_job(base, i, per_worker) for i in range(workers)]
+                    jobs = [_worker_job(base, i, per_worker, seed_lane(shard, i, workers)) for i in range(workers)]
                     result, path = WorkerPool(jobs, line, watch).run()
         finally:
             line.close()
         return campaign.finish(result, path, watch, budget_s=args.budget, workers=workers,
-                               print_markdown=print_markdown)
+                               print_markdown=print_markdown, shard=base.shard)
 
 
-def _worker_job(base: FuzzJob, index: int, max_examples: int | None) -> FuzzJob:
+def _worker_job(base: FuzzJob, index: int, max_examples: int | None, lane: SeedLane) -> FuzzJob:
     if base.seed is None:
         return replace(base, run=f"{base.run}-w{index}", max_examples=max_examples)
-    return replace(base, seed=base.seed + index, run=f"seed{base.seed + index}", max_examples=max_examples)
+    return replace(_in_lane(base, lane), max_examples=max_examples)
+
+
+def _in_lane(job: FuzzJob, lane: SeedLane) -> FuzzJob:
+    if job.seed is None:
+        return job
+    seed = job.seed + lane.offset
+    return replace(job, seed=seed, seed_stride=lane.stride, run=f"seed{seed}")
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
@@ -783,10 +840,9 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
         log = DivergenceLog(job)
         log.record(result)
         code = campaign.finish(result, log.path, watch)
-    if code == EXIT_OK and not campaign.as_json:
-        print(f"  equivalent to the reference on all {result.examples} scenarios within the bounds: "
-              f"forwards <= {args.max_forwards}, layers <= {args.max_layers}, micro-batches <= "
-              f"{args.max_micro_batches} ({args.profile} profile)")
+    if code == EXIT_OK and not campaign.as_json and result.scope is not None:
+        for line in result.scope.lines():
+            print(f"  {line}")
     return code
 
 
@@ -852,6 +908,16 @@ def _cmd_subjects(args: argparse.Namespace) -> int:
               f"{', '.join(row['diverges_on']) or '-'}")
     print("\nA user subject is given as module:attr (a Subject class or a SubjectInfo).")
     return EXIT_OK
+
+
+def _cmd_merge_reports(args: argparse.Namespace) -> int:
+    try:
+        merged = merge_reports(args.dirs, args.report_dir)
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    print(merged.headline())
+    print(f"  reports: {', '.join(str(path) for path in merged.written.values())}")
+    return EXIT_DIVERGENCE if merged.diverged else EXIT_OK
 
 
 def _cmd_bench(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,16 +15,17 @@ from typing import Callable
 import hypothesis
 import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import HypothesisWarning
 
 from reference import Scenario
-from strategies.exhaustive import enumerate_scenarios
+from strategies.exhaustive import ScopeStatement, enumerate_scenarios, scope_statement
 from strategies.features import features_of
 from strategies.scenarios import PROFILES, scenarios, weakest_profile
 
+from .database import open_database
 from .diagnosis import Divergence
 from .devices import timeline_for
-from .executor import DEFAULT_TIMEOUT_S, check_device, run_scenario
+from .executor import DEFAULT_TIMEOUT_S, RunResult, check_device, run_scenario
 from .graphs import load_capture_machinery
 from .registry import SubjectInfo
 
@@ -31,37 +33,94 @@ SETTINGS_ENV = "SWAFUZZ_SETTINGS"
 DATABASE_ENV = "SWAFUZZ_DATABASE"
 DEFAULT_DATABASE = Path(".hypothesis") / "swafuzz"
 
-# Examples per Hypothesis run; a wall-clock budget is honoured between runs, each of which
-# draws from its own seed, so a long budget keeps exploring instead of repeating itself.
+# Examples per Hypothesis run; each run draws from its own seed, so a long budget keeps
+# exploring instead of repeating itself. The budget itself is checked before every example.
 CHUNK = 100
 NO_EXAMPLE_LIMIT = 10**9
 PROGRESS_EVERY_S = 0.25
 
 
+PROFILE_PREFIX = "swafuzz-"
+# scenario shape is not a Hypothesis setting: these profiles draw long-horizon scenarios
+LONG_HORIZON_PROFILES = frozenset({"nightly-long"})
+
+
+def _register_settings_profiles() -> tuple[str, ...]:
+    """Registers swafuzz's search settings as Hypothesis settings profiles.
+
+    They are namespaced (``swafuzz-dev``, ...) because the pytest plugin is active wherever
+    swafuzz is installed: a bare ``ci`` would replace a project's own ``ci`` profile, or be
+    replaced by it. The CLI's ``--settings ci`` loads ``swafuzz-ci``; pytest takes
+    ``--hypothesis-profile swafuzz-ci``; a script calls ``settings.load_profile``.
+
+    - ``dev``: a few hundred examples, failures kept in the example database.
+    - ``ci``: deterministic (``derandomize``) and fast, no database.
+    - ``nightly``: as long as a time budget allows, failures kept in a persistent database
+      that machines can share (``--database``). It sets no example limit of its own, so it
+      suits the CLI's ``--budget`` and HypoFuzz, not a pytest run.
+    - ``repro``: replays the database's saved failures first, verbosely.
+    - ``nightly-long``: ``nightly`` with long-horizon scenarios (runs of hundreds of plain
+      decode forwards between the interesting ones; see :mod:`strategies.scenarios`). Its
+      examples take up to a few seconds each, so it suits a budget of tens of minutes.
+
+    Examples take a subject's time, not a unit test's: no deadline, and the health checks
+    about slow or large data do not apply. The explain phase is left out: the diagnosis
+    sentence says what went wrong.
+    """
+    base = hypothesis.settings(
+        hypothesis.settings.get_profile("default"),
+        deadline=None, print_blob=False, suppress_health_check=list(HealthCheck),
+        phases=[phase for phase in Phase if phase is not Phase.explain],
+    )
+    profiles = {
+        "dev": hypothesis.settings(base, max_examples=300),
+        "ci": hypothesis.settings(base, max_examples=200, derandomize=True, database=None),
+        "nightly": hypothesis.settings(base, max_examples=NO_EXAMPLE_LIMIT),
+        "repro": hypothesis.settings(base, max_examples=100, verbosity=Verbosity.verbose),
+        "nightly-long": hypothesis.settings(base, max_examples=NO_EXAMPLE_LIMIT),
+    }
+    for name, profile in profiles.items():
+        hypothesis.settings.register_profile(PROFILE_PREFIX + name, profile)
+    return tuple(profiles)
+
+
 @dataclass(frozen=True)
 class SettingsProfile:
-    """How long to search and where failures are remembered.
-
-    - ``dev``: a few hundred examples, failures kept in ``.hypothesis/swafuzz``.
-    - ``ci``: deterministic (seed 0 unless given) and fast, no database.
-    - ``nightly``: long (use a budget), failures kept in a persistent database directory
-      (``--database``/``$SWAFUZZ_DATABASE``) that machines can share.
-    - ``repro``: replays the database's saved failures first, verbosely.
-    """
+    """A swafuzz settings profile: a view of the Hypothesis profile registered for it, plus
+    the one thing Hypothesis has no notion of, whether scenarios have long horizons."""
 
     name: str
-    max_examples: int
-    deterministic: bool
-    uses_database: bool
-    verbose: bool = False
+
+    @property
+    def hypothesis_name(self) -> str:
+        return PROFILE_PREFIX + self.name
+
+    @property
+    def settings(self) -> hypothesis.settings:
+        return hypothesis.settings.get_profile(self.hypothesis_name)
+
+    @property
+    def max_examples(self) -> int:
+        return self.settings.max_examples
+
+    @property
+    def deterministic(self) -> bool:
+        return self.settings.derandomize
+
+    @property
+    def uses_database(self) -> bool:
+        return self.settings.database is not None
+
+    @property
+    def verbose(self) -> bool:
+        return self.settings.verbosity >= Verbosity.verbose
+
+    @property
+    def long_horizon(self) -> bool:
+        return self.name in LONG_HORIZON_PROFILES
 
 
-SETTINGS_PROFILES = {
-    "dev": SettingsProfile("dev", 300, deterministic=False, uses_database=True),
-    "ci": SettingsProfile("ci", 200, deterministic=True, uses_database=False),
-    "nightly": SettingsProfile("nightly", NO_EXAMPLE_LIMIT, deterministic=False, uses_database=True),
-    "repro": SettingsProfile("repro", 100, deterministic=False, uses_database=True, verbose=True),
-}
+SETTINGS_PROFILES = {name: SettingsProfile(name) for name in _register_settings_profiles()}
 
 
 @dataclass
@@ -89,6 +148,12 @@ class FuzzResult:
     interrupted: bool = False
     # False when a threaded divergence did not reproduce with its recorded interleaving
     replays: bool = True
+    # False when the budget ran out while shrinking: the scenario is the smallest found so far
+    shrink_complete: bool = True
+    # a clean exhaustive run: the scope its equivalence holds on, covered and left out
+    scope: ScopeStatement | None = None
+    # examples run up to the first divergence (1: the database's saved failure came back first)
+    examples_to_divergence: int | None = None
 
     @property
     def verdict(self) -> str:
@@ -96,19 +161,88 @@ class FuzzResult:
 
 
 def settings_profile(name: str | None) -> SettingsProfile:
-    """The named profile, else ``$SWAFUZZ_SETTINGS``, else ``dev``."""
-    chosen = name or os.environ.get(SETTINGS_ENV) or "dev"
+    """The named profile (``ci`` or ``swafuzz-ci``), else ``$SWAFUZZ_SETTINGS``, else the
+    loaded Hypothesis profile where it is one of swafuzz's, else ``dev``."""
+    chosen = name or os.environ.get(SETTINGS_ENV) or loaded_settings_profile() or "dev"
+    chosen = chosen.removeprefix(PROFILE_PREFIX)
     if chosen not in SETTINGS_PROFILES:
         raise ValueError(f"unknown settings profile {chosen!r}; choose one of {', '.join(SETTINGS_PROFILES)}")
     return SETTINGS_PROFILES[chosen]
 
 
-def database_path(database_dir: str | None) -> Path:
-    return Path(database_dir or os.environ.get(DATABASE_ENV) or DEFAULT_DATABASE)
+def loaded_settings_profile() -> str | None:
+    """The swafuzz name of the loaded Hypothesis profile; None when another one is loaded."""
+    current = hypothesis.settings.default
+    return next((name for name, profile in SETTINGS_PROFILES.items() if profile.settings is current), None)
 
 
-class _Diverged(Exception):
-    pass
+def database_path(database_dir: str | os.PathLike | None) -> str:
+    """A database directory or Redis URL: the one given, else ``$SWAFUZZ_DATABASE``, else
+    ``.hypothesis/swafuzz``."""
+    return str(database_dir or os.environ.get(DATABASE_ENV) or DEFAULT_DATABASE)
+
+
+class Diverged(AssertionError):
+    """The subject diverged from the reference on ``scenario``; the message is the diagnosis
+    sentence."""
+
+    def __init__(self, scenario: Scenario, divergence: Divergence):
+        super().__init__(divergence.sentence)
+        self.scenario = scenario
+        self.divergence = divergence
+
+
+def scenario_test(
+    info: SubjectInfo,
+    profile: str = "realistic",
+    *,
+    device: str = "cpu",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    threads: bool = False,
+    stream_delay_cycles: int = 0,
+    long_horizon: bool = False,
+    before_example: Callable[[], None] | None = None,
+    on_example: Callable[[Scenario, list[str], RunResult], None] | None = None,
+) -> Callable[[], None]:
+    """A Hypothesis test of ``info``'s subject on scenarios of ``profile``: a plain ``@given``
+    function that raises :class:`Diverged` on the first divergence of an example.
+
+    It carries no settings of its own, so whatever applies (a loaded profile, ``@settings``,
+    pytest's ``--hypothesis-*`` options) decides how long it searches. Each example's
+    features are Hypothesis events. The database key depends only on the subject's name and
+    the profile, so every runner of one subject (the CLI, pytest, HypoFuzz) replays the
+    failures the others saved. ``on_example(scenario, features, outcome)`` sees every
+    example; a diverging scenario has its threaded call orders pinned (see
+    :func:`pin_schedules`). ``before_example()`` runs first in every example (a budget check
+    raises there). ``long_horizon`` draws long runs of plain decode forwards.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+
+    def check(scenario: Scenario) -> None:
+        if before_example is not None:
+            before_example()
+        features = features_of(scenario)
+        for feature in features:
+            hypothesis.event(feature)
+        outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads,
+                               stream_delay_cycles=stream_delay_cycles)
+        if not outcome.passed:
+            scenario = pin_schedules(scenario, outcome.schedules)
+        if on_example is not None:
+            on_example(scenario, features, outcome)
+        if not outcome.passed:
+            raise Diverged(scenario, outcome.divergence)
+
+    # the database keys failures by strategy: a long-horizon choice sequence means another scenario
+    horizon = ":long-horizon" if long_horizon else ""
+    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}".encode()  # noqa: SLF001
+    return given(scenarios(profile, long_horizon))(check)
+
+
+class _BudgetSpent(KeyboardInterrupt):
+    """Ends a Hypothesis run from inside an example. Hypothesis stops at once, without
+    recording the example as a failure or replaying it, only for a KeyboardInterrupt."""
 
 
 def fuzz(
@@ -119,20 +253,35 @@ def fuzz(
     max_examples: int | None = None,
     budget_s: float | None = None,
     seed: int | None = None,
+    seed_stride: int = 1,
     device: str = "cpu",
     database_dir: str | None = None,
+    local_database_dir: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     threads: bool = False,
     stream_delay_cycles: int = 0,
+    long_horizon: bool | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     on_divergence: Callable[[FuzzResult], None] | None = None,
 ) -> FuzzResult:
     """Search for a divergence of ``info``'s subject; shrink and return the first found.
 
     Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
-    seconds have passed (checked between runs of :data:`CHUNK` examples). With a budget and
-    no ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
+    seconds have passed: the budget is checked before every example, shrinking included, so
+    a run overruns it by at most one example. A divergence whose shrinking the budget cut
+    short is returned as shrunk so far, with ``shrink_complete`` false. With a budget and no
+    ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
+
+    ``long_horizon`` draws scenarios with long runs of plain decode forwards (default: as the
+    settings profile says; ``nightly-long`` does).
+
+    A seeded run's k-th chunk of examples draws from seed ``seed + k * seed_stride``, so
+    runs whose seeds are ``0..stride-1`` apart never draw the same chunk (see
+    :mod:`harness.shard`). A seeded run repeats exactly: it never replays the database,
+    but where its settings profile has one, it saves the failures it finds there.
+    ``database_dir`` is a directory or a Redis URL; a Redis database keeps a local copy in
+    ``local_database_dir`` (see :mod:`harness.database`).
 
     ``threads`` is the stress mode: micro-batches call the subject from real threads. Thread
     interleavings do not repeat, so nothing is shrunk or stored in the database; instead the
@@ -144,17 +293,17 @@ def fuzz(
     check_device(info.subject, torch.device(device))
     timeline_for(torch.device(device), stream_delay_cycles)  # refuses a delay off the GPU now
     chosen = settings_profile(settings)
+    if long_horizon is None:
+        long_horizon = chosen.long_horizon
     # a time budget alone means "search until the budget is spent"
     limit = max_examples if max_examples is not None else (
         NO_EXAMPLE_LIMIT if budget_s is not None else chosen.max_examples
     )
-    # Hypothesis neither reads nor writes its database for seeded runs, so a run is either
-    # reproducible from its seed (ci, or --seed) or remembered in the database (the rest)
     if seed is None and chosen.deterministic:
         seed = 0
     database = None
-    if seed is None and chosen.uses_database and not threads:
-        database = DirectoryBasedExampleDatabase(str(database_path(database_dir)))
+    if chosen.uses_database and not threads:
+        database = open_database(database_path(database_dir), local_database_dir or DEFAULT_DATABASE)
     load_capture_machinery()
     started = time.monotonic()
     result = FuzzResult(info.name, profile, chosen.name, examples=0, elapsed_s=0.0, seed=seed)
@@ -171,61 +320,73 @@ def fuzz(
         last_progress[0] = elapsed()
         on_progress(Progress(result.examples, elapsed(), budget_s, len(coverage), 1 if failures else 0))
 
-    def check(scenario: Scenario) -> None:
+    def before_example() -> None:
+        if budget_s is not None and elapsed() >= budget_s:
+            raise _BudgetSpent
+
+    def on_example(scenario: Scenario, features: list[str], outcome: RunResult) -> None:
         result.examples += 1
-        for feature in features_of(scenario):
-            hypothesis.event(feature)
-            coverage[feature] += 1
-        outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads,
-                               stream_delay_cycles=stream_delay_cycles)
+        coverage.update(features)
         result.checks += outcome.checks
         report_progress()
         if not outcome.passed:
-            scenario = pin_schedules(scenario, outcome.schedules)
-            if not failures and on_divergence is not None:
-                on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage))
+            if not failures:
+                result.examples_to_divergence = result.examples
+                if on_divergence is not None:
+                    on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage))
             failures.append((scenario, outcome.divergence))
-            raise _Diverged(outcome.divergence.sentence)
 
-    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}".encode()  # noqa: SLF001
+    def finish_divergence(shrink_complete: bool) -> FuzzResult:
+        scenario, divergence = failures[-1]
+        final = _found(result, scenario, divergence, elapsed(), coverage)
+        final.shrink_complete = shrink_complete
+        if threads:
+            replay = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
+            final.replays = not replay.passed
+            final.divergence = replay.divergence or divergence
+        if on_divergence is not None:
+            on_divergence(final)
+        report_progress(force=True)
+        return final
+
+    phases = [phase for phase in chosen.settings.phases if phase is not Phase.reuse or seed is None]
+    if threads:
+        phases = [Phase.generate]
     run = 0
     while result.examples < limit and (budget_s is None or elapsed() < budget_s):
-        hypothesis_settings = hypothesis.settings(
+        test = scenario_test(info, profile, device=device, timeout_s=timeout_s, threads=threads,
+                             stream_delay_cycles=stream_delay_cycles, long_horizon=long_horizon,
+                             before_example=before_example, on_example=on_example)
+        if seed is not None:
+            test = hypothesis.seed(seed + run * seed_stride)(test)
+        # applied after the seed, which would otherwise turn the database off
+        test = hypothesis.settings(
+            chosen.settings,
             max_examples=min(CHUNK, limit - result.examples),
-            deadline=None,
             database=database,
             derandomize=False,
-            print_blob=False,
             report_multiple_bugs=False,
             verbosity=Verbosity.verbose if chosen.verbose else Verbosity.quiet,
-            suppress_health_check=list(HealthCheck),
-            phases=[Phase.generate] if threads else [
-                Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink,
-            ],
-        )
-        test = hypothesis_settings(given(scenarios(profile))(check))
-        if seed is not None:
-            test = hypothesis.seed(seed + run)(test)
+            phases=phases,
+        )(test)
         run += 1
         try:
-            test()
+            with warnings.catch_warnings():
+                # a long-horizon failure's repr is large; nothing here prints it
+                warnings.filterwarnings("ignore", "Generating overly large repr", HypothesisWarning)
+                test()
+        except _BudgetSpent:
+            break
         except KeyboardInterrupt:
             # what was found and counted so far is the result, marked as cut short
             result.elapsed_s, result.coverage, result.interrupted = elapsed(), dict(coverage), True
             if failures:
                 return dataclasses.replace(_found(result, *failures[-1], elapsed(), coverage), interrupted=True)
             return result
-        except (_Diverged, hypothesis.errors.FlakyFailure):
-            scenario, divergence = failures[-1]
-            final = _found(result, scenario, divergence, elapsed(), coverage)
-            if threads:
-                replay = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
-                final.replays = not replay.passed
-                final.divergence = replay.divergence or divergence
-            if on_divergence is not None:
-                on_divergence(final)
-            report_progress(force=True)
-            return final
+        except (Diverged, hypothesis.errors.FlakyFailure):
+            return finish_divergence(shrink_complete=True)
+    if failures:  # the budget ran out while shrinking
+        return finish_divergence(shrink_complete=False)
     result.elapsed_s = elapsed()
     result.coverage = dict(coverage)
     report_progress(force=True)
@@ -249,6 +410,7 @@ def _found(result: FuzzResult, scenario: Scenario, divergence: Divergence, elaps
         examples=result.examples, elapsed_s=elapsed_s, divergence=divergence, checks=result.checks,
         scenario=scenario,
         weakest_profile=weakest_profile(scenario), seed=result.seed, coverage=dict(coverage),
+        examples_to_divergence=result.examples_to_divergence,
     )
 
 
@@ -266,8 +428,9 @@ def exhaustive(
     """Run every scenario within the bounds (see :mod:`strategies.exhaustive`).
 
     With no divergence, ``examples`` is the number of scenarios checked: the subject is
-    equivalent to the reference on that whole scope. Otherwise the first divergence in the
-    enumeration order is returned; the enumeration lists short scenarios first.
+    equivalent to the reference on that whole scope, and ``scope`` states which features the
+    scope covers and what it leaves out. Otherwise the first divergence in the enumeration
+    order is returned; the enumeration lists short scenarios first.
     """
     check_device(info.subject, torch.device(device))
     load_capture_machinery()
@@ -285,4 +448,6 @@ def exhaustive(
             return _found(result, scenario, outcome.divergence, time.monotonic() - started, coverage)
     result.elapsed_s = time.monotonic() - started
     result.coverage = dict(coverage)
+    result.scope = scope_statement(result.examples, set(coverage), max_forwards, max_layers,
+                                   max_micro_batches, profile)
     return result

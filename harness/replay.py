@@ -90,12 +90,12 @@ class Replay:
             raise ReplayError(f"field 'scenario' is invalid: {exc}") from None
         return cls(
             subject=data["subject"], profile=data["profile"], scenario=scenario,
-            divergence=_divergence_from(data.get("diagnosis")), seed=data["seed"],
+            divergence=divergence_from(data.get("diagnosis")), seed=data["seed"],
             settings=data["settings"], device=data["device"], harness_version=data["harness_version"],
         )
 
 
-def _divergence_from(data: Any) -> Divergence:
+def divergence_from(data: Any) -> Divergence:
     if not isinstance(data, dict):
         raise ReplayError(f"field 'diagnosis' must be an object, got {type(data).__name__}")
     known = {f.name for f in fields(Divergence)}

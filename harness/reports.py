@@ -90,6 +90,10 @@ class Report:
     complete: bool = True
     interrupted_by: str | None = None  # the signal's name when a run was cut short
     replays: bool = True  # False: a threaded divergence did not come back without threads
+    shrink_complete: bool = True  # False: the budget ran out while the scenario was shrinking
+    scope: dict[str, Any] | None = None  # a clean exhaustive run: what its scope covers and leaves out
+    shard: str | None = None  # "I/N" for one machine's part of a sharded campaign
+    examples_to_divergence: int | None = None  # 1: a failure saved in the database came back first
     finished_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -120,17 +124,22 @@ class Report:
             "elapsed_s": round(self.elapsed_s, 3),
             "budget_s": self.budget_s,
             "workers": self.workers,
+            "shard": self.shard,
             "features_covered": self.features_covered,
             "coverage": dict(sorted(self.coverage.items())),
             "harness_version": __version__,
             "finished_at": self.finished_at,
         }
+        if self.scope is not None:
+            out["scope"] = self.scope
         if self.divergence is not None:
             out["diagnosis"] = self.divergence.to_dict()
             out["weakest_profile"] = self.weakest_profile
             out["replay_file"] = self.replay_file
             out["replay_command"] = self.replay_command
             out["replays"] = self.replays
+            out["shrink_complete"] = self.shrink_complete
+            out["examples_to_divergence"] = self.examples_to_divergence
             out["scenario"] = self.scenario.to_dict() if self.scenario is not None else None
         return out
 
@@ -159,6 +168,10 @@ _NO_REPLAY_NOTE = ("Found with threads; replaying its recorded interleaving with
                    "reproduce it, so the replay file may pass while the bug is there.")
 
 
+_SHRINK_CUT_NOTE = ("The time budget ran out while shrinking: the scenario below is the smallest found "
+                    "so far, not a minimal one.")
+
+
 def _incomplete_note(report: Report) -> str:
     by = f" by {report.interrupted_by}" if report.interrupted_by else ""
     return f"Incomplete: the run was interrupted{by} after {report.examples} examples."
@@ -173,9 +186,12 @@ def render_markdown(report: Report) -> str:
         lines += [f"> {report.divergence.sentence}", ""]
         if not report.replays:
             lines += [f"> {_NO_REPLAY_NOTE}", ""]
+        if not report.shrink_complete:
+            lines += [f"> {_SHRINK_CUT_NOTE}", ""]
     info = report.subject_info
     settings = f", settings {report.settings}" if report.settings else ""
     seed = f", seed {report.seed}" if report.seed is not None else ""
+    seed += f", shard {report.shard}" if report.shard else ""
     rows = [
         ("subject", f"`{report.subject}` ({info.get('kind', '?')}, truth {info.get('truth', '?')})"),
         ("profile", f"{report.profile}{settings}{seed}"),
@@ -208,20 +224,41 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def render_junit(report: Report) -> str:
+    return junit_document([report])
+
+
+def junit_document(reports: list[Report]) -> str:
+    """A JUnit file with one test suite per report."""
+    totals = {"tests": 0, "failures": 0, "skipped": 0}
+    suites = ET.Element("testsuites", {"name": "swafuzz"})
+    for report in reports:
+        for name, value in _junit_suite(suites, report).items():
+            totals[name] += value
+    suites.attrib.update({name: str(value) for name, value in totals.items()})
+    suites.set("errors", "0")
+    suites.set("time", f"{sum(report.elapsed_s for report in reports):.3f}")
+    ET.indent(suites)
+    text = ET.tostring(suites, encoding="unicode")
+    # ElementTree escapes markup but passes control characters (a subject's ANSI colours)
+    # that no XML parser accepts
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub("\ufffd", text) + "\n"
+
+
+def _junit_suite(suites: ET.Element, report: Report) -> dict[str, int]:
     failures = 1 if report.divergence is not None else 0
     skipped = 1 if not failures and not report.complete else 0
-    totals = {"tests": "1", "failures": str(failures), "errors": "0", "skipped": str(skipped),
-              "time": f"{report.elapsed_s:.3f}"}
-    suites = ET.Element("testsuites", {"name": "swafuzz", **totals})
+    totals = {"tests": 1, "failures": failures, "skipped": skipped}
     suite = ET.SubElement(suites, "testsuite", {
-        "name": f"swafuzz.{report.command}", **totals,
+        "name": f"swafuzz.{report.command}", **{name: str(value) for name, value in totals.items()},
+        "errors": "0", "time": f"{report.elapsed_s:.3f}",
         "timestamp": report.finished_at, "hostname": socket.gethostname(),
     })
     properties = ET.SubElement(suite, "properties")
     for name, value in (
         ("subject", report.subject), ("profile", report.profile), ("settings", report.settings),
-        ("seed", report.seed), ("device", report.device), ("examples", report.examples),
-        ("complete", str(report.complete).lower()), ("harness_version", __version__),
+        ("seed", report.seed), ("shard", report.shard), ("device", report.device),
+        ("examples", report.examples), ("complete", str(report.complete).lower()),
+        ("harness_version", __version__),
     ):
         if value is not None:
             ET.SubElement(properties, "property", {"name": name, "value": str(value)})
@@ -235,11 +272,7 @@ def render_junit(report: Report) -> str:
         ET.SubElement(case, "skipped", {"message": _incomplete_note(report)})
     system_out = ET.SubElement(case, "system-out")
     system_out.text = _run_line(report) + (f"\nreproduce: {report.replay_command}" if report.replay_command else "")
-    ET.indent(suites)
-    text = ET.tostring(suites, encoding="unicode")
-    # ElementTree escapes markup but passes control characters (a subject's ANSI colours)
-    # that no XML parser accepts
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub("\ufffd", text) + "\n"
+    return totals
 
 
 # ---- the outcome grid ------------------------------------------------------------------------

@@ -1,26 +1,49 @@
 """Every scenario within small bounds, for statements of equivalence within a scope.
 
 The scope: stages of 1..``max_layers`` layers starting at layer 0 or 1, with or without a
-non-SWA first layer, with and without speculative decoding; two requests under test and a
-bystander whose departure frees slots; after the bystander's own decode, up to
+non-SWA first layer; without speculative decoding, with it, and with it and a draft model
+beside the target; pools of one-slot pages, and of two-slot pages with the smallest stage of
+each shape (paging changes which slots tokens take, not the layers). Two requests under test and
+a bystander whose departure frees slots; after the bystander's own decode, up to
 ``max_forwards`` forwards, each one of :func:`forward_variants` (the plain decode plus every
-lifecycle feature switched on alone), with any one state event between consecutive forwards.
+lifecycle feature switched on alone), with any one state event between consecutive forwards
+(a clear re-admits three requests, which take the places of the three before).
+
+Every realistic feature (:data:`strategies.scenarios.REALISTIC_FEATURES`) is in the scope at
+its smallest size; :func:`scope_statement` says what a scope covers and what it leaves out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from dataclasses import dataclass
 from typing import Iterator
 
 from reference import EngineConfig, Scenario
 
+from .features import ALL_FEATURES
 from .scenarios import ADVERSARIAL, REALISTIC, adversarial_reasons
+
+REQUESTS = 3  # two under test and a bystander
 
 BETWEEN_FORWARDS: tuple[tuple[dict, ...], ...] = (
     (),
     ({"op": "register_mapping", "shuffle": 1},),
     ({"op": "relocate", "request": 0},),
     ({"op": "finish", "request": 2},),
+    ({"op": "clear"}, {"op": "admit", "count": REQUESTS}),
+)
+
+# What no scope of this module holds, whatever its bounds.
+ALWAYS_LEFT_OUT = (
+    "more than two requests under test (and one bystander)",
+    "sliding windows other than 2 (rings of 2 and, with 3 draft tokens, 4 rows)",
+    "page sizes other than 1 and 2, two-slot pages with longer stages, and pools of other sizes",
+    "graph batch sizes other than 2 and 4",
+    "two features switched on in one forward, and more than one state event between forwards",
+    "draft step counts other than 2, and mapping changes after other than the first store",
+    "long horizons (runs of many plain forwards)",
 )
 
 
@@ -28,13 +51,15 @@ BETWEEN_FORWARDS: tuple[tuple[dict, ...], ...] = (
 _WARM_UP = {"op": "forward", "mode": "decode", "requests": [2]}
 
 
-def forward_variants(num_swa_calls: int, speculative: bool, first_layer: int) -> list[dict]:
+def forward_variants(num_swa_calls: int, speculative: bool, stage: range) -> list[dict]:
     """The plain two-request decode, then each feature on alone."""
+    first_layer = stage.start
     both = [0, 1]
     decode = {"op": "forward", "mode": "decode", "requests": both}
     variants = [
         decode,
         {**decode, "requests": [1]},
+        {**decode, "requests": [1, 0]},
         {"op": "forward", "mode": "extend", "requests": both, "tokens": [1, 3]},
         {"op": "forward", "mode": "extend", "requests": both, "tokens": [1, 2]},
         {"op": "forward", "mode": "extend", "requests": both, "tokens": [2, 2]},
@@ -45,6 +70,7 @@ def forward_variants(num_swa_calls: int, speculative: bool, first_layer: int) ->
         {**decode, "micro_batches": 2, "order": [0] * num_swa_calls + [1] * num_swa_calls},
         {**decode, "skip_init": True},
         {**decode, "skip_layers": [first_layer]},
+        {**decode, "layers": list(reversed(stage))},
         {**decode, "mutation": {"after_calls": 1, "op": "relocate", "request": 0}},
         {**decode, "mutation": {"after_calls": 1, "op": "register_mapping", "shuffle": 2}},
     ]
@@ -57,15 +83,21 @@ def forward_variants(num_swa_calls: int, speculative: bool, first_layer: int) ->
             {"op": "forward", "mode": "idle", "graph": True, "pad": 2, "skip_init": True},
         ]
     if num_swa_calls < 2:
-        variants = [v for v in variants if "mutation" not in v and "order" not in v]
+        variants = [v for v in variants if not {"mutation", "order", "layers"} & set(v)]
     return variants
 
 
+# (speculative, draft model): plain decoding, speculative decoding in the target alone, and
+# speculative decoding with a draft model beside the target
+_SPECULATION = ((False, False), (True, False), (True, True))
+
+
 def _configs(max_layers: int) -> Iterator[dict]:
-    for num_layers, start, hybrid, speculative in itertools.product(
-        range(1, max_layers + 1), (0, 1), (False, True), (False, True)
+    for num_layers, start, hybrid, (speculative, draft_model), page in itertools.product(
+        range(1, max_layers + 1), (0, 1), (False, True), _SPECULATION, (1, 2)
     ):
-        if hybrid and num_layers == 1:
+        smallest_stage = 2 if hybrid else 1
+        if num_layers < smallest_stage or (page > 1 and num_layers > smallest_stage):
             continue
         yield {
             "start_layer": start,
@@ -74,11 +106,29 @@ def _configs(max_layers: int) -> Iterator[dict]:
             "sliding_window": 2,
             "speculative": speculative,
             "num_draft_tokens": 3 if speculative else 1,
-            "num_req_slots": 4,
+            "draft_model": draft_model,
+            "num_req_slots": REQUESTS + 1,
+            "full_page_size": page,
+            "swa_page_size": page,
             "full_pool_size": 64,
             "swa_pool_size": 32,
             "graph_batch_sizes": [2, 4],
         }
+
+
+def _renumbered(event: dict, offset: int) -> dict:
+    """``event`` naming the requests that took the places of the ones it names, ``offset``
+    admissions later."""
+    if not offset:
+        return event
+    event = dict(event)
+    if "requests" in event:
+        event["requests"] = [rid + offset for rid in event["requests"]]
+    if "request" in event:
+        event["request"] += offset
+    if "request" in event.get("mutation", {}):
+        event["mutation"] = _renumbered(event["mutation"], offset)
+    return event
 
 
 def enumerate_scenarios(
@@ -91,9 +141,10 @@ def enumerate_scenarios(
     """
     configs = []
     for config in _configs(max_layers):
-        swa = EngineConfig.from_dict(config).swa_layers
+        engine = EngineConfig.from_dict(config)
+        swa = engine.swa_layers
         variants = [
-            v for v in forward_variants(len(swa), config["speculative"], config["start_layer"])
+            v for v in forward_variants(len(swa), config["speculative"], engine.stage_layers)
             if v.get("micro_batches", 1) <= max_micro_batches
             and not (v.get("skip_layers") and len(swa) == len(v["skip_layers"]))
         ]
@@ -103,12 +154,52 @@ def enumerate_scenarios(
         for config, variants in configs:
             for forwards in itertools.product(variants, repeat=count):
                 for betweens in itertools.product(BETWEEN_FORWARDS, repeat=count - 1):
-                    events: list[dict] = [{"op": "admit", "count": 3}, _WARM_UP]
+                    events: list[dict] = [{"op": "admit", "count": REQUESTS}, _WARM_UP]
+                    offset = 0
                     for i, forward in enumerate(forwards):
                         if i:
-                            events.extend(betweens[i - 1])
-                        events.append(forward)
+                            events.extend(_renumbered(e, offset) for e in betweens[i - 1])
+                            offset += sum(e["count"] for e in betweens[i - 1] if e["op"] == "admit")
+                        events.append(_renumbered(forward, offset))
                     scenario = Scenario.from_dict({"config": config, "events": events})
                     if profile == REALISTIC and adversarial_reasons(scenario):
                         continue
                     yield scenario
+
+
+@dataclass(frozen=True)
+class ScopeStatement:
+    """What a clean exhaustive run showed: equivalence on ``scenarios`` scenarios, which
+    exercise the ``covered`` features; ``left_out`` is what none of them has."""
+
+    scenarios: int
+    bounds: str
+    covered: tuple[str, ...]
+    left_out: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        return [
+            f"equivalent to the reference on all {self.scenarios} scenarios within the bounds: {self.bounds}",
+            f"covers: {', '.join(self.covered)}",
+            f"leaves out: {'; '.join(self.left_out)}",
+        ]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"covered": list(self.covered), "left_out": list(self.left_out)}
+
+
+def scope_statement(scenarios: int, covered: set[str], max_forwards: int, max_layers: int,
+                    max_micro_batches: int, profile: str) -> ScopeStatement:
+    """The statement for a clean run over the scope of these bounds; ``covered`` is every
+    feature its scenarios exercised."""
+    missing = [f"{feature} (not in the {profile} profile at these bounds)"
+               for feature in ALL_FEATURES if feature not in covered]
+    beyond = [
+        f"more than {max_forwards} forwards under test",
+        f"stages of more than {max_layers} layers, starting past layer 1, or with non-SWA layers "
+        "other than the first",
+        f"more than {max_micro_batches} micro-batches",
+    ]
+    bounds = (f"forwards <= {max_forwards}, layers <= {max_layers}, micro-batches <= {max_micro_batches} "
+              f"({profile} profile)")
+    return ScopeStatement(scenarios, bounds, tuple(sorted(covered)), (*missing, *beyond, *ALWAYS_LEFT_OUT))

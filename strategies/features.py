@@ -74,3 +74,10 @@ def features_of(scenario: Scenario) -> set[str]:
         if event.graph:
             found.add(GRAPH_REPLAY)
     return found
+
+
+def scenario_size(scenario: Scenario) -> tuple[int, int, int]:
+    """(forwards, stage layers, requests admitted): the sizes shrinking should make small."""
+    forwards = sum(e.op == "forward" for e in scenario.events)
+    admitted = sum(e.count for e in scenario.events if e.op == "admit")
+    return forwards, scenario.config.end_layer - scenario.config.start_layer, admitted

@@ -7,7 +7,17 @@ produces today, so that a cache designed against tomorrow's scheduler is checked
 
 Shrinking: events are a flat sequence, numbers are small integers drawn with small
 alternatives first, and every optional feature is a boolean whose ``False`` is the plain
-case, so a failure shrinks toward few forwards, few layers and few requests.
+case, so a failure shrinks toward few forwards, few layers and few requests. Requests are
+admitted in one count before the first forward and by state events between forwards only,
+so the count shrinks to the requests the failure needs (two admissions before the first
+forward would need one raised while the other is dropped, which shrinking never does).
+
+Long horizons (``long_horizon=True``, for nightly runs): before each interesting forward a
+scenario may hold a run of plain decode forwards of every live request, up to
+:data:`MAX_LONG_RUN` such forwards in all, so state that goes stale only after hundreds of forwards (a step counter that
+wraps at 256, a ring of per-step buffers) is reached. A run is one boolean and one count
+in Hypothesis's choices: shrinking drops it or shortens it as a single integer, to the
+fewest forwards that still reproduce.
 """
 
 from __future__ import annotations
@@ -20,6 +30,9 @@ from hypothesis import strategies as st
 from reference import Scenario
 
 MAX_FORWARDS = 6
+# Plain decode forwards per long-horizon scenario: twice an 8-bit step counter's period, so a
+# counter or table that wraps at 256 goes stale wherever the runs start.
+MAX_LONG_RUN = 512
 
 REALISTIC = "realistic"
 ADVERSARIAL = "adversarial"
@@ -85,18 +98,19 @@ class _Sim:
         self.peak_live = max(self.peak_live, len(self.live))
 
 
-def scenarios(profile: str = REALISTIC) -> st.SearchStrategy[Scenario]:
-    """Valid scenarios of the given profile (the reference never rejects one)."""
+def scenarios(profile: str = REALISTIC, long_horizon: bool = False) -> st.SearchStrategy[Scenario]:
+    """Valid scenarios of the given profile (the reference never rejects one); with
+    ``long_horizon``, runs of plain decode forwards between the interesting ones."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    return _scenarios(profile == ADVERSARIAL)
+    return _scenarios(profile == ADVERSARIAL, long_horizon)
 
 
 # built once per profile (a fuzz run asks again for every run of examples); building and
 # validating a strategy costs more than a draw from it
 @lru_cache(maxsize=None)
 @st.composite
-def _scenarios(draw, adversarial: bool) -> Scenario:
+def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
 
     start_layer = draw(_small_or(0, 1, 60))
     num_layers = draw(_small_or(1, 3, 64))
@@ -116,12 +130,17 @@ def _scenarios(draw, adversarial: bool) -> Scenario:
     sim.admit(draw(_small_or(1, 2, 256)))
     events.append({"op": "admit", "count": len(sim.live)})
 
+    plain_budget = MAX_LONG_RUN
     state_ops = ["admit", "finish", "clear"] + (["register_mapping", "relocate"] if adversarial else [])
     # a continue-flag per forward (as st.lists draws) lets the shrinker delete any forward
     for index in range(MAX_FORWARDS):
         if index and not draw(st.booleans()):
             break
-        if draw(st.booleans()):
+        if long_horizon and sim.live and plain_budget and draw(st.booleans()):
+            count = draw(st.integers(1, plain_budget))
+            plain_budget -= count
+            events.extend(_plain_decodes(sim, count))
+        if index and draw(st.booleans()):
             op = draw(st.sampled_from(state_ops))
             if op == "admit" or not sim.live:
                 count = draw(st.integers(1, 4))
@@ -191,6 +210,14 @@ def _layer_lists(stage: tuple[int, ...]) -> st.SearchStrategy[list[int]]:
 @lru_cache(maxsize=1024)
 def _token_counts(high: int, requests: int) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(1, high), min_size=requests, max_size=requests)
+
+
+def _plain_decodes(sim: _Sim, count: int) -> list[dict]:
+    """``count`` decode forwards of every live request, with no feature switched on."""
+    for rid in sim.live:
+        sim.lengths[rid] += count
+    forward = {"op": "forward", "mode": "decode", "requests": list(sim.live)}
+    return [dict(forward) for _ in range(count)]
 
 
 @st.composite

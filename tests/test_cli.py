@@ -26,6 +26,7 @@ from harness.fuzz import FuzzResult, Progress
 from harness.progress import ProgressLine, format_progress
 from harness.registry import BUILTIN_SUBJECTS
 from harness.replay import Replay, load_replay, write_replay
+from harness.shard import WHOLE, seed_lane
 from strategies.examples import EXAMPLES
 
 STALE_EXAMPLE = "first-swa-layer-not-start"
@@ -224,11 +225,12 @@ def test_fuzz_ci_settings_default_to_seed_0(capsys, engine, tmp_path):
 def test_unseeded_workers_write_one_replay_file_each(capsys, engine, tmp_path):
     base = cli.FuzzJob(subject="s", profile="realistic", settings="dev", seed=None, run="20260101-120000",
                        device="cpu", replay_dir=str(tmp_path), database_dir=str(tmp_path))
-    jobs = [cli._worker_job(base, i, 5) for i in range(2)]
+    jobs = [cli._worker_job(base, i, 5, seed_lane(WHOLE, i, 2)) for i in range(2)]
     assert [(j.seed, j.run, j.max_examples) for j in jobs] == [(None, "20260101-120000-w0", 5),
                                                                (None, "20260101-120000-w1", 5)]
-    seeded = [cli._worker_job(replace(base, seed=7), i, None) for i in range(2)]
-    assert [(j.seed, j.run) for j in seeded] == [(7, "seed7"), (8, "seed8")]
+    # seeded workers take turns through the chunk seeds: 7, 9, 11, ... and 8, 10, 12, ...
+    seeded = [cli._worker_job(replace(base, seed=7), i, None, seed_lane(WHOLE, i, 2)) for i in range(2)]
+    assert [(j.seed, j.seed_stride, j.run) for j in seeded] == [(7, 2, "seed7"), (8, 2, "seed8")]
 
 
 def test_fuzz_accepts_a_user_subject_and_records_its_spec(capsys, engine, tmp_path):
@@ -276,6 +278,14 @@ def test_gate_passes_and_takes_a_budget(capsys, engine, tmp_path):
                            str(tmp_path), "--json")
     assert code == 0 and json.loads(out)["verdict"] == "no divergence"
     assert engine.calls[0]["budget_s"] == 5.0
+    assert engine.calls[0]["long_horizon"] is None  # as the settings profile says: ci draws none
+
+
+def test_long_horizon_option_reaches_the_engine_from_fuzz_and_gate(capsys, engine, tmp_path):
+    for command in ("fuzz", "gate"):
+        run_cli(capsys, command, "--subject", "uncached", "--long-horizon", "--budget", "5",
+                "--report-dir", str(tmp_path), "--json")
+    assert [call["long_horizon"] for call in engine.calls] == [True, True]
 
 
 def test_exhaustive_passes_its_bounds(capsys, engine, tmp_path):
@@ -295,6 +305,18 @@ def test_exhaustive_for_real_on_a_tiny_scope(capsys, tmp_path):
                            "--max-layers", "1", "--max-micro-batches", "1", "--report-dir", str(tmp_path), "--json")
     data = json.loads(out)
     assert code == 0 and data["verdict"] == "no divergence" and data["examples"] > 0
+    assert data["scope"]["scenarios"] == data["examples"] and "draft_model" in data["scope"]["covered"]
+
+
+def test_a_clean_exhaustive_run_prints_what_its_scope_covers_and_leaves_out(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "exhaustive", "--subject", "uncached", "--max-forwards", "1",
+                           "--max-layers", "1", "--max-micro-batches", "1", "--report-dir", str(tmp_path))
+    assert code == 0
+    covers = next(line for line in out.splitlines() if line.strip().startswith("covers:"))
+    leaves_out = next(line for line in out.splitlines() if line.strip().startswith("leaves out:"))
+    assert "draft_model" in covers and "micro_batches" not in covers
+    assert "micro_batches (not in the adversarial profile at these bounds)" in leaves_out
+    assert "more than 1 micro-batches" in leaves_out
 
 
 # ---- replay ------------------------------------------------------------------------------------

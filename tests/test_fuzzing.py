@@ -6,19 +6,23 @@ Nothing here reads a subject's declared verdict to decide an outcome: the declar
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from harness import Subject, Truth, run_scenario
+from harness.builtin import Uncached
 from harness.executor import NotCheckable
 from harness.fuzz import exhaustive, fuzz, pin_schedules
 from harness.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT, SubjectInfo, resolve_subject
 from reference import Scenario
+from strategies.examples import EXAMPLES
 from strategies.exhaustive import enumerate_scenarios
-from strategies.features import ALL_FEATURES
+from strategies.features import ALL_FEATURES, scenario_size
 from strategies.scenarios import ADVERSARIAL, PROFILES, REALISTIC
 
 CHECKABLE_ON_CPU = [info for info in BUILTIN_SUBJECTS if not info.subject.requires]
@@ -35,13 +39,6 @@ def _find(info, seed=0):
     return result
 
 
-def _bounds(scenario):
-    forwards = [e for e in scenario.events if e.op == "forward"]
-    admitted = sum(e.count for e in scenario.events if e.op == "admit")
-    layers = scenario.config.end_layer - scenario.config.start_layer
-    return len(forwards), layers, admitted
-
-
 @pytest.mark.parametrize("info", DIVERGING, ids=lambda i: i.name)
 def test_fuzzer_finds_and_shrinks_each_diverging_builtin(info):
     result = _find(info)
@@ -49,10 +46,27 @@ def test_fuzzer_finds_and_shrinks_each_diverging_builtin(info):
     assert result.weakest_profile in (REALISTIC, ADVERSARIAL)
     if result.profile == ADVERSARIAL:
         assert result.weakest_profile == ADVERSARIAL
-    forwards, layers, requests = _bounds(result.scenario)
+    forwards, layers, requests = scenario_size(result.scenario)
     assert forwards <= 2 and layers <= 3 and requests <= 2, result.scenario.to_dict()
     replay = run_scenario(info.subject, result.scenario)
     assert replay.divergence == result.divergence
+
+
+@pytest.mark.parametrize("seed", [2, 4])
+def test_shrinking_admits_only_the_requests_the_failure_needs(seed):
+    # seeds whose first failure admitted requests in two steps, or more than it ran
+    result = fuzz(resolve_subject("pool-start-layer"), settings="ci", seed=seed, max_examples=1500)
+    forwards, layers, requests = scenario_size(result.scenario)
+    used = {rid for e in result.scenario.events if e.op == "forward" for rid in e.requests}
+    assert requests == max(len(used), 1) <= 2, result.scenario.to_dict()
+
+
+@pytest.mark.parametrize("info", DIVERGING, ids=lambda i: i.name)
+def test_adversarial_profile_finds_and_shrinks_each_diverging_builtin_as_well(info):
+    result = fuzz(info, profile=ADVERSARIAL, settings="ci", seed=0, max_examples=1500)
+    assert result.divergence is not None, f"{info.name}: no divergence in {result.examples} examples"
+    forwards, layers, requests = scenario_size(result.scenario)
+    assert forwards <= 2 and layers <= 3 and requests <= 2, result.scenario.to_dict()
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -97,6 +111,55 @@ def test_budget_stops_a_clean_run():
     assert 0 < result.examples < 10**6
 
 
+class SlowUncached(Uncached):
+    """Right, but slow enough that a hundred examples take far longer than the budget."""
+
+    def swa_write_location(self, batch, layer_id):
+        time.sleep(0.01)
+        return super().swa_write_location(batch, layer_id)
+
+
+class WrongAfterLayer0ThenSlow(Uncached):
+    """Wrong in every layer but layer 0, so all but the simplest scenario diverge; once it
+    has answered wrong, every call is slow, so finding is quick and shrinking takes long."""
+
+    answered_wrong = False  # on the class: the fuzzer makes a new instance per scenario
+
+    def swa_write_location(self, batch, layer_id):
+        if WrongAfterLayer0ThenSlow.answered_wrong:
+            time.sleep(0.1)
+        rows = super().swa_write_location(batch, layer_id)
+        if layer_id == 0:
+            return rows
+        WrongAfterLayer0ThenSlow.answered_wrong = True
+        return rows + 1
+
+
+@pytest.fixture
+def graph_capture_imported():
+    """The first graph capture of a process imports torch's dispatch machinery, which can
+    take longer than the small budgets below; import it before the clock starts."""
+    run_scenario(Uncached, EXAMPLES["graph-replay"])
+
+
+def test_budget_is_honoured_within_an_example_not_a_chunk_of_examples(graph_capture_imported):
+    budget = 2.0
+    result = fuzz(SubjectInfo("slow-uncached", SlowUncached, expected="equivalent"), settings="ci",
+                  budget_s=budget)
+    assert result.divergence is None
+    assert result.elapsed_s < budget + 3  # behaviour, not a benchmark: a chunk takes far longer
+
+
+def test_budget_cuts_shrinking_short_and_says_so(graph_capture_imported):
+    budget = 1.0
+    info = SubjectInfo("wrong-then-slow", WrongAfterLayer0ThenSlow, expected="diverges")
+    result = fuzz(info, settings="ci", budget_s=budget)
+    assert result.divergence is not None
+    assert not result.shrink_complete
+    assert result.elapsed_s < budget + 3
+    assert run_scenario(info.subject, result.scenario).divergence == result.divergence
+
+
 def test_exhaustive_run_states_how_many_scenarios_were_checked():
     clean = exhaustive(resolve_subject("step-keyed-capture"), max_forwards=1, max_layers=2)
     assert clean.divergence is None
@@ -105,6 +168,52 @@ def test_exhaustive_run_states_how_many_scenarios_were_checked():
     assert broken.divergence is not None
     # shortest scenarios come first: the warm-up decode and one forward under test
     assert sum(e.op == "forward" for e in broken.scenario.events) == 2
+
+
+class StepTableOnThePoolClass(Subject):
+    """Numbers the forwards each pool sees and caches each step's rows under that number,
+    but keeps the table on the class: one pool per process is right, yet the draft model's
+    pool reads the target pool's rows of the step with the same number."""
+
+    truth = Truth.POOL
+    rows_by_step: dict = {}
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.steps = 0
+        self.last_forward_id = None
+        type(self).rows_by_step.clear()
+
+    def swa_write_location(self, batch, layer_id):
+        if batch.forward_id != self.last_forward_id:
+            self.steps += 1
+            self.last_forward_id = batch.forward_id
+        key = (self.steps, batch.draft_step, batch.in_graph)  # a capture must miss the warm-ups' entry
+        if key not in self.rows_by_step:
+            self.rows_by_step[key] = self.mapping[batch.out_cache_loc].to(torch.int32)
+        return self.rows_by_step[key]
+
+
+def test_exhaustive_scope_has_a_draft_model_beside_the_target():
+    info = SubjectInfo("step-table-on-the-pool-class", StepTableOnThePoolClass, expected="diverges")
+    found = exhaustive(info, profile=REALISTIC)
+    assert found.divergence is not None
+    assert found.scenario.config.draft_model
+    alone = Scenario(dataclasses.replace(found.scenario.config, draft_model=False), found.scenario.events)
+    assert run_scenario(info.subject, alone).passed  # the target's pool alone is right
+
+
+def test_a_clean_exhaustive_run_states_what_its_scope_covers_and_leaves_out():
+    clean = exhaustive(resolve_subject("step-keyed-capture"), max_forwards=1, max_layers=2, profile=REALISTIC)
+    assert clean.divergence is None
+    scope = clean.scope
+    assert scope.scenarios == clean.examples
+    assert {"draft_model", "paged_pools", "graph_replay", "micro_batches", "pipeline_stage"} <= set(scope.covered)
+    assert set(scope.covered) == set(clean.coverage)
+    left_out = "\n".join(scope.left_out)
+    for adversarial_only in ("permuted_layers", "mapping_change_in_forward", "register_mapping"):
+        assert adversarial_only in left_out and adversarial_only not in scope.covered
+    assert "more than 1 forwards under test" in left_out and "long horizons" in left_out
 
 
 class RefreshWhenLayersRestart(Subject):
@@ -147,6 +256,32 @@ def test_a_threaded_interleaving_is_pinned_into_the_scenario_and_replays_without
     pinned = pin_schedules(scenario, threaded.schedules)
     assert pinned.events[1].order == threaded.schedules[1]
     assert run_scenario(RefreshWhenLayersRestart, pinned).divergence == threaded.divergence
+
+
+class StepTableWrappingAt256(Subject):
+    """Keeps each step's rows in a table indexed by the step number modulo 256 (an 8-bit
+    step counter): right for 255 forwards, stale from the 256th on."""
+
+    truth = Truth.POOL
+
+    def swa_write_location(self, batch, layer_id):
+        table = batch.backend.__dict__.setdefault("rows_by_step", {})
+        key = (batch.forward_id % 256, batch.draft_step, batch.in_graph)  # a capture misses the warm-ups' entry
+        if key not in table:
+            table[key] = self.mapping[batch.out_cache_loc].to(torch.int32)
+        return table[key]
+
+
+def test_nightly_long_settings_find_a_counter_that_wraps_and_shrink_the_run_to_the_wrap():
+    info = SubjectInfo("step-table-wrapping-at-256", StepTableWrappingAt256, expected="diverges")
+    short = fuzz(info, settings="ci", max_examples=200)
+    assert short.divergence is None  # default scenarios end long before a counter wraps
+    found = fuzz(info, settings="nightly-long", seed=1, max_examples=400)
+    assert found.divergence is not None
+    forwards, layers, requests = scenario_size(found.scenario)
+    # the wrap needs 256 forward ids; a few more at most, never the hundreds drawn
+    assert 256 <= forwards <= 264 and layers == 1 and requests <= 2, (forwards, layers, requests)
+    assert run_scenario(info.subject, found.scenario).divergence == found.divergence
 
 
 _CLOCK_PROBE = """

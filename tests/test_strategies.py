@@ -11,7 +11,9 @@ from reference import EngineState
 from strategies.examples import EXAMPLES
 from strategies.exhaustive import enumerate_scenarios
 from strategies.features import ALL_FEATURES, features_of
-from strategies.scenarios import ADVERSARIAL, PROFILES, REALISTIC, adversarial_reasons, scenarios, weakest_profile
+from strategies.scenarios import (
+    ADVERSARIAL, MAX_FORWARDS, PROFILES, REALISTIC, adversarial_reasons, scenarios, weakest_profile,
+)
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -45,6 +47,22 @@ def test_realistic_strategy_draws_only_what_the_engine_does():
         assert adversarial_reasons(scenario) == []
 
     check()
+
+
+def test_long_horizon_scenarios_are_valid_realistic_and_reach_past_an_8_bit_counter():
+    forwards_per_scenario = []
+
+    @settings(FAST, max_examples=60, derandomize=True)
+    @given(scenarios(REALISTIC, long_horizon=True))
+    def check(scenario):
+        _run_engine_model(scenario)
+        assert type(scenario).from_dict(scenario.to_dict()) == scenario
+        assert adversarial_reasons(scenario) == []
+        forwards_per_scenario.append(sum(e.op == "forward" for e in scenario.events))
+
+    check()
+    assert max(forwards_per_scenario) > 256
+    assert min(forwards_per_scenario) <= MAX_FORWARDS  # a scenario without a run stays short
 
 
 def test_unknown_profile_is_rejected_with_the_choices():
@@ -89,8 +107,20 @@ def test_exhaustive_scope_switches_every_feature_on_somewhere():
     seen = set()
     for scenario in enumerate_scenarios(max_forwards=2, max_layers=2):
         seen |= features_of(scenario)
-    missing = set(ALL_FEATURES) - seen - {"draft_model", "paged_pools", "permuted_layers"}
-    assert missing == set()
+    assert set(ALL_FEATURES) - seen == set()
+
+
+def test_exhaustive_scope_holds_every_realistic_engine_fact_at_its_smallest():
+    scenarios = list(enumerate_scenarios(max_forwards=2, max_layers=2, profile=REALISTIC))
+    configs = {scenario.config for scenario in scenarios}
+    assert any(c.draft_model for c in configs) and any(c.speculative and not c.draft_model for c in configs)
+    assert {c.full_page_size for c in configs} == {1, 2}
+    events = [event for scenario in scenarios for event in scenario.events]
+    assert any(e.op == "clear" for e in events)
+    assert any(e.op == "forward" and list(e.requests) != sorted(e.requests) for e in events)
+    assert set(ALL_FEATURES) - set().union(*map(features_of, scenarios)) == {
+        "permuted_layers", "mapping_change_in_forward", "register_mapping",  # adversarial only
+    }
 
 
 @pytest.mark.parametrize("profile", PROFILES)

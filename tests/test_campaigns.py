@@ -1,0 +1,104 @@
+"""Campaigns over many machines: shards that never repeat each other, and their merged report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import junitparser
+import pytest
+
+from harness.cli import main as swafuzz
+from harness.shard import Shard, seed_lane
+
+
+@pytest.mark.parametrize("total,workers", [(1, 1), (4, 1), (3, 2), (5, 3)])
+def test_the_seed_lanes_of_all_shards_and_workers_are_disjoint_and_cover_every_seed(total, workers):
+    chunks, base = 40, 1000
+    lanes = [seed_lane(Shard(index, total), worker, workers)
+             for index in range(1, total + 1) for worker in range(workers)]
+    seed_sets = [set(lane.seeds(base, chunks)) for lane in lanes]
+    assert sum(len(seeds) for seeds in seed_sets) == len(set().union(*seed_sets))  # disjoint
+    assert set().union(*seed_sets) == set(range(base, base + chunks * len(lanes)))  # and whole
+
+
+@pytest.mark.parametrize("text", ["0/4", "5/4", "1/0", "two/4", "1", "-1/4", ""])
+def test_a_shard_outside_1_to_n_is_a_usage_error(capsys, tmp_path, text):
+    code = swafuzz(["fuzz", "--subject", "uncached", "--shard", text, "--report-dir", str(tmp_path)])
+    assert code == 2
+    assert "--shard" in capsys.readouterr().err
+
+
+def _fuzz_report(tmp_path: Path, name: str, *argv: str) -> dict:
+    code = swafuzz(["fuzz", "--settings", "ci", "--json", "--report-dir", str(tmp_path / name), *argv])
+    assert code in (0, 1)
+    return json.loads((tmp_path / name / "report.json").read_text())
+
+
+def test_two_shards_search_different_seeds_and_record_their_shard(capsys, tmp_path):
+    first = _fuzz_report(tmp_path, "one", "--subject", "uncached", "--shard", "1/2", "--max-examples", "150")
+    second = _fuzz_report(tmp_path, "two", "--subject", "uncached", "--shard", "2/2", "--max-examples", "150")
+    assert (first["shard"], second["shard"]) == ("1/2", "2/2")
+    assert (first["seed"], second["seed"]) == (0, 1)
+    # a shard is the seeded run of its lane: the same shard repeats exactly
+    again = _fuzz_report(tmp_path, "again", "--subject", "uncached", "--shard", "2/2", "--max-examples", "150")
+    assert again["coverage"] == second["coverage"]
+
+
+@pytest.fixture
+def shard_reports(capsys, tmp_path) -> tuple[Path, Path]:
+    _fuzz_report(tmp_path, "shard1", "--subject", "pool-start-layer", "--shard", "1/2")
+    _fuzz_report(tmp_path, "shard2", "--subject", "uncached", "--shard", "2/2", "--max-examples", "30")
+    capsys.readouterr()
+    return tmp_path / "shard1", tmp_path / "shard2"
+
+
+def test_merge_reports_writes_one_summary_junit_and_html_page(capsys, tmp_path, shard_reports):
+    diverging, clean = shard_reports
+    out = tmp_path / "merged"
+    assert swafuzz(["merge-reports", str(diverging), str(clean / "report.json"), "--report-dir", str(out)]) == 1
+    assert "divergence in 1 of 2 runs" in capsys.readouterr().out
+    found = json.loads((diverging / "report.json").read_text())
+    summary = (out / "summary.md").read_text()
+    assert found["diagnosis"]["sentence"] in summary
+    assert found["replay_command"] in summary
+    assert "shard 1/2" in summary and "shard 2/2" in summary
+    suites = list(junitparser.JUnitXml.fromfile(str(out / "junit.xml")))
+    assert len(suites) == 2
+    assert sorted(suite.failures for suite in suites) == [0, 1]
+    page = (out / "report.html").read_text()
+    assert found["diagnosis"]["sentence"] in page and '<table class="grid">' in page
+    merged = json.loads((out / "report.json").read_text())
+    assert merged["verdict"] == "divergence"
+    assert merged["examples"] == found["examples"] + json.loads((clean / "report.json").read_text())["examples"]
+
+
+def test_merging_only_clean_runs_exits_0(capsys, tmp_path, shard_reports):
+    _, clean = shard_reports
+    assert swafuzz(["merge-reports", str(clean), "--report-dir", str(tmp_path / "merged")]) == 0
+    assert "no divergence in 1 runs" in capsys.readouterr().out
+
+
+def test_a_merged_report_is_not_merged_again(capsys, tmp_path, shard_reports):
+    merged = tmp_path / "merged"
+    swafuzz(["merge-reports", *map(str, shard_reports), "--report-dir", str(merged)])
+    assert swafuzz(["merge-reports", str(merged), "--report-dir", str(tmp_path / "again")]) == 2
+    assert "merged report already" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda path: path.write_text("{"), "not valid JSON"),
+    (lambda path: path.write_text("[]"), "expected a JSON object"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "examples": "many"})), "'examples'"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "verdict": "maybe"})), "'verdict'"),
+    (lambda path: path.unlink(), "no such report"),
+])
+def test_a_malformed_report_exits_2_with_one_line_and_writes_nothing(capsys, tmp_path, shard_reports, damage,
+                                                                     message):
+    diverging, clean = shard_reports
+    damage(clean / "report.json")
+    out = tmp_path / "merged"
+    assert swafuzz(["merge-reports", str(diverging), str(clean), "--report-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "swafuzz merge-reports: error:" in err
+    assert not out.exists()
