@@ -6,6 +6,8 @@ example, one ``torch.equal`` per layer. It keeps its own mapping and allocator, 
 subject eagerly, and is told the trigger of the seed-000 bug: the stage's first layer may
 store no SWA keys. swafuzz and the machine run interleaved on the same subject with torch on
 one thread, so their ratio holds on a loaded machine even where their absolute numbers do not.
+swafuzz is measured with its default scenarios and with long horizons (runs of plain decode
+forwards between the interesting ones, as the nightly-long settings draw them).
 """
 
 from __future__ import annotations
@@ -134,7 +136,8 @@ def machine_time_to_failure(subject: type[Subject], seed: int, max_examples: int
     return None
 
 
-def fuzz_checks_per_s(info: SubjectInfo, profile: str, budget_s: float, seed: int = 0) -> tuple[int, float]:
+def fuzz_checks_per_s(info: SubjectInfo, profile: str, budget_s: float, seed: int = 0,
+                      long_horizon: bool = False) -> tuple[int, float]:
     """(checks, seconds) of swafuzz searching until the budget is spent. A subject it finds
     diverging counts up to the moment of finding (shrinking is not search); the search then
     goes on from the next seed."""
@@ -142,6 +145,7 @@ def fuzz_checks_per_s(info: SubjectInfo, profile: str, budget_s: float, seed: in
     while seconds < budget_s:
         first: list[FuzzResult] = []
         result = fuzz(info, profile=profile, settings="ci", seed=seed, budget_s=budget_s - seconds,
+                      long_horizon=long_horizon,
                       on_divergence=lambda found: first.append(found) if not first else None)
         found = first[0] if first else result
         checks += found.checks
@@ -160,19 +164,25 @@ def bench_peer(subjects=("uncached", "step-keyed"), profiles=("realistic", "adve
     ratios: dict[str, float] = {}
     out(f"peer: swafuzz against a hand-written RuleBasedStateMachine ({MAX_LAYERS} layers max, "
         f"batch {MAX_BATCH} max, {STEPS} steps), interleaved, one torch thread")
-    out(f"{'subject':12s} {'profile':12s} {'swafuzz checks/s':>17s} {'machine checks/s':>17s} {'ratio':>7s}")
+    out(f"{'subject':12s} {'profile':12s} {'scenarios':13s} {'swafuzz checks/s':>17s} {'machine checks/s':>17s} "
+        f"{'ratio':>7s}")
     for name in subjects:
         info = resolve_subject(name)
         for profile in profiles:
-            ours, theirs = [0, 0.0], [0, 0.0]
-            for round_no in range(rounds):
-                for total, measured in ((ours, fuzz_checks_per_s(info, profile, round_s, seed=round_no)),
-                                        (theirs, machine_checks_per_s(info.subject, round_s, seed=round_no))):
-                    total[0] += measured[0]
-                    total[1] += measured[1]
-            fuzz_rate, machine_rate = ours[0] / ours[1], theirs[0] / theirs[1]
-            ratios[f"checks_per_s/{name}/{profile}"] = fuzz_rate / machine_rate
-            out(f"{name:12s} {profile:12s} {fuzz_rate:17.0f} {machine_rate:17.0f} {fuzz_rate / machine_rate:6.2f}x")
+            for long_horizon in (False, True):
+                ours, theirs = [0, 0.0], [0, 0.0]
+                for round_no in range(rounds):
+                    for total, measured in (
+                        (ours, fuzz_checks_per_s(info, profile, round_s, seed=round_no, long_horizon=long_horizon)),
+                        (theirs, machine_checks_per_s(info.subject, round_s, seed=round_no)),
+                    ):
+                        total[0] += measured[0]
+                        total[1] += measured[1]
+                fuzz_rate, machine_rate = ours[0] / ours[1], theirs[0] / theirs[1]
+                kind = "long-horizon" if long_horizon else "default"
+                ratios[f"checks_per_s/{name}/{profile}/{kind}"] = fuzz_rate / machine_rate
+                out(f"{name:12s} {profile:12s} {kind:13s} {fuzz_rate:17.0f} {machine_rate:17.0f} "
+                    f"{fuzz_rate / machine_rate:6.2f}x")
     info = resolve_subject(SEED_000_BUG)
     ours_s, theirs_s = [], []
     for seed in range(seeds):
