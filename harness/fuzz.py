@@ -26,6 +26,7 @@ from .database import open_database
 from .diagnosis import Divergence
 from .devices import timeline_for
 from .executor import DEFAULT_TIMEOUT_S, RunResult, check_device, run_scenario
+from .graphs import load_capture_machinery
 from .registry import SubjectInfo
 
 SETTINGS_ENV = "SWAFUZZ_SETTINGS"
@@ -139,6 +140,7 @@ class FuzzResult:
     examples: int
     elapsed_s: float
     divergence: Divergence | None = None
+    checks: int = 0  # store-location answers compared, over every example run
     scenario: Scenario | None = None  # shrunk scenario of the divergence
     weakest_profile: str | None = None  # weakest scenario profile that reproduces it
     seed: int | None = None
@@ -302,6 +304,7 @@ def fuzz(
     database = None
     if chosen.uses_database and not threads:
         database = open_database(database_path(database_dir), local_database_dir or DEFAULT_DATABASE)
+    load_capture_machinery()
     started = time.monotonic()
     result = FuzzResult(info.name, profile, chosen.name, examples=0, elapsed_s=0.0, seed=seed)
     coverage: Counter[str] = Counter()
@@ -324,6 +327,7 @@ def fuzz(
     def on_example(scenario: Scenario, features: list[str], outcome: RunResult) -> None:
         result.examples += 1
         coverage.update(features)
+        result.checks += outcome.checks
         report_progress()
         if not outcome.passed:
             if not failures:
@@ -403,7 +407,8 @@ def _found(result: FuzzResult, scenario: Scenario, divergence: Divergence, elaps
            coverage: Counter[str]) -> FuzzResult:
     return FuzzResult(
         subject=result.subject, profile=result.profile, settings=result.settings,
-        examples=result.examples, elapsed_s=elapsed_s, divergence=divergence, scenario=scenario,
+        examples=result.examples, elapsed_s=elapsed_s, divergence=divergence, checks=result.checks,
+        scenario=scenario,
         weakest_profile=weakest_profile(scenario), seed=result.seed, coverage=dict(coverage),
         examples_to_divergence=result.examples_to_divergence,
     )
@@ -428,6 +433,7 @@ def exhaustive(
     order is returned; the enumeration lists short scenarios first.
     """
     check_device(info.subject, torch.device(device))
+    load_capture_machinery()
     started = time.monotonic()
     result = FuzzResult(info.name, profile, "exhaustive", examples=0, elapsed_s=0.0)
     coverage: Counter[str] = Counter()
@@ -435,6 +441,7 @@ def exhaustive(
         result.examples += 1
         coverage.update(features_of(scenario))
         outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
+        result.checks += outcome.checks
         if on_progress is not None and result.examples % 500 == 0:
             on_progress(Progress(result.examples, time.monotonic() - started, None, len(coverage), 0))
         if not outcome.passed:

@@ -102,5 +102,12 @@ class CudaGraph:
         self._graph.replay()
 
 
+def load_capture_machinery() -> None:
+    """Run one operation under the recorder now: the first one in a process imports
+    ``torch._dynamo`` (seconds), which must not be charged to whatever is being timed."""
+    with _Recorder([]):
+        torch.zeros(1).add_(1)
+
+
 def make_graph(device: torch.device) -> RecordedGraph | CudaGraph:
     return CudaGraph() if device.type == "cuda" else RecordedGraph()

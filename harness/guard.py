@@ -1,7 +1,9 @@
 """Calling code under test without letting it crash or hang the harness.
 
 Arming a timer per call would cost more than a cheap subject call, so a watchdog thread
-polls the deadline of the call in flight instead; a call only stores three attributes.
+polls the deadline of the call in flight instead; a call only stores three attributes. One
+watchdog serves the whole process (starting a thread per guard, that is per scenario, cost
+a few percent of a fuzzing run): it watches the innermost guard entered on the main thread.
 An overrun call is interrupted with a real SIGALRM, which also breaks blocking sleeps. The
 handler raises only if the call that overran is still the one in flight, so a late signal
 can never hit the next call; a call that swallows the alarm is re-alarmed every timeout
@@ -47,19 +49,18 @@ class CallGuard:
         self._deadline = 0.0
         self._in_call = False
         self._fired_serial = -1
-        self._closed = False
         self._watched = False
 
     def __enter__(self) -> "CallGuard":
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGALRM, self._on_alarm)
             self._watched = True
-            threading.Thread(target=self._watch, name="swafuzz-watchdog", daemon=True).start()
+            _WATCHDOG.watch(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._closed = True
         if self._watched:
+            _WATCHDOG.unwatch(self)
             signal.signal(signal.SIGALRM, self._previous_handler)
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -83,14 +84,68 @@ class CallGuard:
         if self._in_call and self._serial == self._fired_serial:
             raise SubjectTimeout()
 
-    def _watch(self) -> None:
-        poll = min(0.05, self.timeout_s / 4)
+    def poll_s(self) -> float:
+        return min(0.05, self.timeout_s / 4)
+
+    def alarm_if_overrun(self, main_thread: int) -> None:
+        serial = self._serial
+        if self._in_call and monotonic() > self._deadline:
+            # again every timeout period, in case the subject swallowed the last alarm
+            self._fired_serial = serial
+            self._deadline = monotonic() + self.timeout_s
+            signal.pthread_kill(main_thread, signal.SIGALRM)
+
+
+class _Watchdog:
+    """The process's one watchdog thread, started by the first guard on the main thread.
+
+    Between the guards of back-to-back scenarios it keeps polling: waking a sleeping thread
+    for every guard cost more than the polls. It sleeps only after a second without guards.
+    """
+
+    IDLE_AFTER_S = 1.0
+    POLL_S = 0.05
+
+    def __init__(self) -> None:
+        self._guards: list[CallGuard] = []  # entered and not yet left, innermost last
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._sleeping = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self, guard: CallGuard) -> None:
+        with self._lock:
+            self._guards.append(guard)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="swafuzz-watchdog", daemon=True)
+                self._thread.start()
+            if self._sleeping:
+                self._sleeping = False
+                self._wake.set()
+
+    def unwatch(self, guard: CallGuard) -> None:
+        with self._lock:
+            self._guards.remove(guard)
+
+    def _run(self) -> None:
         main = threading.main_thread().ident
-        while not self._closed:
-            time.sleep(poll)
-            serial = self._serial
-            if self._in_call and monotonic() > self._deadline:
-                # again every timeout period, in case the subject swallowed the last alarm
-                self._fired_serial = serial
-                self._deadline = monotonic() + self.timeout_s
-                signal.pthread_kill(main, signal.SIGALRM)
+        last_busy = monotonic()
+        while True:
+            with self._lock:
+                guard = self._guards[-1] if self._guards else None
+                # decided under the lock, so a guard entered now finds it sleeping and wakes it
+                self._sleeping = guard is None and monotonic() - last_busy > self.IDLE_AFTER_S
+                if self._sleeping:
+                    self._wake.clear()
+            if guard is not None:
+                last_busy = monotonic()
+                time.sleep(guard.poll_s())
+                guard.alarm_if_overrun(main)
+            elif self._sleeping:
+                self._wake.wait()
+                last_busy = monotonic()
+            else:
+                time.sleep(self.POLL_S)
+
+
+_WATCHDOG = _Watchdog()

@@ -23,6 +23,7 @@ fewest forwards that still reproduce.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from hypothesis import strategies as st
 
@@ -70,9 +71,14 @@ ADVERSARIAL_ONLY = (
 )
 
 
+@lru_cache(maxsize=None)  # drawn from many times per scenario: built once per bounds
 def _small_or(lo: int, small: int, large: int) -> st.SearchStrategy[int]:
     """Mostly small values (good failures), sometimes up to DeepSeek-V4 scale."""
     return st.one_of(st.integers(lo, small), st.integers(lo, large))
+
+
+_PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
+_GRAPH_SIZE_SETS = st.sets(st.sampled_from([1, 2, 4, 8, 16, 64, 256]), min_size=1)
 
 
 @dataclass
@@ -100,21 +106,24 @@ def scenarios(profile: str = REALISTIC, long_horizon: bool = False) -> st.Search
     return _scenarios(profile == ADVERSARIAL, long_horizon)
 
 
+# built once per profile (a fuzz run asks again for every run of examples); building and
+# validating a strategy costs more than a draw from it
+@lru_cache(maxsize=None)
 @st.composite
 def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
 
     start_layer = draw(_small_or(0, 1, 60))
     num_layers = draw(_small_or(1, 3, 64))
     stage = list(range(start_layer, start_layer + num_layers))
-    non_swa = draw(st.lists(st.sampled_from(stage), unique=True, max_size=num_layers - 1))
+    non_swa = draw(_layer_sets(tuple(stage), max_size=num_layers - 1))
     swa_layers = [layer for layer in stage if layer not in non_swa]
     sliding_window = draw(_small_or(1, 8, 128))
     speculative = draw(st.booleans())
     num_draft_tokens = draw(st.integers(2, 4)) if speculative else 1
     draft_model = speculative and draw(st.booleans())
-    full_page = draw(st.sampled_from([1, 2, 4, 16]))
-    swa_page = draw(st.sampled_from([1, 2, 4, 16]))
-    graph_sizes = sorted(draw(st.sets(st.sampled_from([1, 2, 4, 8, 16, 64, 256]), min_size=1)))
+    full_page = draw(_PAGE_SIZES)
+    swa_page = draw(_PAGE_SIZES)
+    graph_sizes = sorted(draw(_GRAPH_SIZE_SETS))
 
     sim = _Sim()
     events: list[dict] = []
@@ -174,6 +183,35 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
     return Scenario.from_dict({"config": config, "events": events})
 
 
+# The strategies of a forward depend on the live requests and the configuration, which
+# repeat from draw to draw: built once per argument tuple.
+@lru_cache(maxsize=1024)
+def _one_of_values(values: tuple) -> st.SearchStrategy:
+    return st.sampled_from(values)
+
+
+@lru_cache(maxsize=1024)
+def _batches(live: tuple[int, ...]) -> st.SearchStrategy[list[int]]:
+    """The requests a forward schedules: any non-empty subset of the live ones, in any order."""
+    return st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True)
+
+
+@lru_cache(maxsize=1024)
+def _layer_sets(stage: tuple[int, ...], min_size: int = 0, max_size: int | None = None) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.sampled_from(stage), unique=True, min_size=min_size, max_size=max_size)
+
+
+@lru_cache(maxsize=1024)
+def _layer_lists(stage: tuple[int, ...]) -> st.SearchStrategy[list[int]]:
+    """Layers in any order, repeats allowed (the adversarial ``layers`` of a forward)."""
+    return st.lists(st.sampled_from(stage), min_size=1, max_size=2 * len(stage))
+
+
+@lru_cache(maxsize=1024)
+def _token_counts(high: int, requests: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(1, high), min_size=requests, max_size=requests)
+
+
 def _plain_decodes(sim: _Sim, count: int) -> list[dict]:
     """``count`` decode forwards of every live request, with no feature switched on."""
     for rid in sim.live:
@@ -185,16 +223,14 @@ def _plain_decodes(sim: _Sim, count: int) -> list[dict]:
 @st.composite
 def _forwards(draw, sim: _Sim, adversarial: bool, speculative: bool, num_draft_tokens: int,
               stage: list[int], swa_layers: list[int], graph_sizes: list[int]) -> dict:
-    modes = ["decode", "extend"] + (["verify", "draft", "draft_extend"] if speculative else [])
-    mode = draw(st.sampled_from(modes + ["idle"])) if sim.live else "idle"
+    modes = ("decode", "extend") + (("verify", "draft", "draft_extend") if speculative else ())
+    mode = draw(_one_of_values(modes + ("idle",))) if sim.live else "idle"
     event: dict = {"op": "forward", "mode": mode}
-    requests = [] if mode == "idle" else draw(
-        st.lists(st.sampled_from(sim.live), min_size=1, max_size=len(sim.live), unique=True)
-    )
+    requests = [] if mode == "idle" else draw(_batches(tuple(sim.live)))
     event["requests"] = requests
     if mode in ("extend", "draft_extend"):
         high = num_draft_tokens if mode == "draft_extend" else 8
-        event["tokens"] = draw(st.lists(st.integers(1, high), min_size=len(requests), max_size=len(requests)))
+        event["tokens"] = draw(_token_counts(high, len(requests)))
     steps = 1
     if mode == "draft":
         # a chain drafter runs its configured num_draft_tokens - 1 steps every draft forward
@@ -223,9 +259,9 @@ def _forwards(draw, sim: _Sim, adversarial: bool, speculative: bool, num_draft_t
         if draw(st.booleans()):
             event["skip_init"] = True
         if draw(st.booleans()):
-            event["layers"] = draw(st.lists(st.sampled_from(stage), min_size=1, max_size=2 * len(stage)))
+            event["layers"] = draw(_layer_lists(tuple(stage)))
         if draw(st.booleans()):
-            event["skip_layers"] = draw(st.lists(st.sampled_from(stage), unique=True, min_size=1))
+            event["skip_layers"] = draw(_layer_sets(tuple(stage), min_size=1))
     elif mode == "idle" and speculative and not event.get("graph"):
         event["skip_init"] = True
 
@@ -237,8 +273,8 @@ def _forwards(draw, sim: _Sim, adversarial: bool, speculative: bool, num_draft_t
     if adversarial and not event.get("graph") and requests and draw(st.booleans()):
         event["mutation"] = {
             "after_calls": draw(st.integers(0, len(schedule) * mbs * steps)),
-            "op": draw(st.sampled_from(["relocate", "register_mapping"])),
-            "request": draw(st.sampled_from(sim.live)),
+            "op": draw(_one_of_values(("relocate", "register_mapping"))),
+            "request": draw(_one_of_values(tuple(sim.live))),
             "shuffle": draw(st.integers(0, 3)),
         }
     return event

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -305,3 +307,27 @@ def test_seeded_parallel_workers_do_not_repeat_each_other(monkeypatch):
     shared = drawn[0] & drawn[1]
     # each Hypothesis run tries the simplest scenarios first: those few may coincide
     assert len(shared) <= 2, f"{len(shared)} of {len(drawn[0])} scenarios drawn by both workers"
+_CLOCK_PROBE = """
+import sys, time
+import harness.fuzz as fuzz_module
+from harness.registry import resolve_subject
+
+class Clock:
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def monotonic(self):
+        first_reads.append("torch._dynamo" in sys.modules)
+        return time.monotonic()
+
+first_reads = []
+fuzz_module.time = Clock()
+fuzz_module.fuzz(resolve_subject("uncached"), settings="ci", max_examples=1)
+print("imported before the clock started" if first_reads[0] else "imported inside the timed region")
+"""
+
+
+def test_the_one_time_import_of_the_first_graph_capture_happens_before_the_clock_starts():
+    probe = subprocess.run([sys.executable, "-c", _CLOCK_PROBE], capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "imported before the clock started"

@@ -157,3 +157,32 @@ def test_a_call_that_swallows_the_timeout_is_still_a_timeout():
     with CallGuard(0.1) as guard:
         with pytest.raises(SubjectFailure, match="did not return"):
             guard.call("swa_write_location", _swallows_everything)
+
+
+def _watchdog_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "swafuzz-watchdog"]
+
+
+def test_one_watchdog_thread_serves_every_guard_of_the_process():
+    for _ in range(20):
+        with CallGuard(1.0) as guard:
+            guard.call("quick", lambda: None)
+    assert len(_watchdog_threads()) == 1
+
+
+def test_an_outer_guard_still_times_out_after_an_inner_guard_was_left():
+    with CallGuard(0.2) as outer:
+        with CallGuard(5.0) as inner:
+            assert inner.call("quick", lambda: 1) == 1
+        with pytest.raises(SubjectFailure) as info:
+            outer.call("swa_write_location", lambda: time.sleep(30))
+    assert info.value.message == "swa_write_location did not return within 0.2 s"
+
+
+def test_a_guard_entered_after_the_watchdog_went_to_sleep_still_times_out():
+    with CallGuard(1.0) as guard:
+        guard.call("quick", lambda: None)
+    time.sleep(1.5)  # the watchdog sleeps after a second without guards
+    with CallGuard(0.2) as guard:
+        with pytest.raises(SubjectFailure, match="did not return within 0.2 s"):
+            guard.call("swa_write_location", lambda: time.sleep(30))

@@ -12,7 +12,7 @@ from strategies.examples import EXAMPLES
 from strategies.exhaustive import enumerate_scenarios
 from strategies.features import ALL_FEATURES, features_of
 from strategies.scenarios import (
-    ADVERSARIAL, MAX_FORWARDS, REALISTIC, adversarial_reasons, scenarios, weakest_profile,
+    ADVERSARIAL, MAX_FORWARDS, PROFILES, REALISTIC, adversarial_reasons, scenarios, weakest_profile,
 )
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -121,3 +121,10 @@ def test_exhaustive_scope_holds_every_realistic_engine_fact_at_its_smallest():
     assert set(ALL_FEATURES) - set().union(*map(features_of, scenarios)) == {
         "permuted_layers", "mapping_change_in_forward", "register_mapping",  # adversarial only
     }
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_each_profile_strategy_is_built_once_and_reused(profile):
+    # a fuzz run asks for the strategy once per run of examples: rebuilding it would
+    # re-validate every inner strategy
+    assert scenarios(profile) is scenarios(profile)
