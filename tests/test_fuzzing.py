@@ -307,6 +307,8 @@ def test_seeded_parallel_workers_do_not_repeat_each_other(monkeypatch):
     shared = drawn[0] & drawn[1]
     # each Hypothesis run tries the simplest scenarios first: those few may coincide
     assert len(shared) <= 2, f"{len(shared)} of {len(drawn[0])} scenarios drawn by both workers"
+
+
 _CLOCK_PROBE = """
 import sys, time
 import harness.fuzz as fuzz_module
