@@ -424,6 +424,20 @@ def test_real_fuzz_of_a_correct_subject_exits_0(capsys, tmp_path):
 # ---- workers -----------------------------------------------------------------------------------
 
 
+def test_a_divergence_reported_again_while_shrinking_rewrites_the_same_replay_file(tmp_path):
+    scenario = EXAMPLES[STALE_EXAMPLE]
+    divergence = run_scenario(BUILTIN_SUBJECTS[4].subject, scenario).divergence
+    log = campaign.DivergenceLog("pool-start-layer", "realistic", "dev", "cpu", tmp_path, "seed3")
+    assert log.record(FuzzResult("s", "realistic", "dev", examples=4, elapsed_s=1.0)) is None
+    first = log.record(FuzzResult("s", "realistic", "dev", examples=5, elapsed_s=1.0, divergence=divergence,
+                                  scenario=scenario, seed=3))
+    shrunk = EXAMPLES["pipeline-stage"]  # stands for the smaller scenario shrinking found
+    again = log.write(shrunk, divergence, seed=3)
+    assert again == first == log.path and list(tmp_path.iterdir()) == [first]
+    recorded = load_replay(first)
+    assert recorded.scenario == shrunk and recorded.seed == 3 and recorded.subject == "pool-start-layer"
+
+
 def test_merge_results_keeps_the_winner_and_adds_up_the_rest():
     scenario = EXAMPLES[STALE_EXAMPLE]
     divergence = run_scenario(BUILTIN_SUBJECTS[4].subject, scenario).divergence
