@@ -15,23 +15,13 @@ the command quietly with its own code (see :mod:`harness.entry`).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import json
-import multiprocessing
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
-from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
-from queue import Empty
 from typing import Any, Callable
 
 import torch
@@ -39,31 +29,20 @@ import torch
 from reference import ScenarioError
 
 from . import __version__
-from . import fuzz as fuzz_engine
-from .database import DatabaseError, is_redis_url, open_database
-from .boundary import InputError, describe_path, printable, writable_directory, writable_file
+from .boundary import InputError, describe_path, printable, writable_file
+from .campaign import EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_OK, Campaign, Finished, stdout_to_stderr
 from .entry import entry  # noqa: F401 - the console script of installs made before harness.entry
-from .entry import note_signal, run_starting, signal_before_run
 from .executor import SubjectError
 from .merge import ReportError, merge_reports
-from .fuzz import PROFILES, SETTINGS_PROFILES, FuzzResult, Progress
-from .progress import ProgressLine
-from .devices import enable_stream_sanitizer
-from .registry import SubjectInfo, all_subjects, resolve_subject
-from .replay import (
-    Replay, ReplayError, emit_pytest, load_replay, recorded_subject, run_replay, same_divergence,
-    write_replay,
-)
-from .reports import REPORT_FILES, Report, write_reports
-from .shard import WHOLE, SeedLane, Shard, seed_lane
+from .fuzz import PROFILES, SETTINGS_PROFILES
+from .registry import all_subjects, resolve_subject
+from .replay import Replay, ReplayError, emit_pytest, load_replay, recorded_subject, run_replay, same_divergence
+from .reports import REPORT_FILES, Report
+from .shard import Shard
 
-EXIT_OK = 0
-EXIT_DIVERGENCE = 1
-EXIT_USAGE = 2
-EXIT_INTERNAL = 3
+EXIT_USAGE = 2  # the other exit codes are a campaign's (harness.campaign)
 
 GATE_BUDGET_S = 120.0
-WORKER_STOP_GRACE_S = 60.0
 
 
 class UsageError(Exception):
@@ -323,488 +302,31 @@ def check_device(text: str) -> str:
     return str(device)
 
 
-def _prepare_report_dir(directory: Path) -> Path:
-    try:
-        (directory / "replays").mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--report-dir {directory}: cannot create it: {exc}") from None
-    if not os.access(directory, os.W_OK):
-        raise UsageError(f"--report-dir {directory}: not writable")
-    return directory
-
-
 def _print_json(data: dict[str, Any]) -> None:
     print(json.dumps(data, indent=2))
 
 
-def _stdout_to_stderr(enabled: bool = True) -> contextlib.AbstractContextManager:
-    """Keeps stdout for the one JSON object: whatever a subject or Hypothesis's verbose
-    settings print while the run goes on lands on stderr."""
-    return contextlib.redirect_stdout(sys.stderr) if enabled else contextlib.nullcontext()
-
-
-# ---- interrupts ----------------------------------------------------------------------------
-
-
-class InterruptWatch:
-    """Catches SIGINT and SIGTERM for the length of a run and remembers the first one.
-
-    With ``raise_first`` the first signal raises KeyboardInterrupt in the main thread (the
-    fuzzer runs there and must stop); later signals, and every signal after :meth:`disarm`,
-    are only noted, so the reports of a stopped run still get written in full.
-
-    Python runs a signal handler wherever the main thread is, which can be a garbage
-    collector callback or a finalizer that swallows the exception; :meth:`check`, called
-    between examples, raises it again for a run that is still going.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, raise_first: bool = True):
-        self.raise_first = raise_first
-        self.signum: int | None = signal_before_run()
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "InterruptWatch":
-        run_starting()
-        if threading.current_thread() is threading.main_thread():  # only it may set handlers
-            for signum in self.SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._on_signal)
-        self._previous_unraisable_hook = sys.unraisablehook
-        sys.unraisablehook = self._on_unraisable
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        sys.unraisablehook = self._previous_unraisable_hook
-
-    def _on_unraisable(self, unraisable: Any) -> None:
-        # this watch's interrupt, landed in a finalizer that could not raise it: it is
-        # raised again between examples (check), so its traceback is noise
-        if not (issubclass(unraisable.exc_type, KeyboardInterrupt) and self.interrupted):
-            self._previous_unraisable_hook(unraisable)
-
-    def disarm(self) -> None:
-        self.raise_first = False
-
-    def check(self) -> None:
-        if self.signum is not None and self.raise_first:
-            raise KeyboardInterrupt
-
-    @property
-    def interrupted(self) -> bool:
-        return self.signum is not None
-
-    @property
-    def signal_name(self) -> str | None:
-        return signal.Signals(self.signum).name if self.signum is not None else None
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + (self.signum or signal.SIGINT)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        first = self.signum is None
-        note_signal(signum)
-        if first:
-            self.signum = signum
-        if first and self.raise_first:
-            raise KeyboardInterrupt
-
-
-# ---- fuzzing campaigns ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FuzzJob:
-    """Everything one fuzzing process needs; plain data so that it crosses process bounds."""
-
-    subject: str  # the spec as given
-    profile: str
-    settings: str
-    seed: int | None  # None: unseeded, failures are remembered in the database instead
-    run: str  # names the run's replay file
-    device: str
-    replay_dir: str
-    database_dir: str  # a directory or a Redis URL
-    budget_s: float | None = None
-    max_examples: int | None = None
-    threads: bool = False
-    stream_delay_cycles: int = 0
-    sanitize_streams: bool = False
-    long_horizon: bool | None = None  # None: as the settings profile says
-    seed_stride: int = 1  # chunk k draws from seed + k * seed_stride (see harness.shard)
-    local_database_dir: str | None = None  # the local copy of a Redis database
-    shard: str | None = None
-
-
-class DivergenceLog:
-    """Writes a replay file the moment the fuzzer reports a divergence.
-
-    The fuzzer may report one divergence several times while it shrinks it; all reports of a
-    run go to the same file, so the file always holds the smallest scenario found so far.
-    """
-
-    def __init__(self, job: FuzzJob):
-        self.job = job
-        self.latest: FuzzResult | None = None
-        self.path: Path | None = None
-
-    def record(self, result: FuzzResult) -> Path | None:
-        if result.divergence is None or result.scenario is None:
-            return None
-        replay = Replay(
-            subject=self.job.subject, profile=result.profile or self.job.profile, scenario=result.scenario,
-            divergence=result.divergence, seed=result.seed,
-            settings=result.settings or self.job.settings, device=self.job.device,
-        )
-        self.latest = result
-        self.path = write_replay(replay, self.job.replay_dir, self.job.run)
-        return self.path
-
-
-def run_until_interrupted(start: Callable[[Callable[[Progress], None]], FuzzResult],
-                          partial: Callable[[int, float], FuzzResult], on_progress: Callable[[Progress], None],
-                          watch: InterruptWatch) -> FuzzResult:
-    """``start(progress_callback)``; a KeyboardInterrupt ends it with ``partial(examples run,
-    seconds elapsed)``. ``watch`` is disarmed as soon as the run stops, so that a second
-    signal cannot cut short the writing of what it found."""
-    last: list[Progress] = []
-    started = time.monotonic()
-
-    def progress(update: Progress) -> None:
-        last[:] = [update]
-        on_progress(update)
-        watch.check()
-
-    try:
-        return start(progress)
-    except KeyboardInterrupt:
-        return partial(last[0].examples if last else 0, time.monotonic() - started)
-    except Exception:
-        # an interrupt landing inside library code can surface as another exception (a
-        # Hypothesis strategy interrupted mid-draw reports itself as flaky): the run was
-        # stopped, it did not fail
-        if watch.interrupted:
-            return partial(last[0].examples if last else 0, time.monotonic() - started)
-        raise
-    finally:
-        watch.disarm()
-
-
-def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress: Callable[[Progress], None],
-            on_replay: Callable[[FuzzResult, Path], None]) -> tuple[FuzzResult, Path | None]:
-    """Fuzz once in this process, writing each divergence's replay file as it is reported."""
-    log = DivergenceLog(job)
-
-    def divergence(result: FuzzResult) -> None:
-        path = log.record(result)
-        if path is not None:
-            on_replay(result, path)
-
-    def partial(examples: int, elapsed_s: float) -> FuzzResult:
-        if log.latest is not None:
-            return replace(log.latest, examples=max(examples, log.latest.examples), elapsed_s=elapsed_s,
-                           interrupted=True)
-        return FuzzResult(info.name, job.profile, job.settings, examples=examples, elapsed_s=elapsed_s,
-                          seed=job.seed, interrupted=True)
-
-    if job.sanitize_streams:
-        enable_stream_sanitizer()
-    result = run_until_interrupted(
-        lambda progress: fuzz_engine.fuzz(
-            info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
-            budget_s=job.budget_s, seed=job.seed, seed_stride=job.seed_stride, device=job.device,
-            database_dir=job.database_dir, local_database_dir=job.local_database_dir,
-            threads=job.threads, stream_delay_cycles=job.stream_delay_cycles, long_horizon=job.long_horizon,
-            on_progress=progress, on_divergence=divergence,
-        ),
-        partial, on_progress, watch,
-    )
-    log.record(result)
-    return result, log.path
-
-
-def merge_results(results: list[FuzzResult], winner: FuzzResult | None) -> FuzzResult:
-    """One result for a run spread over processes: the winner's divergence, everyone's counts."""
-    coverage: Counter[str] = Counter()
-    for result in results:
-        coverage.update(result.coverage)
-    base = winner or results[0]
-    return replace(
-        base, examples=sum(r.examples for r in results), coverage=dict(coverage),
-        elapsed_s=max(r.elapsed_s for r in results), interrupted=False,
-    )
-
-
-_worker_queue: Any = None
-PARENT_WATCH_S = 0.5
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def _init_worker(queue: Any, parent: int) -> None:
-    global _worker_queue
-    _worker_queue = queue
-    # a Ctrl-C reaches every process of the terminal's group: a worker that dies between
-    # jobs breaks the whole pool, so it only listens while it fuzzes (see _worker); one
-    # that came while it started (blocked since, see WorkerPool.run) is dropped here
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    _die_with(parent)
-
-
-def _die_with(parent: int) -> None:
-    """End this worker when ``parent`` ends, however it ends (SIGKILL included).
-
-    Linux delivers SIGKILL on the parent's death once asked with prctl; elsewhere, and
-    should the parent have died before the request, a thread polls for the parent.
-    """
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # no prctl here: the thread below suffices
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_WATCH_S)
-        os._exit(EXIT_INTERNAL)
-
-    if os.getppid() != parent:
-        os._exit(EXIT_INTERNAL)
-    threading.Thread(target=watch, name="swafuzz-parent-watch", daemon=True).start()
-
-
-def _worker(index: int, job: FuzzJob) -> tuple[FuzzResult, str | None]:
-    with InterruptWatch() as watch, _stdout_to_stderr():
-        _worker_queue.put(("started", index, os.getpid()))
-        result, path = run_job(
-            resolve_subject(job.subject), job, watch,
-            on_progress=lambda update: _worker_queue.put(("progress", index, update)),
-            on_replay=lambda found, path: _worker_queue.put(
-                ("divergence", index, (found.divergence.sentence, str(path)))),
-        )
-    return result, str(path) if path else None
-
-
-class WorkerPool:
-    """Runs one job per process with the standard library's process pool.
-
-    The first divergence reported wins: the other workers get SIGINT, stop fuzzing and
-    return what they covered. A SIGINT or SIGTERM to this process is passed on the same way.
-    A worker that dies without answering still left its replay file, which stands in for it.
-    """
-
-    def __init__(self, jobs: list[FuzzJob], line: ProgressLine, watch: InterruptWatch):
-        self.jobs = jobs
-        self.line = line
-        self.watch = watch
-        self.pids: dict[int, int] = {}
-        self.progress: dict[int, Progress] = {}
-        self.replay_files: dict[int, Path] = {}
-        self.winner: int | None = None
-        self.spared: int | None = None  # the worker left to finish shrinking its divergence
-        self.stopping = False
-        self.started = time.monotonic()
-
-    def run(self) -> tuple[FuzzResult, Path | None]:
-        context = multiprocessing.get_context("spawn")  # CUDA cannot be used after fork
-        queue = context.Queue()
-        outcomes: dict[int, FuzzResult] = {}
-        with ProcessPoolExecutor(len(self.jobs), mp_context=context, initializer=_init_worker,
-                                 initargs=(queue, os.getpid())) as pool:
-            # workers inherit a blocked SIGINT, so that a Ctrl-C to the whole process group
-            # while they import cannot end one with a traceback (_init_worker unblocks it)
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                futures = {pool.submit(_worker, i, job): i for i, job in enumerate(self.jobs)}
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            pending = set(futures)
-            stop_deadline = float("inf")
-            while pending and time.monotonic() < stop_deadline:
-                done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
-                self._drain(queue)
-                for future in done:
-                    self._collect(futures[future], future, outcomes)
-                if self.watch.interrupted and (not self.stopping or self.spared is not None):
-                    self._stop_workers(spare=None)  # the person asked: the winner stops too
-                    stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
-                elif self.winner is not None and not self.stopping:
-                    self._stop_workers(spare=self.winner)
-                    stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
-            self._drain(queue)
-            for index in (futures[f] for f in pending):
-                _send(self.pids.get(index, 0), signal.SIGKILL)
-        return self._merge(outcomes)
-
-    def _collect(self, index: int, future: Any, outcomes: dict[int, FuzzResult]) -> None:
-        try:
-            result, path = future.result()
-        except (BrokenProcessPool, KeyboardInterrupt):
-            return  # its replay file, if any, speaks for it
-        outcomes[index] = result
-        if path:
-            self.replay_files[index] = Path(path)
-        if result.divergence is not None and self.winner is None:
-            self.winner = index
-
-    def _merge(self, outcomes: dict[int, FuzzResult]) -> tuple[FuzzResult, Path | None]:
-        winner = outcomes.get(self.winner) if self.winner is not None else None
-        if self.winner is not None and (winner is None or winner.divergence is None):
-            winner = self._from_replay_file(self.winner)
-        results = list(outcomes.values()) or [self._from_progress()]
-        merged = merge_results(results + ([winner] if winner and winner not in results else []), winner)
-        merged.interrupted = self.watch.interrupted
-        merged.elapsed_s = time.monotonic() - self.started  # the wall time, process start-ups included
-        return merged, self.replay_files.get(self.winner) if winner else None
-
-    def _from_replay_file(self, index: int) -> FuzzResult | None:
-        path = self.replay_files.get(index)
-        if path is None:
-            return None
-        recorded = load_replay(path)
-        job = self.jobs[index]
-        return FuzzResult(
-            subject=job.subject, profile=recorded.profile, settings=job.settings, examples=0,
-            elapsed_s=time.monotonic() - self.started, divergence=recorded.divergence,
-            scenario=recorded.scenario, seed=recorded.seed,
-        )
-
-    def _from_progress(self) -> FuzzResult:
-        job = self.jobs[0]
-        return FuzzResult(
-            subject=job.subject, profile=job.profile, settings=job.settings,
-            examples=sum(p.examples for p in self.progress.values()),
-            elapsed_s=time.monotonic() - self.started, seed=job.seed,
-        )
-
-    def _drain(self, queue: Any) -> None:
-        while True:
-            try:
-                kind, index, payload = queue.get_nowait()
-            except Empty:
-                return
-            if kind == "started":
-                self.pids[index] = payload
-                if self.stopping and index != self.spared:
-                    _send(payload, signal.SIGINT)
-            elif kind == "progress":
-                self.progress[index] = payload
-                self.line.update(self._combined_progress())
-            elif kind == "divergence":
-                sentence, path = payload
-                self.replay_files[index] = Path(path)
-                self.line.note(f"divergence (worker {index}): {sentence}\n  replay file: {path}")
-                if self.winner is None:
-                    self.winner = index
-
-    def _combined_progress(self) -> Progress:
-        updates = list(self.progress.values())
-        return Progress(
-            examples=sum(u.examples for u in updates), elapsed_s=time.monotonic() - self.started,
-            budget_s=self.jobs[0].budget_s, features_covered=max(u.features_covered for u in updates),
-            divergences=sum(u.divergences for u in updates),
-        )
-
-    def _stop_workers(self, spare: int | None) -> None:
-        self.stopping = True
-        self.spared = spare
-        for index, pid in self.pids.items():
-            if index != spare:
-                _send(pid, signal.SIGINT)
-
-
-def _send(pid: int, signum: int) -> None:
-    if pid <= 0:
-        return  # never started: there is nothing to signal (and 0 would mean our own group)
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass  # it already ended
-
-
-@dataclass
-class Campaign:
-    """Options shared by fuzz, gate and exhaustive, checked."""
-
-    command: str
-    subject: str
-    info: SubjectInfo
-    device: str
-    report_dir: Path
-    database_dir: str  # a directory or a Redis URL
-    as_json: bool
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "Campaign":
-        info = resolve_subject(args.subject)
-        device = check_device(args.device)
-        for flag, used in (("--stream-delay", getattr(args, "stream_delay", 0)),
-                           ("--sanitize-streams", getattr(args, "sanitize_streams", False))):
-            if used and not device.startswith("cuda"):
-                raise UsageError(f"{flag} works on GPU streams: it needs --device cuda")
-        report_dir = _prepare_report_dir(args.report_dir)
-        report_dir = _prepare_report_dir(args.report_dir)
-        if args.database is not None and not is_redis_url(args.database):
-            writable_directory(Path(args.database), "--database")
-        database = args.database or str(report_dir / ".hypothesis-db")
-        try:
-            open_database(database, report_dir / ".hypothesis-db")
-        except DatabaseError as exc:
-            raise UsageError(f"--database {exc}") from None
-        return cls(args.command, args.subject, info, device, report_dir, database, args.json)
-
-    def job(self, args: argparse.Namespace, settings: str | None, profile: str) -> FuzzJob:
-        try:
-            chosen = fuzz_engine.settings_profile(settings)
-        except ValueError as exc:  # only $SWAFUZZ_SETTINGS can name an unknown one here
-            raise UsageError(f"${fuzz_engine.SETTINGS_ENV}: {exc}") from None
-        sharded = getattr(args, "shard", None) is not None
-        seed = 0 if args.seed is None and (chosen.deterministic or sharded) else args.seed
-        run = f"seed{seed}" if seed is not None else datetime.now().strftime("%Y%m%d-%H%M%S")
-        return FuzzJob(
-            subject=self.subject, profile=profile, settings=chosen.name, seed=seed, run=run,
-            device=self.device, replay_dir=str(self.report_dir / "replays"),
-            database_dir=str(self.database_dir), budget_s=args.budget, max_examples=args.max_examples,
-            threads=getattr(args, "threads", False),
-            stream_delay_cycles=getattr(args, "stream_delay", 0),
-            sanitize_streams=getattr(args, "sanitize_streams", False),
-            long_horizon=True if getattr(args, "long_horizon", False) else None,
-            local_database_dir=str(self.report_dir / ".hypothesis-db"),
-            shard=str(args.shard) if getattr(args, "shard", None) else None,
-        )
-
-    def progress_line(self) -> ProgressLine:
-        return ProgressLine(sys.stderr, enabled=not self.as_json)
-
-    def finish(self, result: FuzzResult, replay_path: Path | None, watch: InterruptWatch,
-               budget_s: float | None = None, workers: int = 1, print_markdown: bool = False,
-               shard: str | None = None) -> int:
-        interrupted = result.interrupted  # a signal after the run ended cut nothing short
-        report = Report(
-            command=self.command, subject=self.subject, subject_info=self.info.to_dict(),
-            profile=result.profile, settings=result.settings, seed=result.seed, device=self.device,
-            examples=result.examples, elapsed_s=result.elapsed_s, budget_s=budget_s, workers=workers,
-            coverage=dict(result.coverage), divergence=result.divergence, scenario=result.scenario,
-            weakest_profile=result.weakest_profile,
-            replay_file=str(replay_path) if replay_path and result.divergence else None,
-            complete=not interrupted, interrupted_by=watch.signal_name if interrupted else None,
-            replays=result.replays, shrink_complete=result.shrink_complete,
-            scope=result.scope.to_dict() if result.scope is not None else None,
-            shard=shard, examples_to_divergence=result.examples_to_divergence,
-        )
-        written = write_reports(report, self.report_dir)
-        if self.as_json:
-            _print_json({**report.to_dict(), "reports": {fmt: str(path) for fmt, path in written.items()}})
-        elif print_markdown:
-            print(written["markdown"].read_text(encoding="utf-8"))
-        else:
-            _print_summary(report, written)
-        if report.divergence is not None:
-            return EXIT_DIVERGENCE
-        return watch.exit_code if interrupted else EXIT_OK
+# ---- fuzz, gate, exhaustive ----------------------------------------------------------------
+
+
+def _campaign(args: argparse.Namespace) -> Campaign:
+    device = check_device(args.device)
+    for flag, used in (("--stream-delay", getattr(args, "stream_delay", 0)),
+                       ("--sanitize-streams", getattr(args, "sanitize_streams", False))):
+        if used and not device.startswith("cuda"):
+            raise UsageError(f"{flag} works on GPU streams: it needs --device cuda")
+    return Campaign.open(args.command, args.subject, device, args.report_dir, args.database, args.json)
+
+
+def _print_finished(campaign: Campaign, finished: Finished, print_markdown: bool = False) -> int:
+    report, written = finished.report, finished.written
+    if campaign.as_json:
+        _print_json({**report.to_dict(), "reports": {fmt: str(path) for fmt, path in written.items()}})
+    elif print_markdown:
+        print(written["markdown"].read_text(encoding="utf-8"))
+    else:
+        _print_summary(report, written)
+    return finished.exit_code
 
 
 def _print_summary(report: Report, written: dict[str, Path]) -> None:
@@ -825,42 +347,18 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
     print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES)}")
 
 
+
+
 def _fuzz(args: argparse.Namespace, settings: str | None, profile: str, print_markdown: bool = False) -> int:
-    campaign = Campaign.from_args(args)
-    base = campaign.job(args, settings, profile)
-    line = campaign.progress_line()
-    workers = args.workers
-    shard = getattr(args, "shard", None) or WHOLE
-    with InterruptWatch(raise_first=workers == 1) as watch:
-        try:
-            with _stdout_to_stderr(campaign.as_json):
-                if workers == 1:
-                    result, path = run_job(
-                        campaign.info, _in_lane(base, seed_lane(shard)), watch, on_progress=line.update,
-                        on_replay=lambda found, p: line.note(
-                            f"divergence: {found.divergence.sentence}\n  replay file: {p}"),
-                    )
-                else:
-                    per_worker = -(-args.max_examples // workers) if args.max_examples else None
-                    jobs = [_worker_job(base, i, per_worker, seed_lane(shard, i, workers)) for i in range(workers)]
-                    result, path = WorkerPool(jobs, line, watch).run()
-        finally:
-            line.close()
-        return campaign.finish(result, path, watch, budget_s=args.budget, workers=workers,
-                               print_markdown=print_markdown, shard=base.shard)
-
-
-def _worker_job(base: FuzzJob, index: int, max_examples: int | None, lane: SeedLane) -> FuzzJob:
-    if base.seed is None:
-        return replace(base, run=f"{base.run}-w{index}", max_examples=max_examples)
-    return replace(_in_lane(base, lane), max_examples=max_examples)
-
-
-def _in_lane(job: FuzzJob, lane: SeedLane) -> FuzzJob:
-    if job.seed is None:
-        return job
-    seed = job.seed + lane.offset
-    return replace(job, seed=seed, seed_stride=lane.stride, run=f"seed{seed}")
+    campaign = _campaign(args)
+    job = campaign.job(
+        profile, settings, seed=args.seed, budget_s=args.budget, max_examples=args.max_examples,
+        threads=getattr(args, "threads", False), stream_delay_cycles=getattr(args, "stream_delay", 0),
+        sanitize_streams=getattr(args, "sanitize_streams", False),
+        long_horizon=getattr(args, "long_horizon", False), shard=getattr(args, "shard", None),
+    )
+    finished = campaign.fuzz(job, workers=args.workers, shard=getattr(args, "shard", None))
+    return _print_finished(campaign, finished, print_markdown)
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
@@ -874,32 +372,12 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _cmd_exhaustive(args: argparse.Namespace) -> int:
-    campaign = Campaign.from_args(args)
-    job = FuzzJob(subject=campaign.subject, profile=args.profile, settings="exhaustive", seed=None,
-                  run="exhaustive", device=campaign.device, replay_dir=str(campaign.report_dir / "replays"),
-                  database_dir=str(campaign.database_dir))
-    line = campaign.progress_line()
-    with InterruptWatch() as watch:
-        try:
-            with _stdout_to_stderr(campaign.as_json):
-                result = run_until_interrupted(
-                    lambda progress: fuzz_engine.exhaustive(
-                        campaign.info, max_forwards=args.max_forwards, max_layers=args.max_layers,
-                        max_micro_batches=args.max_micro_batches, profile=args.profile,
-                        device=campaign.device, on_progress=progress,
-                    ),
-                    lambda examples, elapsed_s: FuzzResult(
-                        campaign.info.name, job.profile, job.settings, examples=examples,
-                        elapsed_s=elapsed_s, interrupted=True),
-                    line.update, watch,
-                )
-        finally:
-            line.close()
-        log = DivergenceLog(job)
-        log.record(result)
-        code = campaign.finish(result, log.path, watch)
-    if code == EXIT_OK and not campaign.as_json and result.scope is not None:
-        for line in result.scope.lines():
+    campaign = _campaign(args)
+    finished = campaign.exhaustive(args.profile, max_forwards=args.max_forwards, max_layers=args.max_layers,
+                                   max_micro_batches=args.max_micro_batches)
+    code = _print_finished(campaign, finished)
+    if code == EXIT_OK and not campaign.as_json and finished.result.scope is not None:
+        for line in finished.result.scope.lines():
             print(f"  {line}")
     return code
 
@@ -919,7 +397,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     device = check_device(args.device or recorded.device)
     started = time.monotonic()
     try:
-        with _stdout_to_stderr(args.json):
+        with stdout_to_stderr(args.json):
             run = run_replay(recorded, subject=args.subject, device=device)
     except ScenarioError as exc:
         raise ReplayError(f"{describe_path(args.file)}: the recorded scenario cannot run: {exc}") from None

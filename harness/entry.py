@@ -6,7 +6,7 @@ traceback:
 
 - before a run starts (start-up, option checks, a replay), the first signal ends the
   program: 130 for SIGINT, 143 for SIGTERM, nothing written;
-- while a run goes, the run's own watch (:class:`harness.cli.InterruptWatch`) stops it and
+- while a run goes, the run's own watch (:class:`harness.campaign.InterruptWatch`) stops it and
   the reports say what it found: 1 when that is a divergence;
 - once the command has its result, signals are ignored: the exit code says what was found
   and written, whatever signal follows.

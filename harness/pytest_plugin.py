@@ -10,7 +10,8 @@ Either way the test is an ordinary Hypothesis ``@given`` test (:func:`harness.fu
 pytest-xdist distributes it, ``--hypothesis-profile`` (``swafuzz-ci``, ``swafuzz-dev``, ...),
 ``--hypothesis-seed`` and ``--hypothesis-show-statistics`` apply to it, and HypoFuzz or any
 other runner of Hypothesis tests can fuzz it unchanged. A failure says the diagnosis sentence
-and the command that replays it, whose replay file is written where the CLI writes its own.
+and the command that replays it, whose replay file is written where, and as, the CLI writes its own
+(:class:`harness.campaign.DivergenceLog`).
 """
 
 from __future__ import annotations
@@ -54,18 +55,18 @@ def fuzz_test(subject: str, profile: str = "realistic", *, settings: hypothesis.
     import hypothesis
     from hypothesis import HealthCheck
 
+    from .campaign import DivergenceLog
     from .fuzz import loaded_settings_profile, scenario_test
     from .registry import resolve_subject
-    from .replay import Replay, write_replay
 
     info = resolve_subject(subject)
 
     def record(scenario: Scenario, features: list[str], outcome: RunResult) -> None:
         if outcome.passed:
             return
-        replay = Replay(subject=subject, profile=profile, scenario=scenario, divergence=outcome.divergence,
-                        settings=loaded_settings_profile(), device=device)
-        path = _shown(write_replay(replay, Path(report_dir or _report_dir) / "replays", RUN_NAME))
+        log = DivergenceLog(subject, profile, loaded_settings_profile(), device,
+                            Path(report_dir or _report_dir) / "replays", RUN_NAME)
+        path = _shown(log.write(scenario, outcome.divergence))
         hypothesis.note(f"replay file: {path}\nreproduce:   swafuzz replay {path}")
 
     test = hypothesis.settings(

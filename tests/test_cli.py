@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import harness
-from harness import cli
+from harness import campaign, cli
 from harness import fuzz as fuzz_engine
 from harness import run_scenario
 from harness.fuzz import FuzzResult, Progress
@@ -226,13 +226,13 @@ def test_fuzz_ci_settings_default_to_seed_0(capsys, engine, tmp_path):
 
 
 def test_unseeded_workers_write_one_replay_file_each(capsys, engine, tmp_path):
-    base = cli.FuzzJob(subject="s", profile="realistic", settings="dev", seed=None, run="20260101-120000",
+    base = campaign.FuzzJob(subject="s", profile="realistic", settings="dev", seed=None, run="20260101-120000",
                        device="cpu", replay_dir=str(tmp_path), database_dir=str(tmp_path))
-    jobs = [cli._worker_job(base, i, 5, seed_lane(WHOLE, i, 2)) for i in range(2)]
+    jobs = [campaign._worker_job(base, i, 5, seed_lane(WHOLE, i, 2)) for i in range(2)]
     assert [(j.seed, j.run, j.max_examples) for j in jobs] == [(None, "20260101-120000-w0", 5),
                                                                (None, "20260101-120000-w1", 5)]
     # seeded workers take turns through the chunk seeds: 7, 9, 11, ... and 8, 10, 12, ...
-    seeded = [cli._worker_job(replace(base, seed=7), i, None, seed_lane(WHOLE, i, 2)) for i in range(2)]
+    seeded = [campaign._worker_job(replace(base, seed=7), i, None, seed_lane(WHOLE, i, 2)) for i in range(2)]
     assert [(j.seed, j.seed_stride, j.run) for j in seeded] == [(7, 2, "seed7"), (8, 2, "seed8")]
 
 
@@ -424,6 +424,20 @@ def test_real_fuzz_of_a_correct_subject_exits_0(capsys, tmp_path):
 # ---- workers -----------------------------------------------------------------------------------
 
 
+def test_a_divergence_reported_again_while_shrinking_rewrites_the_same_replay_file(tmp_path):
+    scenario = EXAMPLES[STALE_EXAMPLE]
+    divergence = run_scenario(BUILTIN_SUBJECTS[4].subject, scenario).divergence
+    log = campaign.DivergenceLog("pool-start-layer", "realistic", "dev", "cpu", tmp_path, "seed3")
+    assert log.record(FuzzResult("s", "realistic", "dev", examples=4, elapsed_s=1.0)) is None
+    first = log.record(FuzzResult("s", "realistic", "dev", examples=5, elapsed_s=1.0, divergence=divergence,
+                                  scenario=scenario, seed=3))
+    shrunk = EXAMPLES["pipeline-stage"]  # stands for the smaller scenario shrinking found
+    again = log.write(shrunk, divergence, seed=3)
+    assert again == first == log.path and list(tmp_path.iterdir()) == [first]
+    recorded = load_replay(first)
+    assert recorded.scenario == shrunk and recorded.seed == 3 and recorded.subject == "pool-start-layer"
+
+
 def test_merge_results_keeps_the_winner_and_adds_up_the_rest():
     scenario = EXAMPLES[STALE_EXAMPLE]
     divergence = run_scenario(BUILTIN_SUBJECTS[4].subject, scenario).divergence
@@ -431,7 +445,7 @@ def test_merge_results_keeps_the_winner_and_adds_up_the_rest():
                         scenario=scenario, seed=8, coverage={"idle": 1, "micro_batches": 2})
     other = FuzzResult("s", "realistic", "dev", examples=7, elapsed_s=3.0, seed=9,
                        coverage={"idle": 4}, interrupted=True)
-    merged = cli.merge_results([other, winner], winner)
+    merged = campaign.merge_results([other, winner], winner)
     assert merged.divergence == divergence and merged.seed == 8 and merged.scenario == scenario
     assert merged.examples == 12 and merged.elapsed_s == 3.0
     assert merged.coverage == {"idle": 5, "micro_batches": 2}
@@ -495,7 +509,7 @@ def test_progress_line_is_throttled_and_erased():
 
 
 def test_interrupt_watch_raises_once_then_only_notes():
-    with cli.InterruptWatch() as watch:
+    with campaign.InterruptWatch() as watch:
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGINT)  # noted, not raised
@@ -512,7 +526,7 @@ def test_the_console_script_is_installed():
 
 
 def test_an_interrupt_swallowed_where_it_landed_is_raised_again_between_examples():
-    with cli.InterruptWatch() as watch:
+    with campaign.InterruptWatch() as watch:
         try:  # as a garbage collector callback or a finalizer would
             os.kill(os.getpid(), signal.SIGINT)
         except KeyboardInterrupt:
@@ -539,8 +553,8 @@ def test_an_interrupt_that_surfaces_as_another_exception_ends_the_run_as_interru
         os.kill(os.getpid(), signal.SIGINT)  # lands mid-draw: Hypothesis calls the draw flaky
         raise FlakyStrategyDefinition("Inconsistent data generation!")
 
-    with cli.InterruptWatch(raise_first=False) as watch:
-        result = cli.run_until_interrupted(start, lambda examples, elapsed: ("partial", examples),
+    with campaign.InterruptWatch(raise_first=False) as watch:
+        result = campaign.run_until_interrupted(start, lambda examples, elapsed: ("partial", examples),
                                            lambda progress: None, watch)
     assert result == ("partial", 0)
 
@@ -551,8 +565,8 @@ def test_the_same_exception_without_an_interrupt_is_a_harness_failure():
     def start(progress):
         raise FlakyStrategyDefinition("Inconsistent data generation!")
 
-    with cli.InterruptWatch(raise_first=False) as watch, pytest.raises(FlakyStrategyDefinition):
-        cli.run_until_interrupted(start, lambda examples, elapsed: None, lambda progress: None, watch)
+    with campaign.InterruptWatch(raise_first=False) as watch, pytest.raises(FlakyStrategyDefinition):
+        campaign.run_until_interrupted(start, lambda examples, elapsed: None, lambda progress: None, watch)
 
 
 def test_a_closed_stdout_ends_quietly_with_the_result_code(replay_file):
@@ -575,7 +589,7 @@ def test_an_interrupt_swallowed_by_a_finalizer_prints_no_traceback(monkeypatch):
         def __del__(self):
             os.kill(os.getpid(), signal.SIGINT)  # the handler raises here, where it cannot escape
 
-    with cli.InterruptWatch() as watch:
+    with campaign.InterruptWatch() as watch:
         Finalized()
         with pytest.raises(KeyboardInterrupt):
             watch.check()

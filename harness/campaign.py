@@ -1,0 +1,628 @@
+"""A fuzzing campaign: fuzz, gate and exhaustive runs, their worker processes, their
+interrupts, the replay files of what they find and the reports they end with.
+
+The command line (:mod:`harness.cli`) parses options into plain values and prints what a
+campaign returns; the pytest plugin records divergences with the same :class:`DivergenceLog`.
+
+    campaign = Campaign.open("fuzz", "uncached", device="cpu", report_dir=Path("reports"))
+    finished = campaign.fuzz(campaign.job(profile="realistic", settings="ci", budget_s=60))
+    finished.report, finished.written, finished.exit_code
+
+Signals: while a run goes, an :class:`InterruptWatch` stops it on the first SIGINT or SIGTERM
+and the reports are still written, marked incomplete; :mod:`harness.entry` handles a signal
+before a run starts and after it ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from queue import Empty
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import fuzz as fuzz_engine
+from .boundary import InputError, writable_directory
+from .database import DatabaseError, is_redis_url, open_database
+from .devices import enable_stream_sanitizer
+from .entry import note_signal, run_starting, signal_before_run
+from .fuzz import FuzzResult, Progress
+from .progress import ProgressLine
+from .registry import SubjectInfo, resolve_subject
+from .replay import Replay, load_replay, write_replay
+from .reports import Report, write_reports
+from .shard import WHOLE, SeedLane, Shard, seed_lane
+
+if TYPE_CHECKING:
+    from reference import Scenario
+
+    from .diagnosis import Divergence
+
+EXIT_OK = 0
+EXIT_DIVERGENCE = 1
+EXIT_INTERNAL = 3  # a worker whose parent has gone
+
+WORKER_STOP_GRACE_S = 60.0
+
+
+def stdout_to_stderr(enabled: bool = True) -> contextlib.AbstractContextManager:
+    """Keeps stdout for the one JSON object: whatever a subject or Hypothesis's verbose
+    settings print while the run goes on lands on stderr."""
+    return contextlib.redirect_stdout(sys.stderr) if enabled else contextlib.nullcontext()
+
+
+# ---- interrupts ----------------------------------------------------------------------------
+
+
+class InterruptWatch:
+    """Catches SIGINT and SIGTERM for the length of a run and remembers the first one.
+
+    With ``raise_first`` the first signal raises KeyboardInterrupt in the main thread (the
+    fuzzer runs there and must stop); later signals, and every signal after :meth:`disarm`,
+    are only noted, so the reports of a stopped run still get written in full.
+
+    Python runs a signal handler wherever the main thread is, which can be a garbage
+    collector callback or a finalizer that swallows the exception; :meth:`check`, called
+    between examples, raises it again for a run that is still going.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, raise_first: bool = True):
+        self.raise_first = raise_first
+        self.signum: int | None = signal_before_run()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "InterruptWatch":
+        run_starting()
+        if threading.current_thread() is threading.main_thread():  # only it may set handlers
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+        self._previous_unraisable_hook = sys.unraisablehook
+        sys.unraisablehook = self._on_unraisable
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        sys.unraisablehook = self._previous_unraisable_hook
+
+    def _on_unraisable(self, unraisable: Any) -> None:
+        # this watch's interrupt, landed in a finalizer that could not raise it: it is
+        # raised again between examples (check), so its traceback is noise
+        if not (issubclass(unraisable.exc_type, KeyboardInterrupt) and self.interrupted):
+            self._previous_unraisable_hook(unraisable)
+
+    def disarm(self) -> None:
+        self.raise_first = False
+
+    def check(self) -> None:
+        if self.signum is not None and self.raise_first:
+            raise KeyboardInterrupt
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal.Signals(self.signum).name if self.signum is not None else None
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        first = self.signum is None
+        note_signal(signum)
+        if first:
+            self.signum = signum
+        if first and self.raise_first:
+            raise KeyboardInterrupt
+
+
+
+# ---- fuzzing campaigns ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FuzzJob:
+    """Everything one fuzzing process needs; plain data so that it crosses process bounds."""
+
+    subject: str  # the spec as given
+    profile: str
+    settings: str
+    seed: int | None  # None: unseeded, failures are remembered in the database instead
+    run: str  # names the run's replay file
+    device: str
+    replay_dir: str
+    database_dir: str  # a directory or a Redis URL
+    budget_s: float | None = None
+    max_examples: int | None = None
+    threads: bool = False
+    stream_delay_cycles: int = 0
+    sanitize_streams: bool = False
+    long_horizon: bool | None = None  # None: as the settings profile says
+    seed_stride: int = 1  # chunk k draws from seed + k * seed_stride (see harness.shard)
+    local_database_dir: str | None = None  # the local copy of a Redis database
+    shard: str | None = None
+
+
+class DivergenceLog:
+    """Writes a replay file the moment a divergence is reported: the one way swafuzz records
+    what it found, for the command line's runs and the pytest plugin's tests alike.
+
+    The fuzzer may report one divergence several times while it shrinks it; all reports of a
+    run go to the same file (named by subject, profile and ``run``), so the file always holds
+    the smallest scenario found so far.
+    """
+
+    def __init__(self, subject: str, profile: str, settings: str, device: str,
+                 replay_dir: str | os.PathLike, run: str):
+        self.subject = subject
+        self.profile = profile
+        self.settings = settings
+        self.device = device
+        self.replay_dir = replay_dir
+        self.run = run
+        self.latest: FuzzResult | None = None
+        self.path: Path | None = None
+
+    @classmethod
+    def of(cls, job: FuzzJob) -> "DivergenceLog":
+        return cls(job.subject, job.profile, job.settings, job.device, job.replay_dir, job.run)
+
+    def write(self, scenario: Scenario, divergence: Divergence, *, seed: int | None = None,
+              profile: str | None = None, settings: str | None = None) -> Path:
+        """Record one divergence; ``profile`` and ``settings`` default to the log's own."""
+        replay = Replay(
+            subject=self.subject, profile=profile or self.profile, scenario=scenario,
+            divergence=divergence, seed=seed, settings=settings or self.settings, device=self.device,
+        )
+        self.path = write_replay(replay, self.replay_dir, self.run)
+        return self.path
+
+    def record(self, result: FuzzResult) -> Path | None:
+        """Record the divergence of a fuzzer's result, if it has one."""
+        if result.divergence is None or result.scenario is None:
+            return None
+        self.latest = result
+        return self.write(result.scenario, result.divergence, seed=result.seed, profile=result.profile,
+                          settings=result.settings)
+
+
+def run_until_interrupted(start: Callable[[Callable[[Progress], None]], FuzzResult],
+                          partial: Callable[[int, float], FuzzResult], on_progress: Callable[[Progress], None],
+                          watch: InterruptWatch) -> FuzzResult:
+    """``start(progress_callback)``; a KeyboardInterrupt ends it with ``partial(examples run,
+    seconds elapsed)``. ``watch`` is disarmed as soon as the run stops, so that a second
+    signal cannot cut short the writing of what it found."""
+    last: list[Progress] = []
+    started = time.monotonic()
+
+    def progress(update: Progress) -> None:
+        last[:] = [update]
+        on_progress(update)
+        watch.check()
+
+    try:
+        return start(progress)
+    except KeyboardInterrupt:
+        return partial(last[0].examples if last else 0, time.monotonic() - started)
+    except Exception:
+        # an interrupt landing inside library code can surface as another exception (a
+        # Hypothesis strategy interrupted mid-draw reports itself as flaky): the run was
+        # stopped, it did not fail
+        if watch.interrupted:
+            return partial(last[0].examples if last else 0, time.monotonic() - started)
+        raise
+    finally:
+        watch.disarm()
+
+
+def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress: Callable[[Progress], None],
+            on_replay: Callable[[FuzzResult, Path], None]) -> tuple[FuzzResult, Path | None]:
+    """Fuzz once in this process, writing each divergence's replay file as it is reported."""
+    log = DivergenceLog.of(job)
+
+    def divergence(result: FuzzResult) -> None:
+        path = log.record(result)
+        if path is not None:
+            on_replay(result, path)
+
+    def partial(examples: int, elapsed_s: float) -> FuzzResult:
+        if log.latest is not None:
+            return replace(log.latest, examples=max(examples, log.latest.examples), elapsed_s=elapsed_s,
+                           interrupted=True)
+        return FuzzResult(info.name, job.profile, job.settings, examples=examples, elapsed_s=elapsed_s,
+                          seed=job.seed, interrupted=True)
+
+    if job.sanitize_streams:
+        enable_stream_sanitizer()
+    result = run_until_interrupted(
+        lambda progress: fuzz_engine.fuzz(
+            info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
+            budget_s=job.budget_s, seed=job.seed, seed_stride=job.seed_stride, device=job.device,
+            database_dir=job.database_dir, local_database_dir=job.local_database_dir,
+            threads=job.threads, stream_delay_cycles=job.stream_delay_cycles, long_horizon=job.long_horizon,
+            on_progress=progress, on_divergence=divergence,
+        ),
+        partial, on_progress, watch,
+    )
+    log.record(result)
+    return result, log.path
+
+
+def merge_results(results: list[FuzzResult], winner: FuzzResult | None) -> FuzzResult:
+    """One result for a run spread over processes: the winner's divergence, everyone's counts."""
+    coverage: Counter[str] = Counter()
+    for result in results:
+        coverage.update(result.coverage)
+    base = winner or results[0]
+    return replace(
+        base, examples=sum(r.examples for r in results), coverage=dict(coverage),
+        elapsed_s=max(r.elapsed_s for r in results), interrupted=False,
+    )
+
+
+_worker_queue: Any = None
+PARENT_WATCH_S = 0.5
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _init_worker(queue: Any, parent: int) -> None:
+    global _worker_queue
+    _worker_queue = queue
+    # a Ctrl-C reaches every process of the terminal's group: a worker that dies between
+    # jobs breaks the whole pool, so it only listens while it fuzzes (see _worker); one
+    # that came while it started (blocked since, see WorkerPool.run) is dropped here
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _die_with(parent)
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when ``parent`` ends, however it ends (SIGKILL included).
+
+    Linux delivers SIGKILL on the parent's death once asked with prctl; elsewhere, and
+    should the parent have died before the request, a thread polls for the parent.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl here: the thread below suffices
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_WATCH_S)
+        os._exit(EXIT_INTERNAL)
+
+    if os.getppid() != parent:
+        os._exit(EXIT_INTERNAL)
+    threading.Thread(target=watch, name="swafuzz-parent-watch", daemon=True).start()
+
+
+def _worker(index: int, job: FuzzJob) -> tuple[FuzzResult, str | None]:
+    with InterruptWatch() as watch, stdout_to_stderr():
+        _worker_queue.put(("started", index, os.getpid()))
+        result, path = run_job(
+            resolve_subject(job.subject), job, watch,
+            on_progress=lambda update: _worker_queue.put(("progress", index, update)),
+            on_replay=lambda found, path: _worker_queue.put(
+                ("divergence", index, (found.divergence.sentence, str(path)))),
+        )
+    return result, str(path) if path else None
+
+
+class WorkerPool:
+    """Runs one job per process with the standard library's process pool.
+
+    The first divergence reported wins: the other workers get SIGINT, stop fuzzing and
+    return what they covered. A SIGINT or SIGTERM to this process is passed on the same way.
+    A worker that dies without answering still left its replay file, which stands in for it.
+    """
+
+    def __init__(self, jobs: list[FuzzJob], line: ProgressLine, watch: InterruptWatch):
+        self.jobs = jobs
+        self.line = line
+        self.watch = watch
+        self.pids: dict[int, int] = {}
+        self.progress: dict[int, Progress] = {}
+        self.replay_files: dict[int, Path] = {}
+        self.winner: int | None = None
+        self.spared: int | None = None  # the worker left to finish shrinking its divergence
+        self.stopping = False
+        self.started = time.monotonic()
+
+    def run(self) -> tuple[FuzzResult, Path | None]:
+        context = multiprocessing.get_context("spawn")  # CUDA cannot be used after fork
+        queue = context.Queue()
+        outcomes: dict[int, FuzzResult] = {}
+        with ProcessPoolExecutor(len(self.jobs), mp_context=context, initializer=_init_worker,
+                                 initargs=(queue, os.getpid())) as pool:
+            # workers inherit a blocked SIGINT, so that a Ctrl-C to the whole process group
+            # while they import cannot end one with a traceback (_init_worker unblocks it)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                futures = {pool.submit(_worker, i, job): i for i, job in enumerate(self.jobs)}
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            pending = set(futures)
+            stop_deadline = float("inf")
+            while pending and time.monotonic() < stop_deadline:
+                done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+                self._drain(queue)
+                for future in done:
+                    self._collect(futures[future], future, outcomes)
+                if self.watch.interrupted and (not self.stopping or self.spared is not None):
+                    self._stop_workers(spare=None)  # the person asked: the winner stops too
+                    stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
+                elif self.winner is not None and not self.stopping:
+                    self._stop_workers(spare=self.winner)
+                    stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
+            self._drain(queue)
+            for index in (futures[f] for f in pending):
+                _send(self.pids.get(index, 0), signal.SIGKILL)
+        return self._merge(outcomes)
+
+    def _collect(self, index: int, future: Any, outcomes: dict[int, FuzzResult]) -> None:
+        try:
+            result, path = future.result()
+        except (BrokenProcessPool, KeyboardInterrupt):
+            return  # its replay file, if any, speaks for it
+        outcomes[index] = result
+        if path:
+            self.replay_files[index] = Path(path)
+        if result.divergence is not None and self.winner is None:
+            self.winner = index
+
+    def _merge(self, outcomes: dict[int, FuzzResult]) -> tuple[FuzzResult, Path | None]:
+        winner = outcomes.get(self.winner) if self.winner is not None else None
+        if self.winner is not None and (winner is None or winner.divergence is None):
+            winner = self._from_replay_file(self.winner)
+        results = list(outcomes.values()) or [self._from_progress()]
+        merged = merge_results(results + ([winner] if winner and winner not in results else []), winner)
+        merged.interrupted = self.watch.interrupted
+        merged.elapsed_s = time.monotonic() - self.started  # the wall time, process start-ups included
+        return merged, self.replay_files.get(self.winner) if winner else None
+
+    def _from_replay_file(self, index: int) -> FuzzResult | None:
+        path = self.replay_files.get(index)
+        if path is None:
+            return None
+        recorded = load_replay(path)
+        job = self.jobs[index]
+        return FuzzResult(
+            subject=job.subject, profile=recorded.profile, settings=job.settings, examples=0,
+            elapsed_s=time.monotonic() - self.started, divergence=recorded.divergence,
+            scenario=recorded.scenario, seed=recorded.seed,
+        )
+
+    def _from_progress(self) -> FuzzResult:
+        job = self.jobs[0]
+        return FuzzResult(
+            subject=job.subject, profile=job.profile, settings=job.settings,
+            examples=sum(p.examples for p in self.progress.values()),
+            elapsed_s=time.monotonic() - self.started, seed=job.seed,
+        )
+
+    def _drain(self, queue: Any) -> None:
+        while True:
+            try:
+                kind, index, payload = queue.get_nowait()
+            except Empty:
+                return
+            if kind == "started":
+                self.pids[index] = payload
+                if self.stopping and index != self.spared:
+                    _send(payload, signal.SIGINT)
+            elif kind == "progress":
+                self.progress[index] = payload
+                self.line.update(self._combined_progress())
+            elif kind == "divergence":
+                sentence, path = payload
+                self.replay_files[index] = Path(path)
+                self.line.note(f"divergence (worker {index}): {sentence}\n  replay file: {path}")
+                if self.winner is None:
+                    self.winner = index
+
+    def _combined_progress(self) -> Progress:
+        updates = list(self.progress.values())
+        return Progress(
+            examples=sum(u.examples for u in updates), elapsed_s=time.monotonic() - self.started,
+            budget_s=self.jobs[0].budget_s, features_covered=max(u.features_covered for u in updates),
+            divergences=sum(u.divergences for u in updates),
+        )
+
+    def _stop_workers(self, spare: int | None) -> None:
+        self.stopping = True
+        self.spared = spare
+        for index, pid in self.pids.items():
+            if index != spare:
+                _send(pid, signal.SIGINT)
+
+
+def _send(pid: int, signum: int) -> None:
+    if pid <= 0:
+        return  # never started: there is nothing to signal (and 0 would mean our own group)
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass  # it already ended
+
+
+# ---- the campaign --------------------------------------------------------------------------
+
+
+@dataclass
+class Finished:
+    """A campaign's end: its result, the report written from it, and the exit code it earns."""
+
+    result: FuzzResult
+    report: Report
+    written: dict[str, Path]  # the report files, by format
+    exit_code: int
+
+
+@dataclass
+class Campaign:
+    """One fuzz, gate or exhaustive run of one subject, its outputs in ``report_dir``."""
+
+    command: str
+    subject: str
+    info: SubjectInfo
+    device: str
+    report_dir: Path
+    database_dir: str  # a directory or a Redis URL
+    as_json: bool = False
+
+    @classmethod
+    def open(cls, command: str, subject: str, device: str, report_dir: Path, database: str | None = None,
+             as_json: bool = False) -> "Campaign":
+        """Resolve the subject, make the report directory and open the example database
+        (default: ``.hypothesis-db`` inside ``report_dir``); bad input raises InputError."""
+        info = resolve_subject(subject)
+        report_dir = _prepare_report_dir(report_dir)
+        if database is not None and not is_redis_url(database):
+            writable_directory(Path(database), "--database")
+        database = database or str(report_dir / ".hypothesis-db")
+        try:
+            open_database(database, report_dir / ".hypothesis-db")
+        except DatabaseError as exc:
+            raise InputError(f"--database {exc}") from None
+        return cls(command, subject, info, device, report_dir, database, as_json)
+
+    def job(self, profile: str, settings: str | None = None, seed: int | None = None,
+            budget_s: float | None = None, max_examples: int | None = None, threads: bool = False,
+            stream_delay_cycles: int = 0, sanitize_streams: bool = False, long_horizon: bool = False,
+            shard: Shard | None = None) -> FuzzJob:
+        """The job of a fuzz run; a deterministic settings profile or a shard seeds it with 0
+        unless ``seed`` says otherwise."""
+        try:
+            chosen = fuzz_engine.settings_profile(settings)
+        except ValueError as exc:  # only $SWAFUZZ_SETTINGS can name an unknown one here
+            raise InputError(f"${fuzz_engine.SETTINGS_ENV}: {exc}") from None
+        seed = 0 if seed is None and (chosen.deterministic or shard is not None) else seed
+        run = f"seed{seed}" if seed is not None else datetime.now().strftime("%Y%m%d-%H%M%S")
+        return FuzzJob(
+            subject=self.subject, profile=profile, settings=chosen.name, seed=seed, run=run,
+            device=self.device, replay_dir=str(self.report_dir / "replays"),
+            database_dir=str(self.database_dir), budget_s=budget_s, max_examples=max_examples,
+            threads=threads, stream_delay_cycles=stream_delay_cycles, sanitize_streams=sanitize_streams,
+            long_horizon=True if long_horizon else None,
+            local_database_dir=str(self.report_dir / ".hypothesis-db"),
+            shard=str(shard) if shard else None,
+        )
+
+    def progress_line(self) -> ProgressLine:
+        return ProgressLine(sys.stderr, enabled=not self.as_json)
+
+    def fuzz(self, base: FuzzJob, workers: int = 1, shard: Shard | None = None) -> Finished:
+        """Fuzz ``base`` in this process, or in ``workers`` processes that split its
+        examples and draw from ``shard``'s seeds (default: all of them), then write the reports."""
+        line = self.progress_line()
+        lanes = shard or WHOLE
+        with InterruptWatch(raise_first=workers == 1) as watch:
+            try:
+                with stdout_to_stderr(self.as_json):
+                    if workers == 1:
+                        result, path = run_job(
+                            self.info, _in_lane(base, seed_lane(lanes)), watch, on_progress=line.update,
+                            on_replay=lambda found, p: line.note(
+                                f"divergence: {found.divergence.sentence}\n  replay file: {p}"),
+                        )
+                    else:
+                        per_worker = -(-base.max_examples // workers) if base.max_examples else None
+                        jobs = [_worker_job(base, i, per_worker, seed_lane(lanes, i, workers))
+                                for i in range(workers)]
+                        result, path = WorkerPool(jobs, line, watch).run()
+            finally:
+                line.close()
+            return self.finish(result, path, watch, budget_s=base.budget_s, workers=workers, shard=base.shard)
+
+    def exhaustive(self, profile: str, max_forwards: int, max_layers: int, max_micro_batches: int) -> Finished:
+        """Run every scenario of ``profile`` within the bounds, then write the reports."""
+        job = FuzzJob(subject=self.subject, profile=profile, settings="exhaustive", seed=None,
+                      run="exhaustive", device=self.device, replay_dir=str(self.report_dir / "replays"),
+                      database_dir=str(self.database_dir))
+        line = self.progress_line()
+        with InterruptWatch() as watch:
+            try:
+                with stdout_to_stderr(self.as_json):
+                    result = run_until_interrupted(
+                        lambda progress: fuzz_engine.exhaustive(
+                            self.info, max_forwards=max_forwards, max_layers=max_layers,
+                            max_micro_batches=max_micro_batches, profile=profile, device=self.device,
+                            on_progress=progress,
+                        ),
+                        lambda examples, elapsed_s: FuzzResult(
+                            self.info.name, job.profile, job.settings, examples=examples,
+                            elapsed_s=elapsed_s, interrupted=True),
+                        line.update, watch,
+                    )
+            finally:
+                line.close()
+            log = DivergenceLog.of(job)
+            log.record(result)
+            return self.finish(result, log.path, watch)
+
+    def finish(self, result: FuzzResult, replay_path: Path | None, watch: InterruptWatch,
+               budget_s: float | None = None, workers: int = 1, shard: str | None = None) -> Finished:
+        """Write the reports of ``result``: 1 when it diverged, else the watch's code when a
+        signal cut the run short, else 0."""
+        interrupted = result.interrupted  # a signal after the run ended cut nothing short
+        report = Report(
+            command=self.command, subject=self.subject, subject_info=self.info.to_dict(),
+            profile=result.profile, settings=result.settings, seed=result.seed, device=self.device,
+            examples=result.examples, elapsed_s=result.elapsed_s, budget_s=budget_s, workers=workers,
+            coverage=dict(result.coverage), divergence=result.divergence, scenario=result.scenario,
+            weakest_profile=result.weakest_profile,
+            replay_file=str(replay_path) if replay_path and result.divergence else None,
+            complete=not interrupted, interrupted_by=watch.signal_name if interrupted else None,
+            replays=result.replays, shrink_complete=result.shrink_complete,
+            scope=result.scope.to_dict() if result.scope is not None else None,
+            shard=shard, examples_to_divergence=result.examples_to_divergence,
+        )
+        written = write_reports(report, self.report_dir)
+        if report.divergence is not None:
+            code = EXIT_DIVERGENCE
+        else:
+            code = watch.exit_code if interrupted else EXIT_OK
+        return Finished(result, report, written, code)
+
+
+def _prepare_report_dir(directory: Path) -> Path:
+    try:
+        (directory / "replays").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--report-dir {directory}: cannot create it: {exc}") from None
+    if not os.access(directory, os.W_OK):
+        raise InputError(f"--report-dir {directory}: not writable")
+    return directory
+
+
+def _worker_job(base: FuzzJob, index: int, max_examples: int | None, lane: SeedLane) -> FuzzJob:
+    if base.seed is None:
+        return replace(base, run=f"{base.run}-w{index}", max_examples=max_examples)
+    return replace(_in_lane(base, lane), max_examples=max_examples)
+
+
+def _in_lane(job: FuzzJob, lane: SeedLane) -> FuzzJob:
+    if job.seed is None:
+        return job
+    seed = job.seed + lane.offset
+    return replace(job, seed=seed, seed_stride=lane.stride, run=f"seed{seed}")
+
+
