@@ -121,6 +121,8 @@ class Matrix:
     seed: int
     elapsed_s: float
     sources: dict[str, str] = field(default_factory=dict)  # version -> digest of the SGLang files read
+    # the checkout as the run found it: the run's own replay files would make it look changed
+    revision: str = ""
 
 
 def run_matrix(
@@ -129,6 +131,7 @@ def run_matrix(
     log=lambda line: None,
 ) -> Matrix:
     started = time.monotonic()
+    revision = provenance.revision()
     cells: list[Cell] = []
     unavailable: dict[str, str] = {}
     sources: dict[str, str] = {}
@@ -153,7 +156,7 @@ def run_matrix(
             log(f"{version} {target.name}: " + ", ".join(f"{k} {v}" for k, v in cell.runs.items()))
             cells.append(cell)
     return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started,
-                  sources)
+                  sources, revision)
 
 
 def _run_examples(cell: Cell, info: SubjectInfo, replay_dir: Path) -> None:
@@ -298,7 +301,7 @@ def render(matrix: Matrix, report_path: Path) -> str:
         + (f", at most {matrix.max_examples} scenarios" if matrix.max_examples else "")
         + f" per run), {matrix.elapsed_s:.0f} s in all.",
         "",
-        f"- harness sources: `{provenance.harness_digest()}` (revision `{provenance.revision()}`); "
+        f"- harness sources: `{provenance.harness_digest()}` (revision `{matrix.revision}`); "
         "the SGLang sources read, per release, are under *Provenance*. "
         "`tests/test_sglang_matrix_report.py` fails when either changes: regenerate with "
         "`tox -e sglang-matrix`.",
