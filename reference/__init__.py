@@ -1,7 +1,9 @@
 """The truth: what every SWA store of a forward must write, from live inputs only."""
 
 from .engine import EngineState, ForwardPlan, StepInputs, replay_events
-from .scenario import LIMITS, SCENARIO_VERSION, EngineConfig, Event, Mutation, Scenario, ScenarioError, store_schedule
+from .scenario import (
+    LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, store_schedule,
+)
 from .truth import (
     DUMMY_SLOT,
     INT32_MAX,
@@ -15,7 +17,7 @@ from .truth import (
 )
 
 __all__ = [
-    "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event",
+    "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
     "ForwardPlan", "Mutation", "PrefillRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
     "prefill_rows", "replay_events", "ring_rows", "ring_size", "store_schedule", "token_state_slots",
     "translate_pool",

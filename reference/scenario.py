@@ -73,6 +73,10 @@ class ScenarioError(ValueError):
     """A scenario or configuration that does not describe a possible engine run."""
 
 
+class LimitExceeded(ScenarioError):
+    """A possible engine run, but larger than :data:`LIMITS` allow: refused before it runs."""
+
+
 def _fail(where: str, message: str) -> ScenarioError:
     return ScenarioError(f"{where}: {message}")
 
@@ -88,8 +92,8 @@ def abbreviate(value: Any) -> str:
     return _SHORT.repr(value)
 
 
-def _over_limit(where: str, name: str, value: int, what: str = "") -> ScenarioError:
-    return _fail(where, f"{what or abbreviate(value)} exceeds the limit {name} = {LIMITS[name]}")
+def _over_limit(where: str, name: str, value: int, what: str = "") -> LimitExceeded:
+    return LimitExceeded(f"{where}: {what or abbreviate(value)} exceeds the limit {name} = {LIMITS[name]}")
 
 
 def _check_limit(where: str, name: str, value: int, what: str = "") -> None:

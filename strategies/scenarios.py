@@ -25,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from hypothesis import reject
 from hypothesis import strategies as st
 
-from reference import Scenario
+from reference import LimitExceeded, Scenario
 
 MAX_FORWARDS = 6
 # Plain decode forwards per long-horizon scenario: twice an 8-bit step counter's period, so a
@@ -180,7 +181,12 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
         "draft_model": draft_model,
         "graph_batch_sizes": graph_sizes,
     }
-    return Scenario.from_dict({"config": config, "events": events})
+    try:
+        return Scenario.from_dict({"config": config, "events": events})
+    except LimitExceeded:
+        # many requests over a long horizon can add up past what one scenario may cost
+        # (reference.LIMITS); such a draw is no input at all, as a replay file that big is not
+        reject()
 
 
 # The strategies of a forward depend on the live requests and the configuration, which

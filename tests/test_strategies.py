@@ -65,6 +65,18 @@ def test_long_horizon_scenarios_are_valid_realistic_and_reach_past_an_8_bit_coun
     assert min(forwards_per_scenario) <= MAX_FORWARDS  # a scenario without a run stays short
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_long_horizon_draws_stay_within_the_scenario_limits(profile):
+    # many requests over hundreds of forwards can add up past reference.LIMITS; such a
+    # draw must be rejected by the strategy, never raised at the fuzzer as a refused input
+    @settings(FAST, max_examples=400, derandomize=True)
+    @given(scenarios(profile, long_horizon=True))
+    def check(scenario):
+        assert type(scenario).from_dict(scenario.to_dict()) == scenario
+
+    check()
+
+
 def test_unknown_profile_is_rejected_with_the_choices():
     with pytest.raises(ValueError, match="realistic"):
         scenarios("lenient")
