@@ -492,16 +492,19 @@ class Campaign:
     def open(cls, command: str, subject: str, device: str, report_dir: Path, database: str | None = None,
              as_json: bool = False) -> "Campaign":
         """Resolve the subject, make the report directory and open the example database
-        (default: ``.hypothesis-db`` inside ``report_dir``); bad input raises InputError."""
+        (``database``, else ``$SWAFUZZ_DATABASE``, else ``.hypothesis-db`` inside
+        ``report_dir``); bad input raises InputError naming where the database came from."""
         info = resolve_subject(subject)
         report_dir = _prepare_report_dir(report_dir)
+        origin = "--database" if database else f"${fuzz_engine.DATABASE_ENV}"
+        database = database or os.environ.get(fuzz_engine.DATABASE_ENV) or None
         if database is not None and not is_redis_url(database):
-            writable_directory(Path(database), "--database")
+            writable_directory(Path(database), origin)
         database = database or str(report_dir / ".hypothesis-db")
         try:
             open_database(database, report_dir / ".hypothesis-db")
         except DatabaseError as exc:
-            raise InputError(f"--database {exc}") from None
+            raise InputError(f"{origin} {exc}") from None
         return cls(command, subject, info, device, report_dir, database, as_json)
 
     def job(self, profile: str, settings: str | None = None, seed: int | None = None,

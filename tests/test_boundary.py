@@ -282,6 +282,19 @@ def test_an_unusable_database_directory_exits_2(capsys, tmp_path, directory, mes
     assert code == 2 and message in err and err.count("\n") == 1, err
 
 
+def test_the_database_environment_variable_is_used_and_checked_like_the_option(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SWAFUZZ_DATABASE", "/proc/no-such-dir")
+    code = cli.main(["fuzz", "--subject", "uncached", "--report-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "$SWAFUZZ_DATABASE /proc/no-such-dir: cannot create it" in err, err
+    monkeypatch.setenv("SWAFUZZ_DATABASE", str(tmp_path / "shared-db"))
+    code = cli.main(["fuzz", "--subject", "pool-start-layer", "--report-dir", str(tmp_path / "reports"),
+                     "--max-examples", "300"])
+    capsys.readouterr()
+    assert code == 1
+    assert any((tmp_path / "shared-db").iterdir())  # the failure was saved where the variable says
+
+
 # ---- the loader and the scenario builder, fuzzed ----------------------------------------------
 
 json_values = st.recursive(
