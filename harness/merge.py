@@ -26,6 +26,7 @@ from .reports import (
     render_markdown,
     write_atomically,
 )
+from .boundary import InputError, describe_path, parse_json, read_regular_file
 from .replay import ReplayError, divergence_from
 
 MERGED_FORMAT = "swafuzz-merged-report"
@@ -76,21 +77,19 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
 
 
 def load_report(path: str | os.PathLike) -> tuple[Path, Report]:
-    """The report in ``path`` (a report directory or its ``report.json``)."""
+    """The report in ``path`` (a report directory or its ``report.json``), read within the
+    limits of any file from elsewhere (:mod:`harness.boundary`): other machines wrote it."""
     path = Path(path)
     source = path / _REPORT_JSON if path.is_dir() else path
+    name = describe_path(source)
     try:
-        data = json.loads(source.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ReportError(f"{source}: no such report (run swafuzz fuzz --report-dir {path} first)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{source}: cannot read it: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        data = parse_json(read_regular_file(source, "report"), name)
+    except InputError as exc:
+        raise ReportError(str(exc)) from None
     try:
         return source, report_from_dict(data)
     except ReportError as exc:
-        raise ReportError(f"{source}: {exc}") from None
+        raise ReportError(f"{name}: {exc}") from None
 
 
 def report_from_dict(data: Any) -> Report:

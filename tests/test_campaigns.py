@@ -92,6 +92,8 @@ def test_a_merged_report_is_not_merged_again(capsys, tmp_path, shard_reports):
     (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "examples": "many"})), "'examples'"),
     (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "verdict": "maybe"})), "'verdict'"),
     (lambda path: path.unlink(), "no such report"),
+    # reports come from other machines: read within the limits of any file from elsewhere
+    (lambda path: path.write_text("[" * 100 + "]" * 100), "exceeds the limit MAX_JSON_DEPTH"),
 ])
 def test_a_malformed_report_exits_2_with_one_line_and_writes_nothing(capsys, tmp_path, shard_reports, damage,
                                                                      message):
