@@ -509,14 +509,15 @@ def driver_attributes(target: str, settings: SwitchSettings) -> dict[str, bool]:
 def needed_settings(target: str, version: str, features: set[str]) -> tuple[list[str], list[ModelledPath]]:
     """What a lifecycle with ``features`` needs of ``version`` for ``target``: the switch
     settings against the release's defaults, and the modelled paths the release never takes
-    (it lacks the switch that would)."""
+    (it lacks the switch that would; said only of the releases read, :data:`RELEASES`)."""
     defaults = settings_for(version)
     settings, absent = [], []
     for path in excluded_paths(target, defaults):
         if path.feature != EVERY_SCENARIO and path.feature not in features:
             continue
         if defaults.get(path.switch) is None:
-            absent.append(path)
+            if version in RELEASES:
+                absent.append(path)
         else:
             settings.append(path.setting())
     return settings, absent
