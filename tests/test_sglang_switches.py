@@ -186,6 +186,9 @@ FIRST_SWA_NOT_START_GRAPH = _scenario(
         {"op": "admit", "count": 2}, {"op": "forward", "requests": [0, 1], "graph": True},
         {"op": "forward", "requests": [0, 1], "graph": True},
     ])
+PIPELINE_STAGE_DECODE = _scenario({"start_layer": 2, "end_layer": 4}, [
+    {"op": "admit", "count": 2}, {"op": "forward", "requests": [0, 1]}, {"op": "forward", "requests": [0, 1]},
+])
 PLAIN_DECODE = _scenario({"start_layer": 0, "end_layer": 2}, [
     {"op": "admit", "count": 1}, {"op": "forward", "requests": [0]},
 ])
@@ -250,6 +253,8 @@ VERDICTS = [
     # under a graph the never-refreshed pool cache hands out the capture's rows: the same problem
     ("pool-fused-store", "0.5.12", FIRST_SWA_NOT_START_GRAPH, GRAPH_CAPTURE, None,
      "not reached", ("[pool-cache-first-swa-layer]",)),
+    ("pool-fused-store", "0.5.12", PIPELINE_STAGE_DECODE, EARLIER_FORWARD, None,
+     "not reached", ("[pool-cache-refresh-at-layer-0]", "never at layer 0")),
     ("pool-fused-store", "0.5.12", PLAIN_DECODE, None, {CACHE: False},
      "unconfirmed", ("with SGLANG_OPT_CACHE_SWA_TRANSLATION=0",)),
     ("hip-unified-swa-loc", "0.5.19", DRAFT_STEPS, EARLIER_STEP, None,

@@ -456,6 +456,8 @@ def question_key(finding: Finding, features: set[str]) -> str | None:
     # or under a graph the rows the capture recorded
     if cause in (EARLIER_FORWARD, GRAPH_CAPTURE) and FIRST_SWA_LAYER_NOT_START in features:
         candidates.append("pool-cache-first-swa-layer")
+    if cause in (EARLIER_FORWARD, GRAPH_CAPTURE) and PIPELINE_STAGE in features:
+        candidates.append("pool-cache-refresh-at-layer-0")
     if SKIP_METADATA_INIT in features:
         candidates.append("skipped-metadata-init-idle")
     return next((key for key in candidates if finding.target.name in question(key).targets), None)

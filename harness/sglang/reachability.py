@@ -209,6 +209,23 @@ QUESTIONS: tuple[Question, ...] = (
         ),
     ),
     Question(
+        "pool-cache-refresh-at-layer-0",
+        "pool cache refreshed at layer_id == 0 on a pipeline stage that starts later",
+        POOL_TARGETS,
+        (
+            Route(
+                POOL_CACHE_RELEASES, False,
+                (Hop(KV_CACHE_SETUP, "ModelRunnerKVCacheMixin._init_pools", mentions=("start_layer=self.start_layer",)),
+                 *(Hop(POOL, f"DeepSeekV4TokenToKVPool.{store}", mentions=("layer_id == self.start_layer",),
+                       lacks=("layer_id == 0",))
+                   for store in ("set_swa_key_buffer_radix_fused", "set_swa_key_buffer_radix_fused_norm_rope"))),
+                "both stores refresh the cache at the stage's own start_layer, which the model runner "
+                "passes to the pool, never at layer 0",
+            ),
+            NO_POOL_CACHE,
+        ),
+    ),
+    Question(
         "pool-cache-two-batch-overlap",
         "one pool cache shared by two-batch-overlap micro-batches",
         POOL_TARGETS,
