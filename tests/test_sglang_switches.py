@@ -363,7 +363,7 @@ def test_the_report_has_a_producer_column_per_release_naming_the_wrong_and_the_a
     assert row["`attach_y`"] == "**wrong** (`HipBackend`): pf_cu_q: got [0, 0], want [0, 1]"
     assert row["`expand_z`"] == "absent: HipBackend has no expand_z"
     later = _row(text, "producers", "0.5.19")
-    assert later["producers"] == "right (1 of 3)" and later["`attach_y`"] == "not named"
+    assert later["producers"] == "all right (1 of 3 present)" and later["`attach_y`"] == "not named"
 
 
 def test_the_report_names_the_switch_settings_of_a_run_that_overrides_them():

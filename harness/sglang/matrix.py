@@ -665,7 +665,7 @@ def _producers_table(matrix: Matrix) -> list[str]:
         present = [c for c in checks if not c.reason]
         wrong = [c for c in present if c.problem]
         summary = ("**wrong**: " + ", ".join(f"`{c.backend}.{c.method}`" for c in wrong) if wrong else
-                   f"right ({len(present)} of {len(methods)})" if present else "absent")
+                   f"all right ({len(present)} of {len(methods)} present)" if present else "absent")
         cells = []
         for method in methods:
             item = by_method.get(method)
