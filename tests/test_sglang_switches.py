@@ -189,6 +189,14 @@ FIRST_SWA_NOT_START_GRAPH = _scenario(
 PIPELINE_STAGE_DECODE = _scenario({"start_layer": 2, "end_layer": 4}, [
     {"op": "admit", "count": 2}, {"op": "forward", "requests": [0, 1]}, {"op": "forward", "requests": [0, 1]},
 ])
+SKIPPED_DECODE_INIT = _scenario({"start_layer": 0, "end_layer": 2}, [
+    {"op": "admit", "count": 2}, {"op": "forward", "requests": [0, 1]},
+    {"op": "forward", "requests": [0, 1], "skip_init": True},
+])
+SKIPPED_IDLE_INIT = _scenario({"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 2}, [
+    {"op": "admit", "count": 2}, {"op": "forward", "requests": [0, 1]},
+    {"op": "forward", "mode": "idle", "skip_init": True, "pad": 2},
+])
 PLAIN_DECODE = _scenario({"start_layer": 0, "end_layer": 2}, [
     {"op": "admit", "count": 1}, {"op": "forward", "requests": [0]},
 ])
@@ -253,8 +261,14 @@ VERDICTS = [
     # under a graph the never-refreshed pool cache hands out the capture's rows: the same problem
     ("pool-fused-store", "0.5.12", FIRST_SWA_NOT_START_GRAPH, GRAPH_CAPTURE, None,
      "not reached", ("[pool-cache-first-swa-layer]",)),
+    # the release refreshes at the stage's start_layer: a stale stage is not claimed as the layer-0 problem
     ("pool-fused-store", "0.5.12", PIPELINE_STAGE_DECODE, EARLIER_FORWARD, None,
-     "not reached", ("[pool-cache-refresh-at-layer-0]", "never at layer 0")),
+     "unconfirmed", ("no SGLang call path",)),
+    # the idle problem is about idle forwards; a skip on a decode forward is no engine's
+    ("hip-unified-swa-loc", "0.5.19", SKIPPED_DECODE_INIT, EARLIER_FORWARD, None,
+     "adversarial only", ("metadata init skipped on a decode forward",)),
+    ("hip-unified-swa-loc", "0.5.19", SKIPPED_IDLE_INIT, EARLIER_FORWARD, None,
+     "not reached", ("[skipped-metadata-init-idle]",)),
     ("pool-fused-store", "0.5.12", PLAIN_DECODE, None, {CACHE: False},
      "unconfirmed", ("with SGLANG_OPT_CACHE_SWA_TRANSLATION=0",)),
     ("hip-unified-swa-loc", "0.5.19", DRAFT_STEPS, EARLIER_STEP, None,

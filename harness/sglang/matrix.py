@@ -456,11 +456,17 @@ def question_key(finding: Finding, features: set[str]) -> str | None:
     # or under a graph the rows the capture recorded
     if cause in (EARLIER_FORWARD, GRAPH_CAPTURE) and FIRST_SWA_LAYER_NOT_START in features:
         candidates.append("pool-cache-first-swa-layer")
-    if cause in (EARLIER_FORWARD, GRAPH_CAPTURE) and PIPELINE_STAGE in features:
-        candidates.append("pool-cache-refresh-at-layer-0")
-    if SKIP_METADATA_INIT in features:
+    if SKIP_METADATA_INIT in features and _skipped_on_idle(finding):
         candidates.append("skipped-metadata-init-idle")
     return next((key for key in candidates if finding.target.name in question(key).targets), None)
+
+
+def _skipped_on_idle(finding: Finding) -> bool:
+    """Whether an idle forward skipped metadata init before the divergence (a skip on any
+    other forward is no engine's, and no instance of the idle problem)."""
+    events = finding.scenario.events
+    upto = finding.divergence.event if finding.divergence.event is not None else len(events) - 1
+    return any(e.op == "forward" and e.skip_init and e.mode == "idle" for e in events[: upto + 1])
 
 
 def _cite(key: str, route: Route) -> str:
