@@ -407,3 +407,20 @@ def test_the_producer_batches_cover_decode_verify_ragged_extend_and_prefill():
     assert any(max(b.extend_prefix_lens.tolist()) > 0 for k, b, _ in batches if k == "ragged extend")
     assert [b.extend_seq_lens.tolist() for _, b, _ in producer_batches(seed=0)] == [
         b.extend_seq_lens.tolist() for _, b, _ in batches]
+
+
+def test_the_matrix_finds_the_assign_listed_rows_only_with_in_graph_prep_off_and_records_the_setting(tmp_path):
+    if "0.5.17" not in locate.cached_releases():
+        pytest.skip("needs the sglang 0.5.17 wheel in the cache")
+    from harness.sglang.matrix import SWITCHED_COLUMN, run_matrix
+
+    matrix = run_matrix(["0.5.17"], max_examples=40, replay_dir=tmp_path)
+    (merge,) = [c for c in matrix.cells if c.target.name == "unified-metadata-merge"]
+    assert "no graph_replay" in merge.runs["realistic"]
+    assert not [f for f in merge.findings if f.column == "realistic"]
+    (switched,) = [f for f in merge.findings if f.column == SWITCHED_COLUMN]
+    assert switched.divergence.source["kind"] == GRAPH_CAPTURE
+    verdict, why = judge(switched)
+    assert verdict == "reachable off-default" and "only with SGLANG_PREP_IN_CUDA_GRAPH=0" in why
+    assert load_replay(switched.replay).engine_switches == {PREP: False}
+    assert matrix.producers["0.5.17"] and all(not c.problem for c in matrix.producers["0.5.17"])

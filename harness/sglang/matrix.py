@@ -580,7 +580,8 @@ def render(matrix: Matrix, report_path: Path) -> str:
               "What the realistic profile draws for a target depends on the settings: a lifecycle feature "
               "its driver models through a path a release takes only under one setting is not drawn under "
               "the others (`MODELLED_PATHS`), and a driver follows some switches itself (`DRIVER_SWITCHES`):", "",
-              *(f"- `{p.feature}` of {', '.join(f'`sglang:{t}`' for t in p.targets)} only with {p.setting()}"
+              *(f"- `{p.feature}` of {', '.join(f'`sglang:{t}`' for t in p.targets)} only "
+                + ("" if p.setting().startswith("without ") else "with ") + p.setting()
                 + ("" if not p.without_switch else " or in releases without the switch")
                 + f": {p.why} ({p.cited()})." for p in MODELLED_PATHS),
               *(f"- {', '.join(f'`sglang:{t}`' for t in d.targets)} follow `{d.switch}` ({d.attribute}: "
