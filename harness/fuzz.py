@@ -21,7 +21,7 @@ from reference import Scenario
 from strategies.exhaustive import ScopeStatement, enumerate_scenarios, scope_statement
 from strategies.features import features_of
 from strategies.restrictions import scenarios_without
-from strategies.scenarios import PROFILES, weakest_profile
+from strategies.scenarios import PROFILES, REALISTIC, weakest_profile
 
 from .database import open_database
 from .diagnosis import Divergence
@@ -217,10 +217,14 @@ def scenario_test(
     example; a diverging scenario has its threaded call orders pinned (see
     :func:`pin_schedules`). ``before_example()`` runs first in every example (a budget check
     raises there). ``long_horizon`` draws long runs of plain decode forwards. ``exclude``
-    names lifecycle features never drawn (an engine configuration without them).
+    names lifecycle features never drawn (an engine configuration without them); under the
+    realistic profile, so are those the subject's ``realistic_exclusions`` names (the
+    features its engine release does not take).
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    if profile == REALISTIC:
+        exclude = frozenset(exclude) | getattr(info.subject, "realistic_exclusions", frozenset())
 
     def check(scenario: Scenario) -> None:
         if before_example is not None:

@@ -25,12 +25,12 @@ from harness.sglang.matrix import (
     Finding,
     Matrix,
     ProducerCheck,
-    configured,
     main,
     producer_batches,
     reachability as judge,
     render,
 )
+from harness.sglang.configure import configured
 from harness.sglang.reachability import (
     EVERY_SCENARIO,
     PROBLEMS,
@@ -133,6 +133,20 @@ def test_the_realistic_profile_replays_graphs_for_the_merge_once_in_graph_prep_i
 def test_a_restriction_names_only_known_features():
     with pytest.raises(ValueError, match="unknown lifecycle feature"):
         scenarios_without("realistic", frozenset({"graph replays"}))
+
+
+def test_a_release_named_on_the_command_line_is_fuzzed_realistically_as_it_runs_by_default():
+    if "0.5.17" not in locate.cached_releases():
+        pytest.skip("needs the sglang 0.5.17 wheel in the cache")
+    import harness.sglang as sglang
+    from harness.fuzz import fuzz
+
+    info = sglang.resolve("sglang:unified-metadata-merge@0.5.17")
+    assert info.subject.realistic_exclusions == {GRAPH_REPLAY}
+    realistic = fuzz(info, profile="realistic", settings="ci", max_examples=60, seed=0)
+    assert realistic.coverage.get(GRAPH_REPLAY, 0) == 0 and realistic.examples == 60
+    adversarial = fuzz(info, profile="adversarial", settings="ci", max_examples=60, seed=0)
+    assert adversarial.divergence is not None and adversarial.divergence.source["kind"] == GRAPH_CAPTURE
 
 
 def test_the_pool_driver_follows_the_translation_cache_switch():

@@ -66,6 +66,7 @@ from ..replay import Replay, write_replay
 from ..reports import write_atomically
 from . import locate, provenance
 from .binding import BindError
+from .configure import configured
 from .producers import Batch, bind_producers, check
 from .reachability import (
     DRIVER_SWITCHES,
@@ -204,14 +205,6 @@ def run_matrix(
             cells.append(cell)
     return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started,
                   sources, revision, overrides, producers)
-
-
-def configured(info: SubjectInfo, target: Target, switches: SwitchSettings) -> SubjectInfo:
-    """``info`` with its driver following the run's switches (:data:`DRIVER_SWITCHES`)."""
-    attributes = driver_attributes(target.name, switches)
-    if not attributes:
-        return info
-    return dataclasses.replace(info, subject=type(info.subject.__name__, (info.subject,), attributes))
 
 
 def concerning(target: Target, switches: SwitchSettings) -> dict[str, bool]:
