@@ -25,6 +25,7 @@ from harness.sglang.matrix import (
     Finding,
     Matrix,
     ProducerCheck,
+    first_wrong_row,
     main,
     producer_batches,
     reachability as judge,
@@ -403,6 +404,16 @@ def test_the_report_names_the_switch_settings_of_a_run_that_overrides_them():
     assert "| 0.5.19 | no engine switch |" in text
 
 
+@pytest.mark.parametrize("problem,named", [
+    ("req_pool_indices_repeated: got [3, 3, 1, 1], want [3, 3, 3, 1]",
+     "req_pool_indices_repeated row 2: got 1, want 3 (4 rows, 4 wanted)"),
+    ("pf_cu_q: got [0, 0], want [0, 0, 2]", "pf_cu_q row 2: got no row, want 2 (2 rows, 3 wanted)"),
+    ("pf_state_slot: got NoneType, want [5, 5]", "pf_state_slot: got NoneType, want [5, 5]"),
+])
+def test_a_wrong_producer_is_named_by_its_first_wrong_row(problem, named):
+    assert first_wrong_row(problem) == named
+
+
 def test_the_producer_batches_cover_decode_verify_ragged_extend_and_prefill():
     batches = producer_batches(seed=0)
     kinds = {kind for kind, _, _ in batches}
@@ -438,3 +449,30 @@ def test_the_matrix_finds_the_assign_listed_rows_only_with_in_graph_prep_off_and
     assert verdict == "reachable off-default" and "only with SGLANG_PREP_IN_CUDA_GRAPH=0" in why
     assert load_replay(switched.replay).engine_switches == {PREP: False}
     assert matrix.producers["0.5.17"] and all(not c.problem for c in matrix.producers["0.5.17"])
+
+
+UNIFORM_PREFILL_EXPANSION = """
+import torch
+
+class DeepseekV4HipRadixBackend:
+    def expand_prefill_casually(self, num_tokens, seq_lens, extend_seq_lens, req_pool_indices, padded_num_tokens):
+        return None, req_pool_indices.repeat_interleave(num_tokens // req_pool_indices.shape[0])
+"""
+
+
+def test_a_producer_that_assumes_equal_counts_is_named_wrong_at_its_first_ragged_batch(tmp_path: Path):
+    from harness.sglang.matrix import check_producers
+    from harness.sglang.producers import PREFILL_EXPANSION, VERIFY_EXPANSION
+    from harness.sglang.targets import HIP_BACKEND_FILE
+
+    file = tmp_path / HIP_BACKEND_FILE
+    file.parent.mkdir(parents=True)
+    file.write_text(UNIFORM_PREFILL_EXPANSION)
+    checks = {c.method: c for c in check_producers(locate.SourceTree(tmp_path, "checkout"))}
+    wrong = checks[PREFILL_EXPANSION]
+    assert wrong.backend == "DeepseekV4HipRadixBackend" and not wrong.reason
+    # decode-like and verify-like batches have equal counts: the first wrong one is ragged
+    assert re.fullmatch(r"req_pool_indices_repeated row \d+: got \d+, want \d+ \(\d+ rows, \d+ wanted\) "
+                        r"\(ragged extend batch: request slots .*, window \d+\)", wrong.problem), wrong.problem
+    assert wrong.batches > 24
+    assert checks[VERIFY_EXPANSION].reason and not checks[VERIFY_EXPANSION].problem

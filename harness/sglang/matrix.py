@@ -16,9 +16,10 @@ lifecycle features its release takes under those settings (:mod:`.reachability`,
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import ast
 import datetime
 import random
+import re
 import sys
 import time
 from collections import defaultdict
@@ -325,11 +326,30 @@ def check_producers(tree: locate.SourceTree, seed: int = 0) -> list[ProducerChec
                 problems = [f"raised {type(exc).__name__}: {exc}"]
             done.batches += 1
             if problems:
-                done.problem = f"{problems[0]} ({kind} batch: {_describe(batch)}, window {window})"
+                done.problem = f"{first_wrong_row(problems[0])} ({kind} batch: {_describe(batch)}, window {window})"
                 break
         checks.append(done)
     checks += [ProducerCheck(method, reason=reason) for method, reason in absent.items()]
     return checks
+
+
+_ROWS = re.compile(r"^(?P<field>\w+): got (?P<got>\[[^\]]*\]), want (?P<want>\[[^\]]*\])$")
+
+
+def first_wrong_row(problem: str) -> str:
+    """``field: got [..], want [..]`` (as :func:`producers.check` says) reduced to the first
+    row that differs; any other wording unchanged."""
+    match = _ROWS.match(problem)
+    if match is None:
+        return problem
+    got, want = (ast.literal_eval(match.group(name)) for name in ("got", "want"))
+    row = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return (f"{match.group('field')} row {row}: got {_at(got, row)}, want {_at(want, row)} "
+            f"({len(got)} rows, {len(want)} wanted)")
+
+
+def _at(rows: list, row: int) -> object:
+    return rows[row] if row < len(rows) else "no row"
 
 
 def _describe(batch: Batch) -> str:
