@@ -114,7 +114,7 @@ class SwitchSettings:
                      if value != switch(name).default(self.version))
 
     def label(self) -> str:
-        """Every switch with its value, the overridden ones marked: for reports and replays."""
+        """Every switch with its value, the overridden ones marked (for the report)."""
         parts = []
         for name, value in self.values:
             default = switch(name).default(self.version)
