@@ -20,7 +20,8 @@ from hypothesis.errors import HypothesisWarning
 from reference import Scenario
 from strategies.exhaustive import ScopeStatement, enumerate_scenarios, scope_statement
 from strategies.features import features_of
-from strategies.scenarios import PROFILES, scenarios, weakest_profile
+from strategies.restrictions import scenarios_without
+from strategies.scenarios import PROFILES, REALISTIC, weakest_profile
 
 from .database import open_database
 from .diagnosis import Divergence
@@ -201,6 +202,7 @@ def scenario_test(
     threads: bool = False,
     stream_delay_cycles: int = 0,
     long_horizon: bool = False,
+    exclude: frozenset[str] = frozenset(),
     before_example: Callable[[], None] | None = None,
     on_example: Callable[[Scenario, list[str], RunResult], None] | None = None,
 ) -> Callable[[], None]:
@@ -214,10 +216,15 @@ def scenario_test(
     failures the others saved. ``on_example(scenario, features, outcome)`` sees every
     example; a diverging scenario has its threaded call orders pinned (see
     :func:`pin_schedules`). ``before_example()`` runs first in every example (a budget check
-    raises there). ``long_horizon`` draws long runs of plain decode forwards.
+    raises there). ``long_horizon`` draws long runs of plain decode forwards. ``exclude``
+    names lifecycle features never drawn (an engine configuration without them); under the
+    realistic profile, so are those the subject's ``realistic_exclusions`` names (the
+    features its engine release does not take).
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    if profile == REALISTIC:
+        exclude = frozenset(exclude) | getattr(info.subject, "realistic_exclusions", frozenset())
 
     def check(scenario: Scenario) -> None:
         if before_example is not None:
@@ -236,8 +243,9 @@ def scenario_test(
 
     # the database keys failures by strategy: a long-horizon choice sequence means another scenario
     horizon = ":long-horizon" if long_horizon else ""
-    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}".encode()  # noqa: SLF001
-    return given(scenarios(profile, long_horizon))(check)
+    without = f":without-{'-'.join(sorted(exclude))}" if exclude else ""
+    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}{without}".encode()  # noqa: SLF001
+    return given(scenarios_without(profile, exclude, long_horizon))(check)
 
 
 class _BudgetSpent(KeyboardInterrupt):
@@ -261,6 +269,7 @@ def fuzz(
     threads: bool = False,
     stream_delay_cycles: int = 0,
     long_horizon: bool | None = None,
+    exclude: frozenset[str] = frozenset(),
     on_progress: Callable[[Progress], None] | None = None,
     on_divergence: Callable[[FuzzResult], None] | None = None,
 ) -> FuzzResult:
@@ -274,7 +283,8 @@ def fuzz(
     is called when a divergence is first seen and again once it has been shrunk.
 
     ``long_horizon`` draws scenarios with long runs of plain decode forwards (default: as the
-    settings profile says; ``nightly-long`` does).
+    settings profile says; ``nightly-long`` does). ``exclude`` names lifecycle features
+    never drawn (see :func:`strategies.restrictions.scenarios_without`).
 
     A seeded run's k-th chunk of examples draws from seed ``seed + k * seed_stride``, so
     runs whose seeds are ``0..stride-1`` apart never draw the same chunk (see
@@ -355,7 +365,7 @@ def fuzz(
     run = 0
     while result.examples < limit and (budget_s is None or elapsed() < budget_s):
         test = scenario_test(info, profile, device=device, timeout_s=timeout_s, threads=threads,
-                             stream_delay_cycles=stream_delay_cycles, long_horizon=long_horizon,
+                             stream_delay_cycles=stream_delay_cycles, long_horizon=long_horizon, exclude=exclude,
                              before_example=before_example, on_example=on_example)
         if seed is not None:
             test = hypothesis.seed(seed + run * seed_stride)(test)

@@ -36,7 +36,8 @@ from .reports import write_atomically
 
 FORMAT = "swafuzz-replay"
 SCHEMA_VERSION = 1
-MAX_NAME_LENGTH = 200  # subject, profile, settings, device, harness version
+MAX_NAME_LENGTH = 200  # subject, profile, settings, device, harness version, switch names
+MAX_ENGINE_SWITCHES = 16
 
 
 class ReplayError(InputError):
@@ -54,8 +55,10 @@ class Replay:
     settings: str | None = None
     device: str = "cpu"
     harness_version: str = __version__
+    engine_switches: dict[str, bool] | None = None  # SGLang switch -> value of the run
 
     def to_dict(self) -> dict[str, Any]:
+        switches = {} if self.engine_switches is None else {"engine_switches": dict(self.engine_switches)}
         return {
             "format": FORMAT,
             "schema_version": SCHEMA_VERSION,
@@ -67,6 +70,7 @@ class Replay:
             "device": self.device,
             "scenario": self.scenario.to_dict(),
             "diagnosis": self.divergence.to_dict(),
+            **switches,
         }
 
     @classmethod
@@ -105,7 +109,21 @@ class Replay:
             subject=data["subject"], profile=data["profile"], scenario=scenario,
             divergence=divergence_from(data.get("diagnosis")), seed=data.get("seed"),
             settings=data.get("settings"), device=data["device"], harness_version=data["harness_version"],
+            engine_switches=_engine_switches(data.get("engine_switches")),
         )
+
+
+def _engine_switches(data: Any) -> dict[str, bool] | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict) or len(data) > MAX_ENGINE_SWITCHES:
+        raise ReplayError(f"field 'engine_switches' must be an object of at most {MAX_ENGINE_SWITCHES} "
+                          f"switches, got {show(data)}")
+    for name, value in data.items():
+        if not (len(name) <= MAX_NAME_LENGTH and name.isprintable()) or not isinstance(value, bool):
+            raise ReplayError(f"field 'engine_switches' maps switch names to true or false, got "
+                              f"{show(name)}: {show(value)}")
+    return dict(data)
 
 
 def divergence_from(data: Any) -> Divergence:

@@ -17,7 +17,9 @@ import pytest
 
 from harness.sglang import locate
 from harness.sglang.reachability import (
+    DRIVER_SWITCHES,
     MODEL,
+    MODELLED_PATHS,
     PACKAGE,
     QUESTIONS,
     Hop,
@@ -28,6 +30,7 @@ from harness.sglang.reachability import (
     route_problems,
 )
 from harness.sglang.switches import SWITCHES, declared_default, switch
+from harness.sglang.targets import target
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 DEFAULT_TEST_VERSIONS = ("0.5.12", "0.5.19", "0.5.23")
@@ -164,3 +167,37 @@ def test_switch_defaults_are_read_from_declarations(tmp_path):
     tree = locate.SourceTree(tmp_path, "checkout")
     assert declared_default(tree, switch("SGLANG_PREP_IN_CUDA_GRAPH")) is False
     assert declared_default(tree, switch("SGLANG_OPT_CACHE_SWA_TRANSLATION")) is None
+
+
+# ---- what the switches decide for the drivers ----------------------------------------------------
+
+
+def _has_target(name: str, version: str) -> bool:
+    item = target(name)
+    key = locate.release_key(version)
+    return key >= locate.release_key(item.first) and (item.last is None or key <= locate.release_key(item.last))
+
+
+def _switch_reading_cases():
+    readings = [(f"modelled-{n}", p.switch, p.targets, p.hops) for n, p in enumerate(MODELLED_PATHS)]
+    readings += [(f"driver-{n}", d.switch, d.targets, d.hops) for n, d in enumerate(DRIVER_SWITCHES)]
+    for label, name, targets, hops in readings:
+        for version in CHECKED:
+            if switch(name).default(version) is not None and any(_has_target(t, version) for t in targets):
+                yield pytest.param(hops, version, id=f"{label}-{version}")
+
+
+@pytest.mark.parametrize("hops,version", list(_switch_reading_cases()))
+def test_where_a_release_decides_by_a_switch_reads_as_cited(hops, version):
+    tree = _tree(version)
+    if isinstance(tree, str):
+        pytest.skip(tree)
+    assert route_problems(tree, Route((version,), False, hops, "")) == []
+
+
+def test_a_modelled_path_names_a_switch_and_targets_that_exist():
+    for path in MODELLED_PATHS:
+        assert any(switch(path.switch).default(v) is not None for v in locate.RELEASES), path.switch
+        assert all(target(name) for name in path.targets)
+    for item in DRIVER_SWITCHES:
+        assert all(hasattr(target(name).driver, item.attribute) for name in item.targets)

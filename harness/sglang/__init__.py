@@ -14,6 +14,7 @@ import os
 from ..registry import SubjectInfo
 from . import locate
 from .binding import BindError, ImportModeUnavailable
+from .configure import as_released
 from .locate import SglangUnavailable, SourceTree
 from .targets import TARGETS, Target, target
 
@@ -48,11 +49,11 @@ def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: s
     if mode == "auto":
         if tree.origin == "installed":
             try:
-                return item.info(tree, "import", name)
+                return as_released(item.info(tree, "import", name), item, tree.version)
             except ImportModeUnavailable:
                 pass  # GPU-only dependencies missing: read the same files instead
         mode = "source"
-    return item.info(tree, mode, name)
+    return as_released(item.info(tree, mode, name), item, tree.version)
 
 
 def resolve(

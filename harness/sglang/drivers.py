@@ -220,6 +220,11 @@ class SglangSubject(Subject):
 
     binding: ClassVar[Binding]
     backend_class_name: ClassVar[str | None] = None
+    # SGLANG_OPT_CACHE_SWA_TRANSLATION: the pool's cache is on (as the releases that read
+    # the switch default it) unless a run sets the switch off
+    cache_swa_translation: ClassVar[bool] = True
+    # lifecycle features the realistic profile does not draw for this release (harness.sglang.configure)
+    realistic_exclusions: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -228,7 +233,7 @@ class SglangSubject(Subject):
         self.pool = pool_class(
             full_to_swa_index_mapping=None, start_layer=spec.start_layer,
             _stage_start=spec.start_layer, cached_loc=None,
-            _should_cache_swa=True,  # the env flag that turns the pool's cache on
+            _should_cache_swa=self.cache_swa_translation,
             swa_kv_pool=SwaKeyStore(), request_window=None, swa_req_ring_size=None,
             unified_swa_ring_size=spec.ring, unified_swa_window=spec.sliding_window, unified_swa_pages=0,
         )

@@ -10,6 +10,11 @@ and every such claim against each release's wheel, so the table cannot drift fro
 The matrix judges a realistic divergence "reachable" only through a route here that reaches
 it, and prints the route; where the release's route does not reach it, the divergence is
 "not reached" whatever profile found it.
+
+The engine switches also decide which lifecycle a target's driver may be given at all:
+:data:`MODELLED_PATHS` names each feature a driver models through a path of SGLang's that a
+release takes only under one setting of a switch (the realistic profile of a release does
+not draw it under the others), and :data:`DRIVER_SWITCHES` each switch a driver follows.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import ast
 import functools
 from dataclasses import dataclass
 
+from strategies.features import GRAPH_REPLAY
+
 from .locate import RELEASES, SourceTree, release_key
-from .switches import switch
+from .switches import SwitchSettings, settings_for, switch
 
 PACKAGE = "sglang/srt/"
 
@@ -76,6 +83,21 @@ class Question:
         """The routes read for ``version``: the default one first, then any that need a setting."""
         found = [r for r in self.routes if version in r.releases]
         return tuple(sorted(found, key=lambda r: r.setting is not None))
+
+    def verdict(self, version: str) -> tuple[str, tuple[Route, ...]]:
+        """Whether ``version`` reaches the problem: ``reachable`` (its default route does),
+        ``reachable off-default`` (only a route that needs a setting does; those routes
+        come first, then the default one), ``not reached``, or ``not read``; with the routes
+        that say so."""
+        routes = self.routes_for(version)
+        if not routes:
+            return "not read", ()
+        default, switched = routes[0], tuple(r for r in routes[1:] if r.reached)
+        if default.reached:
+            return "reachable", (default,)
+        if switched:
+            return "reachable off-default", (*switched, default)
+        return "not reached", (default,)
 
 
 def releases(first: str, last: str | None = None) -> tuple[str, ...]:
@@ -182,6 +204,23 @@ QUESTIONS: tuple[Question, ...] = (
                  *MODEL_STORE_0_5_12, POOL_STORE_CACHE),
                 "the pool gets the stage's start_layer and every DeepSeek-V4 layer of the stage stores "
                 "SWA keys, starting with start_layer, in every forward mode",
+            ),
+            NO_POOL_CACHE,
+        ),
+    ),
+    Question(
+        "pool-cache-refresh-at-layer-0",
+        "pool cache refreshed at layer_id == 0 on a pipeline stage that starts later",
+        POOL_TARGETS,
+        (
+            Route(
+                POOL_CACHE_RELEASES, False,
+                (Hop(KV_CACHE_SETUP, "ModelRunnerKVCacheMixin._init_pools", mentions=("start_layer=self.start_layer",)),
+                 *(Hop(POOL, f"DeepSeekV4TokenToKVPool.{store}", mentions=("layer_id == self.start_layer",),
+                       lacks=("layer_id == 0",))
+                   for store in ("set_swa_key_buffer_radix_fused", "set_swa_key_buffer_radix_fused_norm_rope"))),
+                "both stores refresh the cache at the stage's own start_layer, which the model runner "
+                "passes to the pool, never at layer 0",
             ),
             NO_POOL_CACHE,
         ),
@@ -377,10 +416,128 @@ QUESTIONS: tuple[Question, ...] = (
 )
 
 _BY_KEY = {question.key: question for question in QUESTIONS}
+# whether the model reads a target's code in a forward mode: conditions of the problems, not problems
+MODE_QUESTIONS = ("ring-getter-in-verify", "ring-getter-in-extend")
+PROBLEMS = tuple(item for item in QUESTIONS if item.key not in MODE_QUESTIONS)
 
 
 def question(key: str) -> Question:
     return _BY_KEY[key]
+
+
+# ---- what a target's driver models, by engine setting ----------------------------------------
+
+EVERY_SCENARIO = "every scenario"  # a ModelledPath feature: the target's whole lifecycle
+
+
+@dataclass(frozen=True)
+class ModelledPath:
+    """A lifecycle feature (a name of :mod:`strategies.features`, or :data:`EVERY_SCENARIO`)
+    that the targets' driver models through a path of SGLang's which a release takes only
+    when ``switch`` is ``value``: under another setting the realistic profile does not draw
+    the feature for those targets. ``hops`` say where a release that has the switch decides
+    (checked against the wheels like a route's)."""
+
+    feature: str
+    targets: tuple[str, ...]
+    switch: str
+    value: bool
+    without_switch: bool  # whether releases that lack the switch take the modelled path
+    hops: tuple[Hop, ...]
+    why: str
+
+    def taken(self, settings: SwitchSettings) -> bool:
+        value = settings.get(self.switch)
+        return self.without_switch if value is None else value == self.value
+
+    def setting(self) -> str:
+        return switch(self.switch).setting(self.value)
+
+    def cited(self) -> str:
+        return " -> ".join(f"`{hop}`" for hop in self.hops)
+
+
+MODELLED_PATHS: tuple[ModelledPath, ...] = (
+    ModelledPath(
+        GRAPH_REPLAY, ("unified-metadata-merge",), "SGLANG_PREP_IN_CUDA_GRAPH", False, False,
+        (_SWITCHED_DECODE_BUILDER,
+         Hop(HIP_BACKEND, "UnifiedKvMetadata.copy_", mentions=("assign_fields", "swa_loc"))),
+        "its graph replay merges eagerly built ring rows into the captured metadata with "
+        "UnifiedKvMetadata.copy_, which a release does before a decode replay only with in-graph "
+        "preparation off; with it on, and always from 0.5.18, the replay merges raw metadata and "
+        "the prep recorded in the graph rebuilds the rows",
+    ),
+    ModelledPath(
+        GRAPH_REPLAY, ("hip-unified-swa-loc",), "SGLANG_PREP_IN_CUDA_GRAPH", True, True,
+        (_SWITCHED_DECODE_BUILDER,
+         Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata_in_graph",
+             mentions=("make_forward_metadata_from_raw_decode",))),
+        "its graph replay writes fresh ring rows into the captured tensor, as the prep recorded "
+        "in the graph does from raw decode metadata; with in-graph preparation off a release "
+        "merges eagerly built rows instead (the unified-metadata-merge target's path)",
+    ),
+    ModelledPath(
+        EVERY_SCENARIO, ("cuda-swa-out-cache-loc",), "--enable-encoder-swa-bounded-replay", False, True,
+        (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("request_window", "write_loc")),),
+        "with the request window on, the CUDA backend's getter returns the window's write "
+        "locations, not the pool translation the target is checked against",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class DriverSwitch:
+    """A switch the targets' driver follows: its class attribute ``attribute`` takes the
+    switch's value in a run (``hops``: where a release reads the switch)."""
+
+    switch: str
+    targets: tuple[str, ...]
+    attribute: str
+    hops: tuple[Hop, ...]
+
+
+DRIVER_SWITCHES: tuple[DriverSwitch, ...] = (
+    DriverSwitch(
+        "SGLANG_OPT_CACHE_SWA_TRANSLATION", POOL_TARGETS, "cache_swa_translation",
+        (Hop(POOL, "DeepSeekV4TokenToKVPool.__init__",
+             mentions=("SGLANG_OPT_CACHE_SWA_TRANSLATION", "_should_cache_swa")),
+         Hop(POOL, "DeepSeekV4TokenToKVPool.set_swa_key_buffer_radix_fused", mentions=("_should_cache_swa",))),
+    ),
+)
+
+
+def excluded_paths(target: str, settings: SwitchSettings) -> tuple[ModelledPath, ...]:
+    """The modelled paths of ``target`` that a release does not take under ``settings``."""
+    return tuple(p for p in MODELLED_PATHS if target in p.targets and not p.taken(settings))
+
+
+def excluded_features(target: str, settings: SwitchSettings) -> frozenset[str]:
+    """The lifecycle features the realistic profile must not draw for ``target`` under
+    ``settings`` (:data:`EVERY_SCENARIO` among them: draw nothing)."""
+    return frozenset(p.feature for p in excluded_paths(target, settings))
+
+
+def driver_attributes(target: str, settings: SwitchSettings) -> dict[str, bool]:
+    """The driver class attributes that follow the run's switches, for ``target``."""
+    return {d.attribute: settings.get(d.switch) for d in DRIVER_SWITCHES
+            if target in d.targets and settings.get(d.switch) is not None}
+
+
+def needed_settings(target: str, version: str, features: set[str]) -> tuple[list[str], list[ModelledPath]]:
+    """What a lifecycle with ``features`` needs of ``version`` for ``target``: the switch
+    settings against the release's defaults, and the modelled paths the release never takes
+    (it lacks the switch that would; said only of the releases read, :data:`RELEASES`)."""
+    defaults = settings_for(version)
+    settings, absent = [], []
+    for path in excluded_paths(target, defaults):
+        if path.feature != EVERY_SCENARIO and path.feature not in features:
+            continue
+        if defaults.get(path.switch) is None:
+            if version in RELEASES:
+                absent.append(path)
+        else:
+            settings.append(path.setting())
+    return settings, absent
 
 
 # ---- checking a route against a release ------------------------------------------------------

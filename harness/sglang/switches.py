@@ -6,11 +6,15 @@ release; None means the release has no such switch (the behaviour is fixed, see 
 ``tests/test_sglang_reachability.py`` reads the declarations from each available wheel and
 checks the defaults recorded here; a route of :mod:`.reachability` that needs a setting must
 name one of these switches set against its default.
+
+A run's engine configuration is a :class:`SwitchSettings`: each switch a release has, at its
+default unless the run overrides it (``--switch NAME=0|1`` of the matrix).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .locate import RELEASES, SourceTree, release_key
@@ -77,6 +81,63 @@ _BY_NAME = {switch.name: switch for switch in SWITCHES}
 
 def switch(name: str) -> Switch:
     return _BY_NAME[name]
+
+
+def parse_override(text: str) -> tuple[str, bool]:
+    """``NAME=1`` or ``NAME=0`` (a server argument as ``--flag=1``): the switch and its value;
+    ValueError naming the switches for anything else."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if name not in _BY_NAME and f"--{name}" in _BY_NAME:  # a server argument written without its dashes
+        name = f"--{name}"
+    if name not in _BY_NAME:
+        raise ValueError(f"unknown engine switch {name!r}; switches are {', '.join(_BY_NAME)}")
+    if not sep or value.strip() not in ("0", "1"):
+        raise ValueError(f"engine switch {text!r}: write {name}=1 or {name}=0")
+    return name, value.strip() == "1"
+
+
+@dataclass(frozen=True)
+class SwitchSettings:
+    """The engine switches one release has, each with the value a run uses."""
+
+    version: str
+    values: tuple[tuple[str, bool], ...]  # in SWITCHES order, only the release's switches
+
+    def get(self, name: str) -> bool | None:
+        """The value of switch ``name``; None when the release has no such switch."""
+        return dict(self.values).get(name)
+
+    def off_default(self) -> tuple[str, ...]:
+        """How the switches set against the release's default are set (``NAME=0``)."""
+        return tuple(switch(name).setting(value) for name, value in self.values
+                     if value != switch(name).default(self.version))
+
+    def label(self) -> str:
+        """Every switch with its value, the overridden ones marked (for the report)."""
+        parts = []
+        for name, value in self.values:
+            default = switch(name).default(self.version)
+            parts.append(switch(name).setting(value) + ("" if value == default else " (not the default)"))
+        return ", ".join(parts) or "no engine switch"
+
+    def to_dict(self) -> dict[str, bool]:
+        return dict(self.values)
+
+
+def settings_for(version: str, overrides: Mapping[str, bool] | None = None) -> SwitchSettings:
+    """``version``'s switches at their defaults, except those ``overrides`` sets; an override
+    of a switch the release lacks does not apply to it."""
+    overrides = overrides or {}
+    unknown = sorted(set(overrides) - set(_BY_NAME))
+    if unknown:
+        raise ValueError(f"unknown engine switch(es) {', '.join(unknown)}; switches are {', '.join(_BY_NAME)}")
+    values = []
+    for item in SWITCHES:
+        default = item.default(version)
+        if default is not None:
+            values.append((item.name, overrides.get(item.name, default)))
+    return SwitchSettings(version, tuple(values))
 
 
 def declared_default(tree: SourceTree, item: Switch) -> bool | None:
