@@ -1,14 +1,17 @@
-"""The rows SGLang's backends produce for target-verify and prefill stores match the truth.
+"""The rows SGLang's producers hand its SWA stores match the truth, release by release.
 
-``req_pool_indices_repeated`` (the verify store's state slot) and the prefill rows
-``pf_state_slot``, ``pf_chunk_start``, ``pf_cu_q``, ``pf_final_pos`` are derived by the
-reference from the live batch; each release's producers (bound in source mode) are run on
-drawn batches and compared. Releases: ``$SWAFUZZ_SGLANG_TEST_VERSIONS`` and any already in
+The reference derives every row from the live batch: the target-verify and prefill state
+slots (``req_pool_indices_repeated``, ``pf_state_slot``, ``pf_chunk_start``, ``pf_cu_q``,
+``pf_final_pos``), the request window's workspace rows, commits and idle rows (0.5.21+),
+the graph buffer of translated locations and the draft SWA ring (0.5.23). Each release's
+producers (the table ``PRODUCERS``, bound in source mode) run on drawn batches, ragged,
+padded and idle ones included, and are compared row by row. Releases: ``$SWAFUZZ_SGLANG_TEST_VERSIONS`` and any already in
 the wheel cache; one that cannot be downloaded is skipped with the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import textwrap
@@ -20,9 +23,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.sglang import locate
-from harness.sglang.producers import PREFILL_EXPANSION, PREFILL_ROWS, VERIFY_EXPANSION, Batch, bind_producers, check
+from harness.sglang.producers import (
+    CUDA_WINDOW_GETTER,
+    DRAFT_RING_ROWS,
+    DRAFT_RING_SIZE,
+    GRAPH_LOC_BUFFER,
+    HIP_WINDOW_GETTER,
+    PREFILL_EXPANSION,
+    PREFILL_ROWS,
+    PRODUCERS,
+    VERIFY_EXPANSION,
+    WINDOW_COMMIT,
+    WINDOW_FILE,
+    WINDOW_IDLE,
+    WINDOW_LAYOUT,
+    Batch,
+    bind_producers,
+    check,
+    idle,
+)
+from harness.sglang.real_classes import attributes
 from harness.sglang.targets import HIP_BACKEND_FILE
-from reference import TruthError, prefill_rows, token_state_slots
+from reference import TruthError, prefill_rows, request_window_rows, token_state_slots, whole_page_ring
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 REQUESTED = tuple(
@@ -57,6 +79,35 @@ def test_the_truth_refuses_counts_that_do_not_describe_the_batch(prefixes, count
         prefill_rows(torch.arange(len(prefixes)), torch.tensor(prefixes), torch.tensor(counts))
 
 
+def test_request_window_rows_stage_after_the_history_and_commit_the_newest_capacity_rows():
+    rows = request_window_rows(torch.tensor([5, 2]), torch.tensor([7, 0]), torch.tensor([2, 3]),
+                               window=4, capacity=4, history_groups=2, padding=1)
+    assert rows.write_loc.tolist() == [8, 9, 10, 11, 12, 13] and rows.write_loc.dtype == torch.int32
+    assert rows.commit_row.tolist() == [5 * 4 + 3, 5 * 4 + 0, 2 * 4 + 0, 2 * 4 + 1, 2 * 4 + 2]
+
+
+def test_a_request_with_more_rows_than_its_ring_commits_only_the_newest_capacity_rows():
+    rows = request_window_rows(torch.tensor([1]), torch.tensor([0]), torch.tensor([6]), window=4, capacity=4)
+    assert rows.commit_row.tolist() == [-1, -1, 4 + 2, 4 + 3, 4 + 0, 4 + 1]
+    assert rows.write_loc.tolist() == [6 * 4 + i for i in range(6)]  # one history group per row
+
+
+def test_idle_request_window_rows_follow_one_empty_history_group_and_commit_nothing():
+    empty = torch.empty(0, dtype=torch.int64)
+    rows = request_window_rows(empty, empty, empty, window=128, capacity=131, padding=3)
+    assert rows.write_loc.tolist() == [128, 129, 130] and rows.commit_row.tolist() == []
+
+
+@pytest.mark.parametrize("window,draft,page,ring", [(128, 0, 1, 128), (128, 3, 2, 132), (128, 3, 64, 192), (128, 0, 256, 256)])
+def test_a_page_aligned_ring_holds_the_window_and_the_draft_tokens_in_whole_pages(window, draft, page, ring):
+    assert whole_page_ring(window, draft, page) == ring
+
+
+def test_the_request_window_truth_refuses_a_capacity_smaller_than_the_window():
+    with pytest.raises(TruthError, match="must be positive and fit in the capacity"):
+        request_window_rows(torch.tensor([0]), torch.tensor([0]), torch.tensor([1]), window=8, capacity=4)
+
+
 # ---- the releases' producers -------------------------------------------------------------------
 
 
@@ -77,40 +128,92 @@ def _bound(version: str):
 
 
 @st.composite
-def batches(draw, uniform: bool = False) -> Batch:
+def batches(draw, uniform: bool = False, padded: bool = False, long: bool = False) -> Batch:
     requests = draw(st.integers(1, 5))
     slots = draw(st.lists(st.integers(0, 15), min_size=requests, max_size=requests, unique=True))
-    prefixes = draw(st.lists(st.integers(0, 40), min_size=requests, max_size=requests))
+    prefixes = draw(st.lists(st.integers(0, 300), min_size=requests, max_size=requests))
     if uniform:
         counts = [draw(st.integers(1, 6))] * requests
     else:
         counts = draw(st.lists(st.integers(1, 6), min_size=requests, max_size=requests))
-    return Batch(torch.tensor(slots), torch.tensor(prefixes), torch.tensor(counts))
+    if long:
+        # one request's chunk around the request window's capacity (132 rows)
+        counts[draw(st.integers(0, requests - 1))] = draw(st.integers(128, 136))
+    padding = draw(st.integers(1, 4)) if padded else 0
+    return Batch(torch.tensor(slots), torch.tensor(prefixes), torch.tensor(counts), padding=padding)
 
 
 @pytest.mark.parametrize("version", CHECKED)
-@settings(max_examples=40, deadline=None)
-@given(ragged=batches(), uniform=batches(uniform=True))
-def test_every_producer_a_release_has_matches_the_truth(version, ragged, uniform):
+@settings(max_examples=25, deadline=None)
+@given(ragged=batches(), uniform=batches(uniform=True), padded=batches(padded=True), long=batches(long=True),
+       idle_rows=st.integers(1, 6))
+def test_every_producer_a_release_has_matches_the_truth(version, ragged, uniform, padded, long, idle_rows):
     found, _ = _bound(version)
     assert found, f"sglang {version} has none of the producers"
     for producer in found:
-        for batch in (ragged, uniform):
-            assert check(producer, batch) == [], f"{producer.backend}.{producer.method} on {batch}"
+        for batch in (ragged, uniform, padded, long, idle(idle_rows)):
+            assert check(producer, batch) == [], f"{producer.name} on {batch}"
 
 
-@pytest.mark.parametrize("version,present,absent", [
-    ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION), (PREFILL_ROWS,)),
-    ("0.5.19", (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS), ()),
-    ("0.5.23", (VERIFY_EXPANSION, PREFILL_ROWS), (PREFILL_EXPANSION,)),
+_ALL = tuple(info.name for info in PRODUCERS)
+_STATE_ROWS = (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS)
+_WINDOW = (WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_COMMIT, CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER)
+
+
+@pytest.mark.parametrize("version,present", [
+    ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
+    ("0.5.19", (*_STATE_ROWS, GRAPH_LOC_BUFFER)),
+    ("0.5.21", (VERIFY_EXPANSION, PREFILL_ROWS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER, GRAPH_LOC_BUFFER)),
+    ("0.5.22", (VERIFY_EXPANSION, PREFILL_ROWS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER,
+                GRAPH_LOC_BUFFER)),
+    ("0.5.23", (VERIFY_EXPANSION, PREFILL_ROWS, WINDOW_LAYOUT, WINDOW_IDLE, CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER,
+                GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
 ])
-def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present, absent):
+def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
     if version not in CHECKED:
         pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
     found, missing = _bound(version)
-    assert tuple(p.method for p in found) == present
-    assert tuple(missing) == absent
+    assert tuple(p.name for p in found) == present
+    assert tuple(missing) == tuple(name for name in _ALL if name not in present)
     assert all(version in reason for reason in missing.values())
+
+
+def test_the_request_window_commit_of_0_5_23_is_absent_because_it_is_a_triton_kernel():
+    if "0.5.23" not in CHECKED:
+        pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
+    _, missing = _bound("0.5.23")
+    assert "copy_packed_rows, which swafuzz has no stand-in for" in missing[WINDOW_COMMIT]
+
+
+@pytest.mark.parametrize("version", CHECKED)
+def test_every_stand_in_carries_only_attributes_of_the_sglang_class_it_replaces(version):
+    found, _ = _bound(version)
+    tree = locate.wheel(version)
+    uses = [(p, use) for p in found for use in p.stand_ins]
+    if not uses:
+        pytest.skip(f"no producer of sglang {version} runs on stand-ins")
+    for producer, use in uses:
+        real = attributes(tree, use.replaces)
+        extra = use.stand_in.attributes - real
+        assert not extra, f"{producer.name}: stand-in {use.stand_in.__name__} has {sorted(extra)}, which {use.replaces} lacks"
+
+
+@pytest.mark.parametrize("version,stale", [("0.5.21", True), ("0.5.22", True), ("0.5.23", False)])
+def test_an_idle_forward_after_a_live_one_gets_the_idle_rows_only_from_0_5_23(version, stale):
+    """Idle skips metadata init; before 0.5.23 the backends hand the store the previous
+    forward's request-window rows (0.5.23 activates an idle layout instead)."""
+    if version not in CHECKED:
+        pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
+    found, _ = _bound(version)
+    getters = [p for p in found if p.name in (CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER)]
+    live = Batch(torch.tensor([4, 9]), torch.tensor([10, 0]), torch.tensor([1, 3]))
+    assert getters
+    for getter in getters:
+        assert check(getter, live) == []
+        problems = check(getter, idle(2, previous=live))
+        assert bool(problems) == stale, problems
+        if stale:
+            assert problems[0].startswith("store write_loc: got [256, 257, 258, 259], want [128, 129]")
 
 
 UNIFORM_PREFILL_EXPANSION = """
@@ -144,3 +247,59 @@ def test_a_deferred_sglang_import_without_a_stand_in_is_named(tmp_path: Path):
     """))
     _, missing = bind_producers(locate.SourceTree(tmp_path, "checkout"))
     assert "imports fused_expand from sglang.kernels.expand, which swafuzz has no stand-in for" in missing[VERIFY_EXPANSION]
+
+
+COMMIT_EVERY_ROW_WINDOW = """
+class WindowLayout:
+    req: object
+    pos: object
+    write_loc: object
+    commit_mask: object
+
+
+def window_layout(req, pos, *, window=128, capacity=256, floor=None, num_groups=None):
+    n = pos.numel()
+    groups = n if num_groups is None else num_groups
+    write_loc = (groups * window + torch.arange(n)).to(torch.int32)
+    return WindowLayout(req, pos, write_loc, torch.ones(n, dtype=torch.bool))
+
+
+def _capturing():
+    return False
+
+
+def _first_row_offsets(req):
+    return None
+"""
+
+
+def test_a_request_window_that_commits_rows_its_ring_cannot_hold_is_caught(tmp_path: Path):
+    file = tmp_path / WINDOW_FILE
+    file.parent.mkdir(parents=True)
+    file.write_text("import torch\n" + textwrap.dedent(COMMIT_EVERY_ROW_WINDOW))
+    found, _ = bind_producers(locate.SourceTree(tmp_path, "checkout"))
+    (producer,) = [p for p in found if p.name == WINDOW_LAYOUT]
+    short = Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([3, 1]))
+    assert check(producer, short) == []
+    long = Batch(torch.tensor([3]), torch.tensor([0]), torch.tensor([134]))
+    (problem,) = check(producer, long)
+    assert problem.startswith("commit_mask: got [1, 1, 1,") and "want [0, 0, 1," in problem
+
+
+def test_a_graph_buffer_that_leaves_stale_rows_past_the_batch_is_caught():
+    if "0.5.19" not in CHECKED:
+        pytest.skip(f"needs 0.5.19 in ${TEST_VERSIONS_ENV}")
+    found, _ = _bound("0.5.19")
+    (real,) = [p for p in found if p.name == GRAPH_LOC_BUFFER]
+
+    def without_clearing(backend, out_cache_loc):
+        n = out_cache_loc.shape[0]
+        rows = backend.token_to_kv_pool.translate_loc_from_full_to_swa(out_cache_loc).to(torch.int32)
+        backend.cuda_graph_swa_out_cache_loc[:n].copy_(rows)
+        return backend.cuda_graph_swa_out_cache_loc[:n]
+
+    broken = dataclasses.replace(real, function=without_clearing)
+    batch = Batch(torch.tensor([2, 6]), torch.tensor([3, 0]), torch.tensor([1, 1]), padding=2)
+    assert check(real, batch) == []
+    (problem,) = check(broken, batch)
+    assert problem == "graph buffer past the batch: got [-7, -7, -7], want [0, 0, 0]"

@@ -1,33 +1,179 @@
-"""SGLang's producers of the per-token rows the unified-KV stores read, checked against the truth.
+"""SGLang's producers of the rows its SWA stores write, checked row by row against the truth.
 
-Target-verify stores read ``req_pool_indices_repeated`` (as ``verify_store_state_slot``) and
-prefill stores read ``pf_state_slot``, ``pf_chunk_start``, ``pf_cu_q`` and ``pf_final_pos``.
-The backends compute them from the batch's live inputs (``expand_extend_with_same_length``,
-``expand_prefill_casually``, ``_attach_unified_kv_prefill_meta``); :func:`check` runs the
-ones a release has on a batch and names every row that differs from :mod:`reference.truth`.
+A producer is SGLang code that turns a forward's live inputs into the rows a store writes:
+the target-verify and prefill state slots (``expand_extend_with_same_length``,
+``expand_prefill_casually``, ``_attach_unified_kv_prefill_meta``), the 0.5.21+ request
+window (``window_layout``, ``RequestWindow.activate_idle`` and ``commit``, the backends'
+``get_swa_out_cache_loc`` over it), the graph buffer of translated locations
+(``_fill_cuda_graph_swa_out_cache_loc``) and the 0.5.23 draft SWA ring
+(``get_draft_swa_ring_size``, ``_dspark_swa_ring_out_cache_loc``).
+
+:data:`PRODUCERS` is the table: one row per producer, with how to bind it from a release
+and how to run it on a :class:`Batch`. :func:`bind_producers` binds every row a release has
+and says why each other is absent; :func:`check` runs one on a batch and names every row
+that differs from :mod:`reference.truth` (empty when all match). The producers run on
+stand-ins only for what is not SGLang's code (the tensors and allocator pools the scheduler
+hands in, the metadata records they are read from); each stand-in names the SGLang class it
+replaces, so a test can hold its attributes to that class's in every release.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import types
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 import torch
 
-from reference.truth import prefill_rows, token_state_slots
+from reference.truth import (
+    DUMMY_SLOT,
+    prefill_rows,
+    request_window_rows,
+    ring_rows,
+    token_state_slots,
+    translate_pool,
+    whole_page_ring,
+)
 
-from .binding import Binding, BindError, ClassCode, bind
-from .drivers import STANDARD_NAMES
+from ..api import ForwardMode
+from .binding import Binding, BindError, ClassCode, FunctionCode, bind
+from .drivers import STAND_INS, STANDARD_NAMES, SglangMode, StandIn, StandInGap
 from .locate import SourceTree
-from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE
+from .real_classes import RealClass, attributes
+from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE, POOL_FILE
 
-PRODUCER_ROLE = "producer backend"
-PRODUCER_ATTRIBUTES = frozenset({"cuda_int32_kwargs", "token_to_kv_pool"})
 VERIFY_EXPANSION = "expand_extend_with_same_length"
 PREFILL_EXPANSION = "expand_prefill_casually"
 PREFILL_ROWS = "_attach_unified_kv_prefill_meta"
-PRODUCERS = (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS)
+WINDOW_LAYOUT = "window_layout"
+WINDOW_IDLE = "RequestWindow.activate_idle"
+WINDOW_COMMIT = "RequestWindow.commit"
+CUDA_WINDOW_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc"
+HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
+GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
+DRAFT_RING_SIZE = "get_draft_swa_ring_size"
+DRAFT_RING_ROWS = "_dspark_swa_ring_out_cache_loc"
 PREFILL_FIELDS = ("state_slot", "chunk_start", "cu_q", "final_pos")
+
+WINDOW_FILE = "sglang/srt/mem_cache/dsv41_request_window.py"
+KV_LAYOUT_FILE = "sglang/kernels/ops/attention/dsv4/kv_layout.py"
+MEMORY_POOL_FILE = "sglang/srt/mem_cache/memory_pool.py"
+UTILS_FILE = "sglang/srt/utils/common.py"
+DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metadata.py"
+# the request window's shape in the checks: DeepSeek-V4's 128-token window, a verify of up
+# to three draft tokens past it, and two-row pages (so the capacity is rounded up)
+SLIDING_WINDOW = 128
+DRAFT_TOKENS = 3
+WINDOW_PAGE = 2
+MIN_REQ_SLOTS = 16
+
+
+# ---- stand-ins: what the scheduler and the allocator hand SGLang's code --------------------
+
+
+class ExpansionBackend(StandIn):
+    role = "expansion backend"
+    attributes = frozenset({"cuda_int32_kwargs"})
+
+
+class PrefillRowsBackend(StandIn):
+    role = "prefill-rows backend"
+    attributes = frozenset({"cuda_int32_kwargs", "token_to_kv_pool"})
+
+
+class RingPool(StandIn):
+    role = "unified pool"
+    attributes = frozenset({"unified_swa_window"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class WindowBackend(StandIn):
+    role = "request-window backend"
+    attributes = frozenset({"forward_metadata", "token_to_kv_pool"})
+
+
+class HookedWindowBackend(WindowBackend):
+    """A backend whose stores first run a hook (0.5.23's CUDA backend; none is set here)."""
+
+    attributes = WindowBackend.attributes | {"pre_kv_store_hook"}
+
+
+class RequestWindowPool(StandIn):
+    role = "request-window pool"
+    attributes = frozenset({"request_window"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class StoreMetadata(StandIn):
+    role = "forward metadata"
+    attributes = frozenset({"core_attn_metadata", "late_layer_tail"})
+
+
+class WindowCoreMetadata(StandIn):
+    role = "attention metadata"
+    attributes = frozenset({"request_window_layout"})
+
+
+class GraphBackend(StandIn):
+    role = "graph-buffer backend"
+    attributes = frozenset({"cuda_graph_swa_out_cache_loc", "token_to_kv_pool"})
+
+
+class TranslatingPool(StandIn):
+    role = "translating pool"
+    attributes = frozenset({"full_to_swa_index_mapping"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class DraftRingBackend(StandIn):
+    role = "draft-ring backend"
+    attributes = frozenset({"token_to_kv_pool"})
+
+
+class DraftRingPool(StandIn):
+    role = "draft-ring pool"
+    attributes = frozenset({"swa_req_ring_size"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class PackedRowFormat(StandIn):
+    """The byte sizes of one packed key row (SGLang's ``KVLayout.V4``: 576 data bytes and
+    8 scale bytes); the row copies address pages with them."""
+
+    role = "packed row format"
+    attributes = frozenset({"data_bytes", "scale_bytes"})
+    replaces = (RealClass(KV_LAYOUT_FILE, "KVLayout"),)
+
+
+V4_ROWS = PackedRowFormat(data_bytes=576, scale_bytes=8)
+
+
+class PagedRows(StandIn):
+    """A paged key pool as the request window's ``pool_factory`` makes it: per layer a byte
+    buffer of ``size`` rows, ``page_size`` rows a page, data bytes then scale bytes."""
+
+    role = "paged key pool"
+    attributes = frozenset({"kv_buffer", "size", "kv_layout"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4SingleKVPool"), RealClass(MEMORY_POOL_FILE, "KVCache"))
+
+    @classmethod
+    def factory(cls, page_size: int) -> Callable[[int, int], "PagedRows"]:
+        def make(size: int, layers: int) -> PagedRows:
+            pages = -(-size // page_size)
+            width = page_size * (V4_ROWS.data_bytes + V4_ROWS.scale_bytes)
+            return cls(kv_buffer=[torch.zeros(pages, width, dtype=torch.uint8) for _ in range(layers)],
+                       size=size, kv_layout=V4_ROWS)
+        return make
+
+
+def _backend_class(path: str, name: str) -> tuple[RealClass, ...]:
+    return (RealClass(path, name),)
+
+
+def _cuda_only(name: str) -> Callable[..., Any]:
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise StandInGap(f"SGLang code took its CUDA-only path ({name}); swafuzz runs the torch path")
+    return refuse
 
 
 def _unified_kv_on() -> bool:
@@ -35,53 +181,42 @@ def _unified_kv_on() -> bool:
     return True
 
 
-class UnifiedRows:
+class _UnifiedRows:
     """Stands in for ``UnifiedKvMetadata``: holds whatever rows the producer attaches."""
 
 
-# names the producers import inside their bodies or use from their module
+# Global names the producers use that are not SGLang code under test: typing names, the
+# unified-KV gate, the invariant reporting and capture probes of the request window (the
+# runner is never capturing here), and the CUDA kernels of paths the CPU never takes.
 PRODUCER_STAND_INS: dict[str, Any] = {
-    **STANDARD_NAMES, "is_unified_kv_triton": _unified_kv_on, "UnifiedKvMetadata": UnifiedRows,
+    **STANDARD_NAMES, **STAND_INS, "DSV4Metadata": StoreMetadata,
+    "is_unified_kv_triton": _unified_kv_on, "UnifiedKvMetadata": _UnifiedRows,
     "F": torch.nn.functional, "List": list, "Optional": None, "Tuple": tuple,
+    "KVLayout": types.SimpleNamespace(V4=V4_ROWS),
+    "get_is_capture_mode": lambda: False,
+    "_is_hip": False,
+    "InvariantCheckLevel": types.SimpleNamespace(WARN=1), "resolve_level": lambda: 0,
+    "expect": _cuda_only("expect"), "_WINDOW_GROUPS_FIT": None, "_SWA_HISTORY_PRESENT": None,
+    "build_window_layout": _cuda_only("build_window_layout"),
 }
 
 
-@dataclass
-class Producer:
-    backend: str
-    method: str
-    function: Any
-
-
-def bind_producers(tree: SourceTree, mode: str = "source") -> tuple[list[Producer], dict[str, str]]:
-    """The producers ``tree`` has (HIP backend first, then CUDA), and why each other is absent."""
-    found: list[Producer] = []
-    absent: dict[str, str] = {}
-    for method in PRODUCERS:
-        reasons = []
-        for path, backend in ((HIP_BACKEND_FILE, HIP_BACKEND), (CUDA_BACKEND_FILE, CUDA_BACKEND)):
-            try:
-                binding: Binding = bind(
-                    tree, (ClassCode(path, backend, (method,), role=PRODUCER_ROLE),),
-                    PRODUCER_STAND_INS, {PRODUCER_ROLE: PRODUCER_ATTRIBUTES}, mode,
-                )
-            except BindError as exc:
-                reasons.append(str(exc))
-                continue
-            found.append(Producer(backend, method, binding.classes[backend].methods[method]))
-            break
-        else:
-            absent[method] = "; ".join(reasons)
-    return found, absent
+# ---- the batch ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Batch:
-    """The live inputs of one extend-like forward (target-verify has equal counts)."""
+    """The live inputs of one forward: request ``r`` (slot ``req_pool_indices[r]``) had
+    ``extend_prefix_lens[r]`` tokens and adds ``extend_seq_lens[r]`` (target-verify has
+    equal counts, decode one each). ``padding`` rows follow the live ones (a graph pads the
+    batch to a captured size); a batch of padding rows only is idle. ``previous`` is the
+    forward whose metadata the backend still holds when this one skips metadata init."""
 
     req_pool_indices: torch.Tensor  # int64 [requests]
     extend_prefix_lens: torch.Tensor  # int64 [requests]
     extend_seq_lens: torch.Tensor  # int64 [requests]
+    padding: int = 0
+    previous: "Batch | None" = None
 
     @property
     def seq_lens(self) -> torch.Tensor:
@@ -91,19 +226,167 @@ class Batch:
     def num_tokens(self) -> int:
         return int(self.extend_seq_lens.sum())
 
+    @property
+    def rows(self) -> int:
+        return self.num_tokens + self.padding
 
-def _backend(window: int) -> Any:
-    pool = type("PoolRows", (), {"unified_swa_window": window})()
-    return type("ProducerBackend", (), {"cuda_int32_kwargs": {"dtype": torch.int32, "device": "cpu"},
-                                        "token_to_kv_pool": pool})()
+    @property
+    def is_idle(self) -> bool:
+        return self.num_tokens == 0
+
+    @property
+    def token_slots(self) -> torch.Tensor:
+        return token_state_slots(self.req_pool_indices, self.extend_seq_lens)
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """The position of every live token: its request's prefix plus its place after it."""
+        return torch.cat([
+            torch.arange(int(p), int(p) + int(c), dtype=torch.int64)
+            for p, c in zip(self.extend_prefix_lens, self.extend_seq_lens)
+        ] or [torch.empty(0, dtype=torch.int64)])
+
+    @property
+    def num_req_slots(self) -> int:
+        return max([MIN_REQ_SLOTS, *(int(s) + 1 for s in self.req_pool_indices)])
+
+
+def idle(rows: int, previous: Batch | None = None) -> Batch:
+    """An idle forward of ``rows`` padding rows (a data-parallel rank with no requests)."""
+    empty = torch.empty(0, dtype=torch.int64)
+    return Batch(empty, empty, empty, padding=rows, previous=previous)
+
+
+# ---- the table ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandInUse:
+    """A stand-in a producer runs on and the SGLang classes whose attributes it must have."""
+
+    stand_in: type[StandIn]
+    replaces: tuple[RealClass, ...]
+
+
+@dataclass
+class Producer:
+    """One producer bound from one release."""
+
+    backend: str  # the class it belongs to, or its module for a module-level function
+    method: str
+    function: Any
+    info: "ProducerInfo" = field(repr=False, default=None)
+    binding: Binding | None = field(repr=False, default=None)
+    stand_ins: tuple[StandInUse, ...] = ()
+    parts: dict[str, Any] = field(repr=False, default_factory=dict)  # SGLang code it runs with
+
+    @property
+    def name(self) -> str:
+        return self.info.name if self.info is not None else self.method
+
+
+@dataclass(frozen=True)
+class ProducerInfo:
+    """A row of :data:`PRODUCERS`: how to bind the producer and how to check it.
+
+    ``bind`` raises :class:`BindError` naming what a release lacks; ``run`` returns the
+    rows that differ from the truth (given the unified ring's window), and ``applies`` says
+    which batches the producer is fed in SGLang (the others are not checked)."""
+
+    name: str
+    summary: str
+    bind: Callable[[SourceTree, str], Producer]
+    run: Callable[[Producer, Batch, int], list[str]]
+    applies: Callable[[Batch], bool] = lambda batch: not batch.is_idle and batch.padding == 0
+
+
+def _bind_method(
+    tree: SourceTree, mode: str, method: str, sites: tuple[tuple[str, str], ...],
+    owner_stand_in: type[StandIn], extra: tuple[ClassCode | FunctionCode, ...] = (),
+    uses: str | None = None, more_stand_ins: tuple[StandInUse, ...] = (),
+    richer_owner: type[StandIn] | None = None,
+) -> Producer:
+    """``method`` from the first of ``sites`` (file, class) that has it, run on
+    ``owner_stand_in`` in place of the class (or on ``richer_owner`` where the release's
+    code reads more of it); ``uses`` is a name its code must read."""
+    reasons = []
+    for path, owner in sites:
+        code = (*extra, ClassCode(path, owner, (method,), role=owner_stand_in.role))
+        try:
+            binding = bind(tree, code, PRODUCER_STAND_INS, {owner_stand_in.role: owner_stand_in.attributes}, mode)
+        except BindError as exc:
+            if richer_owner is None or "does not provide" not in str(exc):
+                reasons.append(str(exc))
+                continue
+            try:
+                binding = bind(tree, code, PRODUCER_STAND_INS, {owner_stand_in.role: richer_owner.attributes}, mode)
+            except BindError as richer_exc:
+                reasons.append(str(richer_exc))
+                continue
+            owner_stand_in = richer_owner
+        function = binding.classes[owner].methods[method]
+        if uses is not None and uses not in function.__code__.co_names:
+            reasons.append(f"{binding.label}: {owner}.{method} does not read {uses}")
+            continue
+        stand_ins = (StandInUse(owner_stand_in, _backend_class(path, owner)), *more_stand_ins)
+        return Producer(owner, method, function, binding=binding, stand_ins=stand_ins)
+    raise BindError("; ".join(reasons))
+
+
+def bind_producers(tree: SourceTree, mode: str = "source") -> tuple[list[Producer], dict[str, str]]:
+    """The producers ``tree`` has, in table order, and why each other is absent."""
+    found: list[Producer] = []
+    absent: dict[str, str] = {}
+    for info in PRODUCERS:
+        try:
+            producer = info.bind(tree, mode)
+        except BindError as exc:
+            absent[info.name] = str(exc)
+            continue
+        found.append(replace(producer, info=info))
+    return found, absent
 
 
 def check(producer: Producer, batch: Batch, window: int = 128) -> list[str]:
-    """Every row ``producer`` gets wrong on ``batch`` (empty when all match the truth); a
-    producer that does not apply to the batch (equal counts only) returns no mismatch."""
-    backend = _backend(window)
+    """Every row ``producer`` gets wrong on ``batch`` (empty when all match the truth). A
+    producer SGLang never feeds such a batch returns no mismatch; one that raises is a
+    mismatch of its own, named with the exception."""
+    if not producer.info.applies(batch):
+        return []
+    try:
+        return producer.info.run(producer, batch, window)
+    except StandInGap:
+        raise  # swafuzz does not model what the code read: a gap of the harness, not a finding
+    except Exception as exc:  # noqa: BLE001 - any failure of SGLang's code is a finding
+        return [f"{producer.name} raised {type(exc).__name__}: {exc}"]
+
+
+def _differences(name: str, got: Any, want: torch.Tensor) -> list[str]:
+    if not isinstance(got, torch.Tensor):
+        return [f"{name}: got {type(got).__name__}, want {want.tolist()}"]
+    got = got.to(device="cpu", dtype=torch.int64).reshape(-1)
+    if got.shape != want.shape or not torch.equal(got, want.to(torch.int64)):
+        return [f"{name}: got {got.tolist()}, want {want.tolist()}"]
+    return []
+
+
+# ---- target-verify and prefill state slots --------------------------------------------------
+
+
+def _bind_state_rows(method: str, backend: type[StandIn], *more: StandInUse) -> Callable[[SourceTree, str], Producer]:
+    def bind_one(tree: SourceTree, mode: str) -> Producer:
+        sites = ((HIP_BACKEND_FILE, HIP_BACKEND), (CUDA_BACKEND_FILE, CUDA_BACKEND))
+        return _bind_method(tree, mode, method, sites, backend, more_stand_ins=more)
+    return bind_one
+
+
+def _run_state_rows(producer: Producer, batch: Batch, window: int) -> list[str]:
+    offered = {"cuda_int32_kwargs": {"dtype": torch.int32, "device": "cpu"},
+               "token_to_kv_pool": RingPool(unified_swa_window=window)}
+    backend_class = producer.stand_ins[0].stand_in
+    backend = backend_class(**{name: offered[name] for name in backend_class.attributes})
     counts = [int(c) for c in batch.extend_seq_lens]
-    slots = token_state_slots(batch.req_pool_indices, batch.extend_seq_lens)
+    slots = batch.token_slots
     if producer.method == VERIFY_EXPANSION:
         if len(set(counts)) != 1:
             return []
@@ -118,14 +401,12 @@ def check(producer: Producer, batch: Batch, window: int = 128) -> list[str]:
             extend_seq_lens=counts, req_pool_indices=batch.req_pool_indices, padded_num_tokens=None,
         )
         return _differences("req_pool_indices_repeated", repeated, slots)
-    core = type("CoreRows", (), {"unified": None, "positions_casual": torch.zeros(batch.num_tokens)})()
+    core = types.SimpleNamespace(unified=None, positions_casual=torch.zeros(batch.num_tokens))
     offered = {"core": core, "req_pool_indices": batch.req_pool_indices, "seq_lens": batch.seq_lens,
                "extend_seq_lens": batch.extend_seq_lens, "num_tokens": batch.num_tokens,
                "req_pool_indices_repeated": slots}
-    code = producer.function.__code__
-    taken = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
     # releases differ in which of these the producer takes (num_tokens from 0.5.18)
-    producer.function(backend, **{k: v for k, v in offered.items() if k in taken})
+    producer.function(backend, **{k: v for k, v in offered.items() if k in _parameters(producer.function)})
     truth = prefill_rows(batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens)
     problems = []
     for name in PREFILL_FIELDS:
@@ -133,10 +414,349 @@ def check(producer: Producer, batch: Batch, window: int = 128) -> list[str]:
     return problems
 
 
-def _differences(name: str, got: Any, want: torch.Tensor) -> list[str]:
-    if not isinstance(got, torch.Tensor):
-        return [f"{name}: got {type(got).__name__}, want {want.tolist()}"]
-    got = got.to(device="cpu", dtype=torch.int64).reshape(-1)
-    if got.shape != want.shape or not torch.equal(got, want):
-        return [f"{name}: got {got.tolist()}, want {want.tolist()}"]
+def _parameters(function: types.FunctionType) -> tuple[str, ...]:
+    code = function.__code__
+    return code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+
+
+# ---- the request window (0.5.21+) -----------------------------------------------------------
+
+
+def _window_layout_code(tree: SourceTree, mode: str) -> tuple[Binding, Any]:
+    """SGLang's ``window_layout`` and its helper, building SGLang's ``WindowLayout`` record
+    (rebuilt from the release's field list)."""
+    record = bind(tree, (ClassCode(WINDOW_FILE, "WindowLayout", dataclass_fields=True),), PRODUCER_STAND_INS, {}, mode)
+    layout_class = record.classes["WindowLayout"].build(object)
+    binding = bind(
+        tree, (FunctionCode(WINDOW_FILE, "_capturing"), FunctionCode(WINDOW_FILE, "_first_row_offsets"),
+               FunctionCode(WINDOW_FILE, WINDOW_LAYOUT)),
+        {**PRODUCER_STAND_INS, "WindowLayout": layout_class}, {}, mode,
+    )
+    return binding, binding.functions[WINDOW_LAYOUT]
+
+
+def _bind_window_layout(tree: SourceTree, mode: str) -> Producer:
+    binding, function = _window_layout_code(tree, mode)
+    return Producer("dsv41_request_window", WINDOW_LAYOUT, function, binding=binding)
+
+
+WINDOW_METHODS = ("__init__", "_ensure_workspace", "activate")
+
+
+def _bind_request_window(methods: tuple[str, ...], extra: tuple[FunctionCode, ...] = ()) -> Callable[[SourceTree, str], tuple[type, Binding, Any]]:
+    def bind_window(tree: SourceTree, mode: str) -> tuple[type, Binding, Any]:
+        layout_binding, layout_function = _window_layout_code(tree, mode)
+        real = attributes(tree, (RealClass(WINDOW_FILE, "RequestWindow"),))
+        binding = bind(
+            tree, (*extra,
+                   ClassCode(WINDOW_FILE, "RequestWindow", (*WINDOW_METHODS, *methods), role="request window")),
+            {**PRODUCER_STAND_INS, **layout_binding.functions}, {"request window": real}, mode,
+        )
+        return binding.classes["RequestWindow"].build(object), binding, layout_function
+    return bind_window
+
+
+_PAGED_ROWS_USE = StandInUse(PagedRows, PagedRows.replaces)
+_ROW_FORMAT_USE = StandInUse(PackedRowFormat, PackedRowFormat.replaces)
+
+
+def _bind_window_method(method: str, extra: tuple[str, ...] = (), helpers: tuple[str, ...] = ()) -> Callable[[SourceTree, str], Producer]:
+    binder = _bind_request_window((*extra, method), tuple(FunctionCode(WINDOW_FILE, h) for h in helpers))
+
+    def bind_one(tree: SourceTree, mode: str) -> Producer:
+        window_class, binding, layout_function = binder(tree, mode)
+        return Producer("RequestWindow", method, window_class, binding=binding,
+                        stand_ins=(_PAGED_ROWS_USE, _ROW_FORMAT_USE), parts={WINDOW_LAYOUT: layout_function})
+    return bind_one
+
+
+def _new_window(window_class: type, batch: Batch) -> tuple[Any, int]:
+    """SGLang's ``RequestWindow`` as the pool makes it (capacity: the window plus the draft
+    tokens), and the capacity the truth gives it."""
+    window = window_class(PagedRows.factory(WINDOW_PAGE), num_slots=batch.num_req_slots, layers=1,
+                          page_size=WINDOW_PAGE, capacity=SLIDING_WINDOW + DRAFT_TOKENS)
+    return window, whole_page_ring(SLIDING_WINDOW, DRAFT_TOKENS, WINDOW_PAGE)
+
+
+def _layout(layout_function: Any, batch: Batch, capacity: int, zero_row: int) -> Any:
+    """The layout SGLang's metadata builder makes for ``batch`` (``make_core_attn_metadata``
+    passes the token slots and positions, the window's zero row and capacity, one history
+    group per request, and the padded row count under a prefill graph)."""
+    taken = _parameters(layout_function)
+    arguments: dict[str, Any] = {"capacity": capacity, "num_groups": len(batch.req_pool_indices)}
+    if "zero_row" in taken:
+        arguments["zero_row"] = zero_row
+    if batch.padding:
+        arguments["padded_rows"] = batch.rows
+    return layout_function(batch.token_slots, batch.positions, **arguments)
+
+
+def _window_truth(layout_function: Any, batch: Batch, capacity: int):
+    return request_window_rows(
+        batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens,
+        window=layout_function.__kwdefaults__["window"], capacity=capacity,
+        history_groups=None if batch.is_idle else len(batch.req_pool_indices), padding=batch.padding,
+    )
+
+
+def _run_window_layout(producer: Producer, batch: Batch, _: int) -> list[str]:
+    if batch.padding and "padded_rows" not in _parameters(producer.function):
+        return []  # this release never pads a layout (0.5.23 pads under a prefill graph)
+    capacity = whole_page_ring(SLIDING_WINDOW, DRAFT_TOKENS, WINDOW_PAGE)
+    layout = _layout(producer.function, batch, capacity, zero_row=batch.num_req_slots * capacity)
+    truth = _window_truth(producer.function, batch, capacity)
+    live = batch.num_tokens
+    commits = torch.cat([truth.commit_row >= 0, torch.zeros(batch.padding, dtype=torch.bool)])
+    return (
+        _differences("write_loc", layout.write_loc, truth.write_loc.to(torch.int64))
+        + _differences("req", layout.req[:live], batch.token_slots)
+        + _differences("pos", layout.pos[:live], batch.positions)
+        + _differences("commit_mask", layout.commit_mask, commits.to(torch.int64))
+        + _dtype("write_loc", layout.write_loc)
+    )
+
+
+def _dtype(name: str, rows: torch.Tensor) -> list[str]:
+    return [] if rows.dtype == torch.int32 else [f"{name}: dtype {rows.dtype}, want torch.int32"]
+
+
+def _run_window_idle(producer: Producer, batch: Batch, _: int) -> list[str]:
+    window, capacity = _new_window(producer.function, batch)
+    rows = window.activate_idle(batch.rows)
+    truth = _window_truth(producer.parts[WINDOW_LAYOUT], batch, capacity)
+    problems = _differences("idle write_loc", rows, truth.write_loc.to(torch.int64)) + _dtype("idle write_loc", rows)
+    if window.layout is None or not torch.equal(window.layout.write_loc, rows):
+        problems.append("activate_idle left another layout active than the rows it returned")
+    return problems + _capacity(window, capacity)
+
+
+def _capacity(window: Any, capacity: int) -> list[str]:
+    if window.capacity != capacity:
+        return [f"capacity: got {window.capacity}, want {capacity} (window plus draft tokens, whole pages)"]
     return []
+
+
+def _rows_of(buffer: torch.Tensor, rows: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The data bytes of ``rows`` in a paged byte buffer (data rows first in each page)."""
+    width = V4_ROWS.data_bytes
+    rows = rows.to(torch.int64)
+    columns = (rows % page_size)[:, None] * width + torch.arange(width)
+    return buffer[(rows // page_size)[:, None], columns]
+
+
+def _write_rows(buffer: torch.Tensor, rows: torch.Tensor, values: torch.Tensor, page_size: int) -> None:
+    width = V4_ROWS.data_bytes
+    rows = rows.to(torch.int64)
+    columns = (rows % page_size)[:, None] * width + torch.arange(width)
+    buffer[(rows // page_size)[:, None], columns] = values[:, None].expand(-1, width)
+
+
+def _run_window_commit(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """Stages every query row's key in the workspace as the store does (a byte pattern
+    naming the row), commits layer 0, and reads the ring back: each committed row must hold
+    its key and its position tag, and no other ring row may change."""
+    window, capacity = _new_window(producer.function, batch)
+    layout = _layout(producer.parts[WINDOW_LAYOUT], batch, window.capacity, zero_row=window.rows)
+    window.activate(layout)
+    window.initialize_dummy_history()
+    workspace = window.buffer(0)
+    live = batch.num_tokens
+    marks = (torch.arange(live, dtype=torch.int64) % 255 + 1).to(torch.uint8)
+    _write_rows(workspace, layout.write_loc[:live], marks, WINDOW_PAGE)
+    tags_before = window.tags[0, : window.rows].clone()
+    window.commit(0)
+    truth = _window_truth(producer.parts[WINDOW_LAYOUT], batch, capacity)
+    committed = truth.commit_row >= 0
+    ring_rows_hit = truth.commit_row[committed]
+    problems = _capacity(window, capacity)
+    problems += _differences("committed tags", window.tags[0, ring_rows_hit], batch.positions[committed])
+    stored = _rows_of(window.state.kv_buffer[0], ring_rows_hit, WINDOW_PAGE)
+    if not torch.equal(stored, marks[committed][:, None].expand_as(stored)):
+        got = stored[:, 0].tolist()
+        problems.append(f"committed keys: ring rows {ring_rows_hit.tolist()} hold {got}, want {marks[committed].tolist()}")
+    untouched = torch.ones(window.rows, dtype=torch.bool)
+    untouched[ring_rows_hit] = False
+    changed = (window.tags[0, : window.rows] != tags_before) & untouched
+    if bool(changed.any()):
+        problems.append(f"ring rows {changed.nonzero().flatten().tolist()} changed, which no row commits to")
+    return problems
+
+
+# ---- the backends' store target under the request window ------------------------------------
+
+
+def _bind_window_getter(path: str, owner: str) -> Callable[[SourceTree, str], Producer]:
+    window_binder = _bind_request_window(("activate_idle",))
+    plain_window_binder = _bind_request_window(())
+
+    def bind_one(tree: SourceTree, mode: str) -> Producer:
+        producer = _bind_method(
+            tree, mode, "get_swa_out_cache_loc", ((path, owner),), WindowBackend, uses="request_window",
+            richer_owner=HookedWindowBackend,
+            more_stand_ins=(
+                StandInUse(RequestWindowPool, RequestWindowPool.replaces),
+                StandInUse(StoreMetadata, (RealClass(path, "DSV4Metadata"),)),
+                StandInUse(WindowCoreMetadata, (RealClass(path, "DSV4AttnMetadata"),)),
+                _PAGED_ROWS_USE, _ROW_FORMAT_USE,
+            ),
+        )
+        try:
+            window_class, _, layout_function = window_binder(tree, mode)
+        except BindError:
+            # releases before 0.5.23 have no activate_idle; their getter never calls it
+            window_class, _, layout_function = plain_window_binder(tree, mode)
+        producer.parts.update({"RequestWindow": window_class, WINDOW_LAYOUT: layout_function})
+        return producer
+    return bind_one
+
+
+def _store_batch(batch: Batch) -> Any:
+    mode = ForwardMode.IDLE if batch.is_idle else ForwardMode.EXTEND
+    return types.SimpleNamespace(forward_mode=SglangMode(mode), out_cache_loc=torch.zeros(batch.rows, dtype=torch.int64))
+
+
+def _run_window_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The backend's store target for ``batch``: live forwards build their metadata first
+    (as ``init_forward_metadata`` does); idle forwards skip it, keeping ``previous``'s."""
+    layout_function = producer.parts[WINDOW_LAYOUT]
+    if not batch.is_idle and batch.padding and "padded_rows" not in _parameters(layout_function):
+        return []  # this release never pads a layout
+    built_for = batch.previous if batch.is_idle else batch
+    window, capacity = _new_window(producer.parts["RequestWindow"], built_for or batch)
+    metadata = None
+    if built_for is not None:
+        layout = _layout(layout_function, built_for, window.capacity, zero_row=window.rows)
+        metadata = StoreMetadata(core_attn_metadata=WindowCoreMetadata(request_window_layout=layout), late_layer_tail=None)
+    offered = {"forward_metadata": metadata, "token_to_kv_pool": RequestWindowPool(request_window=window),
+               "pre_kv_store_hook": None}
+    backend_class = producer.stand_ins[0].stand_in
+    backend = backend_class(**{name: offered[name] for name in backend_class.attributes})
+    rows = producer.function(backend, _store_batch(batch))
+    truth = _window_truth(layout_function, batch, capacity)
+    problems = _differences("store write_loc", rows, truth.write_loc.to(torch.int64))
+    if window.layout is None or not torch.equal(window.layout.write_loc.to(torch.int64), rows.to(torch.int64)):
+        problems.append("the active request-window layout is not the one whose rows the store got")
+    return problems
+
+
+def _live_or_idle_after_live(batch: Batch) -> bool:
+    return not batch.is_idle or batch.previous is not None
+
+
+# ---- the graph buffer of translated locations (CUDA, 0.5.18+) -------------------------------
+
+
+_POOL_TRANSLATION = ClassCode(POOL_FILE, "DeepSeekV4TokenToKVPool", ("register_mapping", "translate_loc_from_full_to_swa"),
+                              role=TranslatingPool.role)
+
+
+def _bind_graph_buffer(tree: SourceTree, mode: str) -> Producer:
+    producer = _bind_method(
+        tree, mode, GRAPH_LOC_BUFFER, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), GraphBackend,
+        more_stand_ins=(StandInUse(TranslatingPool, TranslatingPool.replaces),),
+    )
+    pool_binding = bind(tree, (_POOL_TRANSLATION,), PRODUCER_STAND_INS,
+                        {TranslatingPool.role: TranslatingPool.attributes}, mode)
+    producer.parts["DeepSeekV4TokenToKVPool"] = pool_binding.classes["DeepSeekV4TokenToKVPool"].build(TranslatingPool)
+    return producer
+
+
+def _locations(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-pool locations for the live tokens (padding rows at the dummy slot) and a mapping
+    that gives each a distinct SWA slot, both drawn from the batch itself."""
+    live = batch.num_tokens
+    generator = torch.Generator().manual_seed(int(batch.extend_seq_lens.sum()) * 31 + int(batch.extend_prefix_lens.sum()))
+    full = torch.randperm(4 * live + 8, generator=generator)[:live] + 1
+    mapping = torch.zeros(4 * live + 9, dtype=torch.int64)
+    mapping[full] = torch.randperm(2 * live + 4, generator=generator)[:live] + 1
+    return torch.cat([full, torch.zeros(batch.padding, dtype=torch.int64)]), mapping
+
+
+def _run_graph_buffer(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The buffer the graph's stores read: the live locations translated, every row past
+    them (the captured size's padding) at the dummy slot."""
+    out_cache_loc, mapping = _locations(batch)
+    pool = producer.parts["DeepSeekV4TokenToKVPool"](full_to_swa_index_mapping=None)
+    pool.register_mapping(mapping)
+    captured_rows = batch.rows + 3
+    buffer = torch.full((captured_rows,), -7, dtype=torch.int32)  # stale rows of an earlier replay
+    backend = GraphBackend(cuda_graph_swa_out_cache_loc=buffer, token_to_kv_pool=pool)
+    rows = producer.function(backend, out_cache_loc)
+    want = translate_pool(mapping, out_cache_loc)
+    problems = _differences("swa_out_cache_loc", rows, want.to(torch.int64))
+    if rows is not None and rows.data_ptr() != buffer.data_ptr():
+        problems.append("swa_out_cache_loc is not a view of the graph buffer (captured stores read it by address)")
+    problems += _differences("graph buffer past the batch", buffer[batch.rows:],
+                             torch.full((captured_rows - batch.rows,), DUMMY_SLOT, dtype=torch.int64))
+    return problems + _dtype("swa_out_cache_loc", rows)
+
+
+# ---- the draft SWA ring (0.5.23) --------------------------------------------------------------
+
+
+def _bind_draft_ring_size(tree: SourceTree, mode: str) -> Producer:
+    binding = bind(tree, (FunctionCode(UTILS_FILE, "ceil_div"), FunctionCode(POOL_FILE, DRAFT_RING_SIZE)),
+                   PRODUCER_STAND_INS, {}, mode)
+    return Producer("deepseek_v4_memory_pool", DRAFT_RING_SIZE, binding.functions[DRAFT_RING_SIZE], binding=binding)
+
+
+def _ring_shape(batch: Batch) -> tuple[int, int]:
+    """Draft tokens and page size drawn from the batch, so that drawn batches vary both."""
+    return int(batch.extend_seq_lens.sum()) % 8, (1, 2, 64, 256)[len(batch.req_pool_indices) % 4]
+
+
+def _run_draft_ring_size(producer: Producer, batch: Batch, _: int) -> list[str]:
+    draft, page = _ring_shape(batch)
+    got = producer.function(SLIDING_WINDOW, draft, page)
+    want = whole_page_ring(SLIDING_WINDOW, draft, page)
+    return [] if got == want else [f"draft ring size for {draft} draft tokens, {page}-row pages: got {got}, want {want}"]
+
+
+def _bind_draft_ring_rows(tree: SourceTree, mode: str) -> Producer:
+    return _bind_method(
+        tree, mode, DRAFT_RING_ROWS, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), DraftRingBackend,
+        extra=(FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),),
+        more_stand_ins=(StandInUse(DraftRingPool, DraftRingPool.replaces),),
+    )
+
+
+def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The rows a draft block writes: token ``i`` sits at position ``seq_lens_casual[i] - 1``
+    of its request, in its slot's ring."""
+    draft, page = _ring_shape(batch)
+    ring = whole_page_ring(SLIDING_WINDOW, draft, page)
+    backend = DraftRingBackend(token_to_kv_pool=DraftRingPool(swa_req_ring_size=ring))
+    positions = batch.positions
+    rows = producer.function(backend, seq_lens_casual=(positions + 1).to(torch.int32),
+                             req_pool_indices_repeated=batch.token_slots)
+    want = ring_rows(batch.token_slots, positions, ring, batch.num_req_slots)
+    return _differences("draft ring rows", rows, want.to(torch.int64)) + _dtype("draft ring rows", rows)
+
+
+PRODUCERS: tuple[ProducerInfo, ...] = (
+    ProducerInfo(VERIFY_EXPANSION, "target-verify state slot per token (req_pool_indices_repeated)",
+                 _bind_state_rows(VERIFY_EXPANSION, ExpansionBackend), _run_state_rows),
+    ProducerInfo(PREFILL_EXPANSION, "prefill state slot per token (req_pool_indices_repeated)",
+                 _bind_state_rows(PREFILL_EXPANSION, ExpansionBackend), _run_state_rows),
+    ProducerInfo(PREFILL_ROWS, "unified-KV prefill rows pf_state_slot, pf_chunk_start, pf_cu_q, pf_final_pos",
+                 _bind_state_rows(PREFILL_ROWS, PrefillRowsBackend, StandInUse(RingPool, RingPool.replaces)),
+                 _run_state_rows),
+    ProducerInfo(WINDOW_LAYOUT, "request-window layout: workspace write_loc, req, pos, commit_mask",
+                 _bind_window_layout, _run_window_layout, lambda batch: not batch.is_idle),
+    ProducerInfo(WINDOW_IDLE, "request-window rows of an idle forward",
+                 _bind_window_method("activate_idle"), _run_window_idle, lambda batch: batch.is_idle),
+    ProducerInfo(WINDOW_COMMIT, "request-window commit of the workspace rows to the request rings",
+                 _bind_window_method("commit", extra=("initialize_dummy_history", "_history_src", "buffer"),
+                                     helpers=("copy_packed_tokens",)),
+                 _run_window_commit, lambda batch: not batch.is_idle and batch.padding == 0),
+    ProducerInfo(CUDA_WINDOW_GETTER, "CUDA backend store target under the request window",
+                 _bind_window_getter(CUDA_BACKEND_FILE, CUDA_BACKEND), _run_window_getter, _live_or_idle_after_live),
+    ProducerInfo(HIP_WINDOW_GETTER, "HIP backend store target under the request window",
+                 _bind_window_getter(HIP_BACKEND_FILE, HIP_BACKEND), _run_window_getter, _live_or_idle_after_live),
+    ProducerInfo(GRAPH_LOC_BUFFER, "CUDA graph buffer of translated out_cache_loc",
+                 _bind_graph_buffer, _run_graph_buffer, lambda batch: not batch.is_idle),
+    ProducerInfo(DRAFT_RING_SIZE, "rows per request slot of the draft SWA ring",
+                 _bind_draft_ring_size, _run_draft_ring_size),
+    ProducerInfo(DRAFT_RING_ROWS, "draft SWA ring rows a draft block writes",
+                 _bind_draft_ring_rows, _run_draft_ring_rows),
+)
