@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from harness.sglang import locate
 from harness.sglang.producers import (
     CUDA_WINDOW_GETTER,
+    DECODE_STREAMS,
     DRAFT_RING_ROWS,
     DRAFT_RING_SIZE,
     GRAPH_LOC_BUFFER,
@@ -37,6 +38,7 @@ from harness.sglang.producers import (
     WINDOW_FILE,
     WINDOW_IDLE,
     WINDOW_LAYOUT,
+    WINDOW_ROW,
     Batch,
     bind_producers,
     check,
@@ -128,11 +130,13 @@ def _bound(version: str):
 
 
 @st.composite
-def batches(draw, uniform: bool = False, padded: bool = False, long: bool = False) -> Batch:
+def batches(draw, uniform: bool = False, padded: bool = False, long: bool = False, decode: bool = False) -> Batch:
     requests = draw(st.integers(1, 5))
     slots = draw(st.lists(st.integers(0, 15), min_size=requests, max_size=requests, unique=True))
     prefixes = draw(st.lists(st.integers(0, 300), min_size=requests, max_size=requests))
-    if uniform:
+    if decode:
+        counts = [1] * requests
+    elif uniform:
         counts = [draw(st.integers(1, 6))] * requests
     else:
         counts = draw(st.lists(st.integers(1, 6), min_size=requests, max_size=requests))
@@ -145,29 +149,29 @@ def batches(draw, uniform: bool = False, padded: bool = False, long: bool = Fals
 
 @pytest.mark.parametrize("version", CHECKED)
 @settings(max_examples=25, deadline=None)
-@given(ragged=batches(), uniform=batches(uniform=True), padded=batches(padded=True), long=batches(long=True),
-       idle_rows=st.integers(1, 6))
-def test_every_producer_a_release_has_matches_the_truth(version, ragged, uniform, padded, long, idle_rows):
+@given(ragged=batches(), uniform=batches(uniform=True), decode=batches(decode=True), padded=batches(padded=True),
+       long=batches(long=True), idle_rows=st.integers(1, 6))
+def test_every_producer_a_release_has_matches_the_truth(version, ragged, uniform, decode, padded, long, idle_rows):
     found, _ = _bound(version)
     assert found, f"sglang {version} has none of the producers"
     for producer in found:
-        for batch in (ragged, uniform, padded, long, idle(idle_rows)):
+        for batch in (ragged, uniform, decode, padded, long, idle(idle_rows)):
             assert check(producer, batch) == [], f"{producer.name} on {batch}"
 
 
 _ALL = tuple(info.name for info in PRODUCERS)
 _STATE_ROWS = (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS)
-_WINDOW = (WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_COMMIT, CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER)
 
 
 @pytest.mark.parametrize("version,present", [
     ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
-    ("0.5.19", (*_STATE_ROWS, GRAPH_LOC_BUFFER)),
-    ("0.5.21", (VERIFY_EXPANSION, PREFILL_ROWS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER, GRAPH_LOC_BUFFER)),
-    ("0.5.22", (VERIFY_EXPANSION, PREFILL_ROWS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER,
+    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, GRAPH_LOC_BUFFER)),
+    ("0.5.21", (VERIFY_EXPANSION, PREFILL_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
                 GRAPH_LOC_BUFFER)),
-    ("0.5.23", (VERIFY_EXPANSION, PREFILL_ROWS, WINDOW_LAYOUT, WINDOW_IDLE, CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER,
-                GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
+    ("0.5.22", (VERIFY_EXPANSION, PREFILL_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
+                HIP_WINDOW_GETTER, GRAPH_LOC_BUFFER)),
+    ("0.5.23", (VERIFY_EXPANSION, PREFILL_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
+                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
     if version not in CHECKED:

@@ -30,6 +30,7 @@ from reference.truth import (
     prefill_rows,
     request_window_rows,
     ring_rows,
+    ring_size,
     token_state_slots,
     translate_pool,
     whole_page_ring,
@@ -48,6 +49,8 @@ PREFILL_ROWS = "_attach_unified_kv_prefill_meta"
 WINDOW_LAYOUT = "window_layout"
 WINDOW_IDLE = "RequestWindow.activate_idle"
 WINDOW_COMMIT = "RequestWindow.commit"
+WINDOW_ROW = "RequestWindow.row_loc"
+DECODE_STREAMS = "_attach_unified_kv_decode_streams"
 CUDA_WINDOW_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc"
 HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
 GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
@@ -85,6 +88,43 @@ class RingPool(StandIn):
     role = "unified pool"
     attributes = frozenset({"unified_swa_window"})
     replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class DecodeStreamsBackend(StandIn):
+    role = "decode-streams backend"
+    attributes = frozenset({"token_to_kv_pool"})
+
+
+class DsparkDecodeStreamsBackend(DecodeStreamsBackend):
+    """A backend that may build DSpark's grouped fp8 verify streams (0.5.23; it is not a
+    DSpark backend here, so it never does)."""
+
+    attributes = DecodeStreamsBackend.attributes | {"is_dspark", "_fp8_decode_num_heads", "_fp8_verify_epi"}
+
+
+class UnifiedRingPool(StandIn):
+    role = "unified ring pool"
+    attributes = frozenset({"unified_swa_window", "unified_swa_ring_size", "unified_swa_pages"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class DecodeCoreMetadata(StandIn):
+    """The attention metadata the ring producer reads: the tokens' positions, and attention
+    lengths and pages that are empty (no attention runs here)."""
+
+    role = "attention metadata"
+    attributes = frozenset({
+        "unified", "positions_casual", "swa_topk_lengths", "c128_topk_lengths_raw",
+        "c4_sparse_topk_lengths_raw", "c128_page_indices", "c4_sparse_page_indices",
+    })
+
+    @classmethod
+    def of(cls, positions: torch.Tensor) -> "DecodeCoreMetadata":
+        lengths = torch.zeros(positions.shape[0], dtype=torch.int32)
+        pages = torch.empty((positions.shape[0], 0), dtype=torch.int32)
+        return cls(unified=None, positions_casual=positions, swa_topk_lengths=lengths,
+                   c128_topk_lengths_raw=lengths, c4_sparse_topk_lengths_raw=lengths,
+                   c128_page_indices=pages, c4_sparse_page_indices=pages)
 
 
 class WindowBackend(StandIn):
@@ -419,6 +459,44 @@ def _parameters(function: types.FunctionType) -> tuple[str, ...]:
     return code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
 
 
+# ---- decode and target-verify ring rows (HIP, 0.5.14+) ---------------------------------------
+
+
+def _bind_decode_streams(tree: SourceTree, mode: str) -> Producer:
+    return _bind_method(
+        tree, mode, DECODE_STREAMS, ((HIP_BACKEND_FILE, HIP_BACKEND),), DecodeStreamsBackend,
+        richer_owner=DsparkDecodeStreamsBackend,
+        more_stand_ins=(StandInUse(UnifiedRingPool, UnifiedRingPool.replaces),
+                        StandInUse(DecodeCoreMetadata, (RealClass(HIP_BACKEND_FILE, "DSV4AttnMetadata"),))),
+    )
+
+
+def _one_row_per_request_or_verify(batch: Batch) -> bool:
+    return not batch.is_idle and batch.padding == 0 and len({int(c) for c in batch.extend_seq_lens}) == 1
+
+
+def _run_decode_streams(producer: Producer, batch: Batch, window: int) -> list[str]:
+    """The ring rows of a decode (one token per request) or a target-verify (``n`` draft
+    tokens per request, ring ``window + n - 1``) and the verify store's state slots."""
+    draft = int(batch.extend_seq_lens[0])
+    slot_parameter = _parameters(producer.function)[2]
+    if draft > 1 and slot_parameter == "req_pool_indices":
+        return []  # before 0.5.18 only decode builds these rows (one slot per request)
+    ring = ring_size(window, speculative=draft > 1, num_draft_tokens=draft)
+    pool = UnifiedRingPool(unified_swa_window=window, unified_swa_ring_size=ring, unified_swa_pages=0)
+    offered = {"token_to_kv_pool": pool, "is_dspark": False, "_fp8_decode_num_heads": None, "_fp8_verify_epi": None}
+    backend_class = producer.stand_ins[0].stand_in
+    backend = backend_class(**{name: offered[name] for name in backend_class.attributes})
+    core = DecodeCoreMetadata.of(batch.positions)
+    arguments = {"num_draft": draft} if "num_draft" in _parameters(producer.function) else {}
+    producer.function(backend, core, batch.token_slots, **arguments)
+    want = ring_rows(batch.token_slots, batch.positions, ring, batch.num_req_slots)
+    problems = _differences("swa_loc", core.unified.swa_loc, want.to(torch.int64)) + _dtype("swa_loc", core.unified.swa_loc)
+    if "verify_store_state_slot" in producer.function.__code__.co_names:
+        problems += _differences("verify_store_state_slot", core.unified.verify_store_state_slot, batch.token_slots)
+    return problems
+
+
 # ---- the request window (0.5.21+) -----------------------------------------------------------
 
 
@@ -528,6 +606,13 @@ def _run_window_idle(producer: Producer, batch: Batch, _: int) -> list[str]:
     if window.layout is None or not torch.equal(window.layout.write_loc, rows):
         problems.append("activate_idle left another layout active than the rows it returned")
     return problems + _capacity(window, capacity)
+
+
+def _run_window_row(producer: Producer, batch: Batch, _: int) -> list[str]:
+    window, capacity = _new_window(producer.function, batch)
+    rows = window.row_loc(batch.token_slots, batch.positions)
+    want = ring_rows(batch.token_slots, batch.positions, capacity, batch.num_req_slots)
+    return _differences("row_loc", rows, want.to(torch.int64)) + _capacity(window, capacity)
 
 
 def _capacity(window: Any, capacity: int) -> list[str]:
@@ -741,6 +826,8 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
     ProducerInfo(PREFILL_ROWS, "unified-KV prefill rows pf_state_slot, pf_chunk_start, pf_cu_q, pf_final_pos",
                  _bind_state_rows(PREFILL_ROWS, PrefillRowsBackend, StandInUse(RingPool, RingPool.replaces)),
                  _run_state_rows),
+    ProducerInfo(DECODE_STREAMS, "HIP decode and target-verify ring rows (swa_loc, verify_store_state_slot)",
+                 _bind_decode_streams, _run_decode_streams, _one_row_per_request_or_verify),
     ProducerInfo(WINDOW_LAYOUT, "request-window layout: workspace write_loc, req, pos, commit_mask",
                  _bind_window_layout, _run_window_layout, lambda batch: not batch.is_idle),
     ProducerInfo(WINDOW_IDLE, "request-window rows of an idle forward",
@@ -749,6 +836,8 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_window_method("commit", extra=("initialize_dummy_history", "_history_src", "buffer"),
                                      helpers=("copy_packed_tokens",)),
                  _run_window_commit, lambda batch: not batch.is_idle and batch.padding == 0),
+    ProducerInfo(WINDOW_ROW, "request-window ring row of a request slot and position",
+                 _bind_window_method("row_loc"), _run_window_row),
     ProducerInfo(CUDA_WINDOW_GETTER, "CUDA backend store target under the request window",
                  _bind_window_getter(CUDA_BACKEND_FILE, CUDA_BACKEND), _run_window_getter, _live_or_idle_after_live),
     ProducerInfo(HIP_WINDOW_GETTER, "HIP backend store target under the request window",
