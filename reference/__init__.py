@@ -10,6 +10,7 @@ from .truth import (
     PrefillRows,
     RequestWindowRows,
     TruthError,
+    late_layer_tail_tokens,
     prefill_rows,
     request_window_rows,
     ring_rows,
@@ -22,6 +23,6 @@ from .truth import (
 __all__ = [
     "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
     "ForwardPlan", "Mutation", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
-    "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size", "store_schedule", "token_state_slots",
-    "translate_pool", "whole_page_ring",
+    "late_layer_tail_tokens", "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size",
+    "store_schedule", "token_state_slots", "translate_pool", "whole_page_ring",
 ]

@@ -199,3 +199,32 @@ def request_window_rows(
         write_loc=torch.arange(first, first + live + padding, dtype=torch.int32),
         commit_row=torch.tensor(commit, dtype=torch.int64),
     )
+
+
+def late_layer_tail_tokens(
+    extend_seq_lens: torch.Tensor, tail_len: int, whole_extend: list[bool] | None = None
+) -> torch.Tensor:
+    """The rows of an extend whose keys the late layers store under decoder SWA bounded
+    replay (SGLang 0.5.21+, ``late_layer_tail_layout``), as indices into the extend (int64).
+
+    Only a request's last ``tail_len`` tokens (the SWA window) are ever read again, so the
+    layers from the late-layer start run over those rows only: request ``r`` keeps its last
+    ``min(tail_len, extend_seq_lens[r])`` tokens, or all of them where ``whole_extend[r]``
+    (a request that reads its prompt rows). Each such row's SWA write target is then the pool
+    translation of its own ``out_cache_loc``.
+    """
+    counts = [int(c) for c in extend_seq_lens.to(device="cpu", dtype=torch.int64).reshape(-1)]
+    if any(c < 0 for c in counts):
+        raise TruthError("negative token counts")
+    if tail_len <= 0:
+        raise TruthError(f"tail_len must be positive, got {tail_len}")
+    whole = whole_extend if whole_extend is not None else [False] * len(counts)
+    if len(whole) != len(counts):
+        raise TruthError(f"{len(whole)} whole-extend flags for {len(counts)} requests")
+    rows: list[int] = []
+    start = 0
+    for count, keep_all in zip(counts, whole):
+        kept = count if keep_all else min(tail_len, count)
+        rows.extend(range(start + count - kept, start + count))
+        start += count
+    return torch.tensor(rows, dtype=torch.int64)

@@ -28,8 +28,10 @@ from harness.sglang.producers import (
     DECODE_STREAMS,
     DRAFT_RING_ROWS,
     DRAFT_RING_SIZE,
+    ATTN_METADATA_FILES,
     GRAPH_LOC_BUFFER,
     HIP_WINDOW_GETTER,
+    LATE_LAYER_TAIL,
     PREFILL_EXPANSION,
     PREFILL_ROWS,
     PRODUCERS,
@@ -46,7 +48,14 @@ from harness.sglang.producers import (
 )
 from harness.sglang.real_classes import attributes
 from harness.sglang.targets import HIP_BACKEND_FILE
-from reference import TruthError, prefill_rows, request_window_rows, token_state_slots, whole_page_ring
+from reference import (
+    TruthError,
+    late_layer_tail_tokens,
+    prefill_rows,
+    request_window_rows,
+    token_state_slots,
+    whole_page_ring,
+)
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 REQUESTED = tuple(
@@ -110,6 +119,11 @@ def test_the_request_window_truth_refuses_a_capacity_smaller_than_the_window():
         request_window_rows(torch.tensor([0]), torch.tensor([0]), torch.tensor([1]), window=8, capacity=4)
 
 
+def test_the_late_layers_store_each_requests_last_window_tokens_or_its_whole_extend():
+    assert late_layer_tail_tokens(torch.tensor([3, 1, 6]), 2).tolist() == [1, 2, 3, 8, 9]
+    assert late_layer_tail_tokens(torch.tensor([3, 1, 6]), 2, [False, False, True]).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
 # ---- the releases' producers -------------------------------------------------------------------
 
 
@@ -167,11 +181,12 @@ _STATE_ROWS = (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS)
     ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
     ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, GRAPH_LOC_BUFFER)),
     ("0.5.21", (VERIFY_EXPANSION, PREFILL_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                GRAPH_LOC_BUFFER)),
+                LATE_LAYER_TAIL, GRAPH_LOC_BUFFER)),
     ("0.5.22", (VERIFY_EXPANSION, PREFILL_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                HIP_WINDOW_GETTER, GRAPH_LOC_BUFFER)),
+                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, GRAPH_LOC_BUFFER)),
     ("0.5.23", (VERIFY_EXPANSION, PREFILL_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
-                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
+                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, GRAPH_LOC_BUFFER, DRAFT_RING_SIZE,
+                DRAFT_RING_ROWS)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
     if version not in CHECKED:
@@ -307,3 +322,24 @@ def test_a_graph_buffer_that_leaves_stale_rows_past_the_batch_is_caught():
     assert check(real, batch) == []
     (problem,) = check(broken, batch)
     assert problem == "graph buffer past the batch: got [-7, -7, -7], want [0, 0, 0]"
+
+
+FIRST_TOKENS_TAIL = """
+def late_layer_tail_layout(*, extend_lens_cpu, seq_lens_cpu, tail_len, device):
+    tails = [min(tail_len, n) for n in extend_lens_cpu]
+    starts = [sum(extend_lens_cpu[:r]) for r in range(len(extend_lens_cpu))]
+    rows = [s + i for s, t in zip(starts, tails) for i in range(t)]
+    return torch.tensor(rows), tails, None
+"""
+
+
+def test_a_late_layer_tail_of_each_requests_first_tokens_is_caught(tmp_path: Path):
+    file = tmp_path / ATTN_METADATA_FILES[1]
+    file.parent.mkdir(parents=True)
+    file.write_text("import torch\n" + textwrap.dedent(FIRST_TOKENS_TAIL))
+    found, _ = bind_producers(locate.SourceTree(tmp_path, "checkout"))
+    (producer,) = [p for p in found if p.name == LATE_LAYER_TAIL]
+    assert check(producer, Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([3, 1]))) == []
+    long = Batch(torch.tensor([3]), torch.tensor([0]), torch.tensor([130]))
+    (problem,) = check(producer, long)
+    assert problem.startswith("tail rows: got [0, 1, 2,") and "want [2, 3, 4," in problem

@@ -27,6 +27,7 @@ import torch
 
 from reference.truth import (
     DUMMY_SLOT,
+    late_layer_tail_tokens,
     prefill_rows,
     request_window_rows,
     ring_rows,
@@ -51,6 +52,7 @@ WINDOW_IDLE = "RequestWindow.activate_idle"
 WINDOW_COMMIT = "RequestWindow.commit"
 WINDOW_ROW = "RequestWindow.row_loc"
 DECODE_STREAMS = "_attach_unified_kv_decode_streams"
+LATE_LAYER_TAIL = "late_layer_tail_layout"
 CUDA_WINDOW_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc"
 HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
 GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
@@ -63,6 +65,9 @@ KV_LAYOUT_FILE = "sglang/kernels/ops/attention/dsv4/kv_layout.py"
 MEMORY_POOL_FILE = "sglang/srt/mem_cache/memory_pool.py"
 UTILS_FILE = "sglang/srt/utils/common.py"
 DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metadata.py"
+# where late_layer_tail_layout lives: 0.5.23, then 0.5.21-0.5.22
+ATTN_METADATA_FILES = ("sglang/kernels/ops/attention/dsv4/attn_metadata_kernels.py",
+                       "sglang/kernels/ops/attention/dsv4_attn_metadata_kernels.py")
 # the request window's shape in the checks: DeepSeek-V4's 128-token window, a verify of up
 # to three draft tokens past it, and two-row pages (so the capacity is rounded up)
 SLIDING_WINDOW = 128
@@ -238,6 +243,8 @@ PRODUCER_STAND_INS: dict[str, Any] = {
     "InvariantCheckLevel": types.SimpleNamespace(WARN=1), "resolve_level": lambda: 0,
     "expect": _cuda_only("expect"), "_WINDOW_GROUPS_FIT": None, "_SWA_HISTORY_PRESENT": None,
     "build_window_layout": _cuda_only("build_window_layout"),
+    # host-to-device staging: nothing is pinned on a CPU run
+    "is_pin_memory_available": lambda device=None: False,
 }
 
 
@@ -285,6 +292,10 @@ class Batch:
             torch.arange(int(p), int(p) + int(c), dtype=torch.int64)
             for p, c in zip(self.extend_prefix_lens, self.extend_seq_lens)
         ] or [torch.empty(0, dtype=torch.int64)])
+
+    def token_request_index(self) -> list[int]:
+        """Which request (its place in the batch) each live token belongs to."""
+        return [r for r, count in enumerate(self.extend_seq_lens.tolist()) for _ in range(count)]
 
     @property
     def num_req_slots(self) -> int:
@@ -818,6 +829,52 @@ def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
     return _differences("draft ring rows", rows, want.to(torch.int64)) + _dtype("draft ring rows", rows)
 
 
+# ---- the late-layer tail (0.5.21+) ------------------------------------------------------------
+
+
+def _bind_late_layer_tail(tree: SourceTree, mode: str) -> Producer:
+    reasons = []
+    for path in ATTN_METADATA_FILES:
+        text = tree.read(path)
+        if text is None:
+            reasons.append(f"{tree.label} has no file {path}")
+            continue
+        # the helpers it calls, where this release has them
+        helpers = [FunctionCode(UTILS_FILE, "async_h2d")] if "async_h2d" in text else []
+        helpers += [FunctionCode(path, name) for name in ("late_layer_tail_lens", "_whole_extend_tail_layout")
+                    if f"def {name}(" in text]
+        try:
+            binding = bind(tree, (*helpers, FunctionCode(path, LATE_LAYER_TAIL)), PRODUCER_STAND_INS, {}, mode)
+        except BindError as exc:
+            reasons.append(str(exc))
+            continue
+        return Producer(path.rsplit("/", 1)[-1].removesuffix(".py"), LATE_LAYER_TAIL,
+                        binding.functions[LATE_LAYER_TAIL], binding=binding)
+    raise BindError("; ".join(reasons))
+
+
+def _run_late_layer_tail(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The extend rows the late layers store, plainly and (where the release keeps whole
+    extends for requests that read their prompt rows) with the first request whole."""
+    counts = [int(c) for c in batch.extend_seq_lens]
+    variants: list[list[bool] | None] = [None]
+    if "whole_extend" in _parameters(producer.function):
+        variants.append([r == 0 for r in range(len(counts))])
+    problems = []
+    for whole in variants:
+        arguments = {} if whole is None else {"whole_extend": whole}
+        rows, tail_lens, _floor = producer.function(
+            extend_lens_cpu=counts, seq_lens_cpu=[int(s) for s in batch.seq_lens], tail_len=SLIDING_WINDOW,
+            device=torch.device("cpu"), **arguments,
+        )
+        want = late_layer_tail_tokens(batch.extend_seq_lens, SLIDING_WINDOW, whole)
+        label = "tail rows" if whole is None else "tail rows (first request whole)"
+        problems += _differences(label, rows, want)
+        kept = torch.bincount(torch.tensor(batch.token_request_index())[want], minlength=len(counts))
+        problems += _differences(f"{label} per request", torch.tensor(tail_lens), kept)
+    return problems
+
+
 PRODUCERS: tuple[ProducerInfo, ...] = (
     ProducerInfo(VERIFY_EXPANSION, "target-verify state slot per token (req_pool_indices_repeated)",
                  _bind_state_rows(VERIFY_EXPANSION, ExpansionBackend), _run_state_rows),
@@ -842,6 +899,8 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_window_getter(CUDA_BACKEND_FILE, CUDA_BACKEND), _run_window_getter, _live_or_idle_after_live),
     ProducerInfo(HIP_WINDOW_GETTER, "HIP backend store target under the request window",
                  _bind_window_getter(HIP_BACKEND_FILE, HIP_BACKEND), _run_window_getter, _live_or_idle_after_live),
+    ProducerInfo(LATE_LAYER_TAIL, "extend rows the late layers store under decoder SWA bounded replay",
+                 _bind_late_layer_tail, _run_late_layer_tail),
     ProducerInfo(GRAPH_LOC_BUFFER, "CUDA graph buffer of translated out_cache_loc",
                  _bind_graph_buffer, _run_graph_buffer, lambda batch: not batch.is_idle),
     ProducerInfo(DRAFT_RING_SIZE, "rows per request slot of the draft SWA ring",
