@@ -59,6 +59,7 @@ GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
 DRAFT_RING_SIZE = "get_draft_swa_ring_size"
 DRAFT_RING_ROWS = "_dspark_swa_ring_out_cache_loc"
 PREFILL_FIELDS = ("state_slot", "chunk_start", "cu_q", "final_pos")
+UNIFIED_RECORD = "UnifiedKvMetadata"  # the per-forward record of unified-KV rows
 
 WINDOW_FILE = "sglang/srt/mem_cache/dsv41_request_window.py"
 KV_LAYOUT_FILE = "sglang/kernels/ops/attention/dsv4/kv_layout.py"
@@ -130,6 +131,21 @@ class DecodeCoreMetadata(StandIn):
         return cls(unified=None, positions_casual=positions, swa_topk_lengths=lengths,
                    c128_topk_lengths_raw=lengths, c4_sparse_topk_lengths_raw=lengths,
                    c128_page_indices=pages, c4_sparse_page_indices=pages)
+
+
+class PrefillCoreMetadata(StandIn):
+    """The attention metadata the prefill rows are attached to."""
+
+    role = "attention metadata"
+    attributes = frozenset({"unified", "positions_casual"})
+
+
+class StoreBatch(StandIn):
+    """What a store reads of the forward batch: its mode and its full-pool locations."""
+
+    role = "forward batch"
+    attributes = frozenset({"forward_mode", "out_cache_loc"})
+    replaces = (RealClass("sglang/srt/model_executor/forward_batch_info.py", "ForwardBatch"),)
 
 
 class WindowBackend(StandIn):
@@ -211,10 +227,6 @@ class PagedRows(StandIn):
         return make
 
 
-def _backend_class(path: str, name: str) -> tuple[RealClass, ...]:
-    return (RealClass(path, name),)
-
-
 def _cuda_only(name: str) -> Callable[..., Any]:
     def refuse(*_: Any, **__: Any) -> Any:
         raise StandInGap(f"SGLang code took its CUDA-only path ({name}); swafuzz runs the torch path")
@@ -226,16 +238,12 @@ def _unified_kv_on() -> bool:
     return True
 
 
-class _UnifiedRows:
-    """Stands in for ``UnifiedKvMetadata``: holds whatever rows the producer attaches."""
-
-
 # Global names the producers use that are not SGLang code under test: typing names, the
 # unified-KV gate, the invariant reporting and capture probes of the request window (the
 # runner is never capturing here), and the CUDA kernels of paths the CPU never takes.
 PRODUCER_STAND_INS: dict[str, Any] = {
     **STANDARD_NAMES, **STAND_INS, "DSV4Metadata": StoreMetadata,
-    "is_unified_kv_triton": _unified_kv_on, "UnifiedKvMetadata": _UnifiedRows,
+    "is_unified_kv_triton": _unified_kv_on,
     "F": torch.nn.functional, "List": list, "Optional": None, "Tuple": tuple,
     "KVLayout": types.SimpleNamespace(V4=V4_ROWS),
     "get_is_capture_mode": lambda: False,
@@ -353,35 +361,57 @@ class ProducerInfo:
 
 def _bind_method(
     tree: SourceTree, mode: str, method: str, sites: tuple[tuple[str, str], ...],
-    owner_stand_in: type[StandIn], extra: tuple[ClassCode | FunctionCode, ...] = (),
+    owner_stand_ins: tuple[type[StandIn], ...], *, extra: tuple[ClassCode | FunctionCode, ...] = (),
     uses: str | None = None, more_stand_ins: tuple[StandInUse, ...] = (),
-    richer_owner: type[StandIn] | None = None,
+    site_stand_ins: tuple[tuple[type[StandIn], str], ...] = (), records: tuple[str, ...] = (),
 ) -> Producer:
-    """``method`` from the first of ``sites`` (file, class) that has it, run on
-    ``owner_stand_in`` in place of the class (or on ``richer_owner`` where the release's
-    code reads more of it); ``uses`` is a name its code must read."""
+    """``method`` from the first of ``sites`` (file, class) that has it, run on the first of
+    ``owner_stand_ins`` that carries what the release's code reads of the class.
+
+    ``uses`` is a name the code must read for the producer to be there; ``site_stand_ins``
+    pair a stand-in with the class of the site's file it replaces; ``records`` are SGLang
+    dataclasses of that file the code builds, rebuilt from the release's field lists."""
     reasons = []
     for path, owner in sites:
-        code = (*extra, ClassCode(path, owner, (method,), role=owner_stand_in.role))
         try:
-            binding = bind(tree, code, PRODUCER_STAND_INS, {owner_stand_in.role: owner_stand_in.attributes}, mode)
+            stand_ins = {**PRODUCER_STAND_INS, **_records(tree, mode, path, records)}
+            binding, owner_stand_in = _bind_on_fitting_stand_in(
+                tree, mode, (*extra, ClassCode(path, owner, (method,))), stand_ins, owner_stand_ins)
         except BindError as exc:
-            if richer_owner is None or "does not provide" not in str(exc):
-                reasons.append(str(exc))
-                continue
-            try:
-                binding = bind(tree, code, PRODUCER_STAND_INS, {owner_stand_in.role: richer_owner.attributes}, mode)
-            except BindError as richer_exc:
-                reasons.append(str(richer_exc))
-                continue
-            owner_stand_in = richer_owner
+            reasons.append(str(exc))
+            continue
         function = binding.classes[owner].methods[method]
         if uses is not None and uses not in function.__code__.co_names:
             reasons.append(f"{binding.label}: {owner}.{method} does not read {uses}")
             continue
-        stand_ins = (StandInUse(owner_stand_in, _backend_class(path, owner)), *more_stand_ins)
-        return Producer(owner, method, function, binding=binding, stand_ins=stand_ins)
+        uses_here = tuple(StandInUse(stand_in, (RealClass(path, name),)) for stand_in, name in site_stand_ins)
+        return Producer(owner, method, function, binding=binding,
+                        stand_ins=(StandInUse(owner_stand_in, (RealClass(path, owner),)), *uses_here, *more_stand_ins))
     raise BindError("; ".join(reasons))
+
+
+def _bind_on_fitting_stand_in(
+    tree: SourceTree, mode: str, code: tuple[ClassCode | FunctionCode, ...], stand_ins: dict[str, Any],
+    owner_stand_ins: tuple[type[StandIn], ...],
+) -> tuple[Binding, type[StandIn]]:
+    *helpers, owned = code
+    for owner_stand_in in owner_stand_ins:
+        role_code = (*helpers, replace(owned, role=owner_stand_in.role))
+        try:
+            return bind(tree, role_code, stand_ins, {owner_stand_in.role: owner_stand_in.attributes}, mode), owner_stand_in
+        except BindError as exc:
+            failure = exc
+            if "does not provide" not in str(exc):
+                break  # the method itself is missing or unbindable: no richer stand-in helps
+    raise failure
+
+
+def _records(tree: SourceTree, mode: str, path: str, names: tuple[str, ...]) -> dict[str, type]:
+    if not names:
+        return {}
+    code = tuple(ClassCode(path, name, dataclass_fields=True) for name in names)
+    binding = bind(tree, code, PRODUCER_STAND_INS, {}, mode)
+    return {name: binding.classes[name].build(object) for name in names}
 
 
 def bind_producers(tree: SourceTree, mode: str = "source") -> tuple[list[Producer], dict[str, str]]:
@@ -427,8 +457,17 @@ def _differences(name: str, got: Any, want: torch.Tensor) -> list[str]:
 def _bind_state_rows(method: str, backend: type[StandIn], *more: StandInUse) -> Callable[[SourceTree, str], Producer]:
     def bind_one(tree: SourceTree, mode: str) -> Producer:
         sites = ((HIP_BACKEND_FILE, HIP_BACKEND), (CUDA_BACKEND_FILE, CUDA_BACKEND))
-        return _bind_method(tree, mode, method, sites, backend, more_stand_ins=more)
+        return _bind_method(tree, mode, method, sites, (backend,), more_stand_ins=more)
     return bind_one
+
+
+def _bind_prefill_rows(tree: SourceTree, mode: str) -> Producer:
+    sites = ((HIP_BACKEND_FILE, HIP_BACKEND), (CUDA_BACKEND_FILE, CUDA_BACKEND))
+    return _bind_method(
+        tree, mode, PREFILL_ROWS, sites, (PrefillRowsBackend,), records=(UNIFIED_RECORD,),
+        site_stand_ins=((PrefillCoreMetadata, "DSV4AttnMetadata"),),
+        more_stand_ins=(StandInUse(RingPool, RingPool.replaces),),
+    )
 
 
 def _run_state_rows(producer: Producer, batch: Batch, window: int) -> list[str]:
@@ -452,7 +491,7 @@ def _run_state_rows(producer: Producer, batch: Batch, window: int) -> list[str]:
             extend_seq_lens=counts, req_pool_indices=batch.req_pool_indices, padded_num_tokens=None,
         )
         return _differences("req_pool_indices_repeated", repeated, slots)
-    core = types.SimpleNamespace(unified=None, positions_casual=torch.zeros(batch.num_tokens))
+    core = PrefillCoreMetadata(unified=None, positions_casual=torch.zeros(batch.num_tokens))
     offered = {"core": core, "req_pool_indices": batch.req_pool_indices, "seq_lens": batch.seq_lens,
                "extend_seq_lens": batch.extend_seq_lens, "num_tokens": batch.num_tokens,
                "req_pool_indices_repeated": slots}
@@ -475,10 +514,10 @@ def _parameters(function: types.FunctionType) -> tuple[str, ...]:
 
 def _bind_decode_streams(tree: SourceTree, mode: str) -> Producer:
     return _bind_method(
-        tree, mode, DECODE_STREAMS, ((HIP_BACKEND_FILE, HIP_BACKEND),), DecodeStreamsBackend,
-        richer_owner=DsparkDecodeStreamsBackend,
-        more_stand_ins=(StandInUse(UnifiedRingPool, UnifiedRingPool.replaces),
-                        StandInUse(DecodeCoreMetadata, (RealClass(HIP_BACKEND_FILE, "DSV4AttnMetadata"),))),
+        tree, mode, DECODE_STREAMS, ((HIP_BACKEND_FILE, HIP_BACKEND),),
+        (DecodeStreamsBackend, DsparkDecodeStreamsBackend), records=(UNIFIED_RECORD,),
+        site_stand_ins=((DecodeCoreMetadata, "DSV4AttnMetadata"),),
+        more_stand_ins=(StandInUse(UnifiedRingPool, UnifiedRingPool.replaces),),
     )
 
 
@@ -687,12 +726,11 @@ def _bind_window_getter(path: str, owner: str) -> Callable[[SourceTree, str], Pr
 
     def bind_one(tree: SourceTree, mode: str) -> Producer:
         producer = _bind_method(
-            tree, mode, "get_swa_out_cache_loc", ((path, owner),), WindowBackend, uses="request_window",
-            richer_owner=HookedWindowBackend,
+            tree, mode, "get_swa_out_cache_loc", ((path, owner),), (WindowBackend, HookedWindowBackend),
+            uses="request_window",
+            site_stand_ins=((StoreMetadata, "DSV4Metadata"), (WindowCoreMetadata, "DSV4AttnMetadata")),
             more_stand_ins=(
-                StandInUse(RequestWindowPool, RequestWindowPool.replaces),
-                StandInUse(StoreMetadata, (RealClass(path, "DSV4Metadata"),)),
-                StandInUse(WindowCoreMetadata, (RealClass(path, "DSV4AttnMetadata"),)),
+                StandInUse(RequestWindowPool, RequestWindowPool.replaces), StandInUse(StoreBatch, StoreBatch.replaces),
                 _PAGED_ROWS_USE, _ROW_FORMAT_USE,
             ),
         )
@@ -708,7 +746,7 @@ def _bind_window_getter(path: str, owner: str) -> Callable[[SourceTree, str], Pr
 
 def _store_batch(batch: Batch) -> Any:
     mode = ForwardMode.IDLE if batch.is_idle else ForwardMode.EXTEND
-    return types.SimpleNamespace(forward_mode=SglangMode(mode), out_cache_loc=torch.zeros(batch.rows, dtype=torch.int64))
+    return StoreBatch(forward_mode=SglangMode(mode), out_cache_loc=torch.zeros(batch.rows, dtype=torch.int64))
 
 
 def _run_window_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
@@ -748,7 +786,7 @@ _POOL_TRANSLATION = ClassCode(POOL_FILE, "DeepSeekV4TokenToKVPool", ("register_m
 
 def _bind_graph_buffer(tree: SourceTree, mode: str) -> Producer:
     producer = _bind_method(
-        tree, mode, GRAPH_LOC_BUFFER, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), GraphBackend,
+        tree, mode, GRAPH_LOC_BUFFER, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (GraphBackend,),
         more_stand_ins=(StandInUse(TranslatingPool, TranslatingPool.replaces),),
     )
     pool_binding = bind(tree, (_POOL_TRANSLATION,), PRODUCER_STAND_INS,
@@ -810,7 +848,7 @@ def _run_draft_ring_size(producer: Producer, batch: Batch, _: int) -> list[str]:
 
 def _bind_draft_ring_rows(tree: SourceTree, mode: str) -> Producer:
     return _bind_method(
-        tree, mode, DRAFT_RING_ROWS, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), DraftRingBackend,
+        tree, mode, DRAFT_RING_ROWS, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (DraftRingBackend,),
         extra=(FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),),
         more_stand_ins=(StandInUse(DraftRingPool, DraftRingPool.replaces),),
     )
@@ -881,8 +919,7 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
     ProducerInfo(PREFILL_EXPANSION, "prefill state slot per token (req_pool_indices_repeated)",
                  _bind_state_rows(PREFILL_EXPANSION, ExpansionBackend), _run_state_rows),
     ProducerInfo(PREFILL_ROWS, "unified-KV prefill rows pf_state_slot, pf_chunk_start, pf_cu_q, pf_final_pos",
-                 _bind_state_rows(PREFILL_ROWS, PrefillRowsBackend, StandInUse(RingPool, RingPool.replaces)),
-                 _run_state_rows),
+                 _bind_prefill_rows, _run_state_rows),
     ProducerInfo(DECODE_STREAMS, "HIP decode and target-verify ring rows (swa_loc, verify_store_state_slot)",
                  _bind_decode_streams, _run_decode_streams, _one_row_per_request_or_verify),
     ProducerInfo(WINDOW_LAYOUT, "request-window layout: workspace write_loc, req, pos, commit_mask",
