@@ -1,22 +1,25 @@
 """SGLang's producers of the rows its SWA stores write, checked row by row against the truth.
 
-A producer is SGLang code that turns a forward's live inputs into the rows a store writes:
-the target-verify and prefill state slots (``expand_extend_with_same_length``,
-``expand_prefill_casually``, ``_attach_unified_kv_prefill_meta``), the 0.5.21+ request
-window (``window_layout``, ``RequestWindow.activate_idle`` and ``commit``, the backends'
-``get_swa_out_cache_loc`` over it), the graph buffer of translated locations
+A producer is SGLang code that turns a forward's live inputs into rows a store writes or
+reads its write target from: the target-verify and prefill state slots
+(``expand_extend_with_same_length``, ``expand_prefill_casually``,
+``_attach_unified_kv_prefill_meta``), the HIP decode and target-verify ring rows
+(``_attach_unified_kv_decode_streams``: ``swa_loc``, ``verify_store_state_slot``), the
+0.5.21+ request window (``window_layout``, ``RequestWindow.activate_idle``, ``commit`` and
+``row_loc``, the backends' ``get_swa_out_cache_loc`` over it), the late-layer tail
+(``late_layer_tail_layout``), the CUDA graph buffer of translated locations
 (``_fill_cuda_graph_swa_out_cache_loc``) and the 0.5.23 draft SWA ring
 (``get_draft_swa_ring_size``, ``_dspark_swa_ring_out_cache_loc``).
 
 :data:`PRODUCERS` is the table: one row per producer, with how to bind it from a release
 and how to run it on a :class:`Batch`. :func:`bind_producers` binds every row a release has
 and says why each other is absent; :func:`check` runs one on a batch and names every row
-that differs from :mod:`reference.truth` (empty when all match). The producers run on
-stand-ins only for what is not SGLang's code (the tensors and allocator pools the scheduler
-hands in, the metadata records they are read from); each stand-in names the SGLang class it
-replaces, so a test can hold its attributes to that class's in every release.
+that differs from :mod:`reference.truth` (empty when all match). SGLang's own code runs
+as the release has it, SGLang's records (``WindowLayout``, ``UnifiedKvMetadata``) are
+rebuilt from the release's field lists, and stand-ins remain only for what the scheduler
+and the allocator hand in (batch tensors, pools, metadata holders); each names the SGLang
+class it replaces, so a test holds its attributes to that class's in every release.
 """
-
 from __future__ import annotations
 
 import types
@@ -429,9 +432,9 @@ def bind_producers(tree: SourceTree, mode: str = "source") -> tuple[list[Produce
 
 
 def check(producer: Producer, batch: Batch, window: int = 128) -> list[str]:
-    """Every row ``producer`` gets wrong on ``batch`` (empty when all match the truth). A
-    producer SGLang never feeds such a batch returns no mismatch; one that raises is a
-    mismatch of its own, named with the exception."""
+    """Every row ``producer`` gets wrong on ``batch`` (empty when all match the truth), with
+    ``window`` the unified ring's sliding window. A producer SGLang never feeds such a batch
+    returns no mismatch; one that raises is a mismatch of its own, named with the exception."""
     if not producer.info.applies(batch):
         return []
     try:
@@ -454,47 +457,50 @@ def _differences(name: str, got: Any, want: torch.Tensor) -> list[str]:
 # ---- target-verify and prefill state slots --------------------------------------------------
 
 
-def _bind_state_rows(method: str, backend: type[StandIn], *more: StandInUse) -> Callable[[SourceTree, str], Producer]:
+_BACKEND_SITES = ((HIP_BACKEND_FILE, HIP_BACKEND), (CUDA_BACKEND_FILE, CUDA_BACKEND))
+_INT32_ON_CPU = {"dtype": torch.int32, "device": "cpu"}
+
+
+def _bind_expansion(method: str) -> Callable[[SourceTree, str], Producer]:
     def bind_one(tree: SourceTree, mode: str) -> Producer:
-        sites = ((HIP_BACKEND_FILE, HIP_BACKEND), (CUDA_BACKEND_FILE, CUDA_BACKEND))
-        return _bind_method(tree, mode, method, sites, (backend,), more_stand_ins=more)
+        return _bind_method(tree, mode, method, _BACKEND_SITES, (ExpansionBackend,))
     return bind_one
 
 
+def _run_verify_expansion(producer: Producer, batch: Batch, _: int) -> list[str]:
+    counts = {int(c) for c in batch.extend_seq_lens}
+    if len(counts) != 1:
+        return []  # SGLang expands only target-verify batches, whose counts are equal, this way
+    _, repeated = producer.function(
+        ExpansionBackend(cuda_int32_kwargs=_INT32_ON_CPU), bs=len(batch.req_pool_indices), qo_len=counts.pop(),
+        seq_lens=batch.seq_lens.to(torch.int32), req_pool_indices=batch.req_pool_indices,
+    )
+    return _differences("req_pool_indices_repeated", repeated, batch.token_slots)
+
+
+def _run_prefill_expansion(producer: Producer, batch: Batch, _: int) -> list[str]:
+    _, repeated = producer.function(
+        ExpansionBackend(cuda_int32_kwargs=_INT32_ON_CPU), num_tokens=batch.num_tokens,
+        seq_lens=[int(s) for s in batch.seq_lens], extend_seq_lens=[int(c) for c in batch.extend_seq_lens],
+        req_pool_indices=batch.req_pool_indices, padded_num_tokens=None,
+    )
+    return _differences("req_pool_indices_repeated", repeated, batch.token_slots)
+
+
 def _bind_prefill_rows(tree: SourceTree, mode: str) -> Producer:
-    sites = ((HIP_BACKEND_FILE, HIP_BACKEND), (CUDA_BACKEND_FILE, CUDA_BACKEND))
     return _bind_method(
-        tree, mode, PREFILL_ROWS, sites, (PrefillRowsBackend,), records=(UNIFIED_RECORD,),
+        tree, mode, PREFILL_ROWS, _BACKEND_SITES, (PrefillRowsBackend,), records=(UNIFIED_RECORD,),
         site_stand_ins=((PrefillCoreMetadata, "DSV4AttnMetadata"),),
         more_stand_ins=(StandInUse(RingPool, RingPool.replaces),),
     )
 
 
-def _run_state_rows(producer: Producer, batch: Batch, window: int) -> list[str]:
-    offered = {"cuda_int32_kwargs": {"dtype": torch.int32, "device": "cpu"},
-               "token_to_kv_pool": RingPool(unified_swa_window=window)}
-    backend_class = producer.stand_ins[0].stand_in
-    backend = backend_class(**{name: offered[name] for name in backend_class.attributes})
-    counts = [int(c) for c in batch.extend_seq_lens]
-    slots = batch.token_slots
-    if producer.method == VERIFY_EXPANSION:
-        if len(set(counts)) != 1:
-            return []
-        _, repeated = producer.function(
-            backend, bs=len(counts), qo_len=counts[0], seq_lens=batch.seq_lens.to(torch.int32),
-            req_pool_indices=batch.req_pool_indices,
-        )
-        return _differences("req_pool_indices_repeated", repeated, slots)
-    if producer.method == PREFILL_EXPANSION:
-        _, repeated = producer.function(
-            backend, num_tokens=batch.num_tokens, seq_lens=[int(s) for s in batch.seq_lens],
-            extend_seq_lens=counts, req_pool_indices=batch.req_pool_indices, padded_num_tokens=None,
-        )
-        return _differences("req_pool_indices_repeated", repeated, slots)
+def _run_prefill_rows(producer: Producer, batch: Batch, window: int) -> list[str]:
+    backend = PrefillRowsBackend(cuda_int32_kwargs=_INT32_ON_CPU, token_to_kv_pool=RingPool(unified_swa_window=window))
     core = PrefillCoreMetadata(unified=None, positions_casual=torch.zeros(batch.num_tokens))
     offered = {"core": core, "req_pool_indices": batch.req_pool_indices, "seq_lens": batch.seq_lens,
                "extend_seq_lens": batch.extend_seq_lens, "num_tokens": batch.num_tokens,
-               "req_pool_indices_repeated": slots}
+               "req_pool_indices_repeated": batch.token_slots}
     # releases differ in which of these the producer takes (num_tokens from 0.5.18)
     producer.function(backend, **{k: v for k, v in offered.items() if k in _parameters(producer.function)})
     truth = prefill_rows(batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens)
@@ -915,11 +921,11 @@ def _run_late_layer_tail(producer: Producer, batch: Batch, _: int) -> list[str]:
 
 PRODUCERS: tuple[ProducerInfo, ...] = (
     ProducerInfo(VERIFY_EXPANSION, "target-verify state slot per token (req_pool_indices_repeated)",
-                 _bind_state_rows(VERIFY_EXPANSION, ExpansionBackend), _run_state_rows),
+                 _bind_expansion(VERIFY_EXPANSION), _run_verify_expansion),
     ProducerInfo(PREFILL_EXPANSION, "prefill state slot per token (req_pool_indices_repeated)",
-                 _bind_state_rows(PREFILL_EXPANSION, ExpansionBackend), _run_state_rows),
+                 _bind_expansion(PREFILL_EXPANSION), _run_prefill_expansion),
     ProducerInfo(PREFILL_ROWS, "unified-KV prefill rows pf_state_slot, pf_chunk_start, pf_cu_q, pf_final_pos",
-                 _bind_prefill_rows, _run_state_rows),
+                 _bind_prefill_rows, _run_prefill_rows),
     ProducerInfo(DECODE_STREAMS, "HIP decode and target-verify ring rows (swa_loc, verify_store_state_slot)",
                  _bind_decode_streams, _run_decode_streams, _one_row_per_request_or_verify),
     ProducerInfo(WINDOW_LAYOUT, "request-window layout: workspace write_loc, req, pos, commit_mask",
