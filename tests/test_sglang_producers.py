@@ -343,3 +343,25 @@ def test_a_late_layer_tail_of_each_requests_first_tokens_is_caught(tmp_path: Pat
     long = Batch(torch.tensor([3]), torch.tensor([0]), torch.tensor([130]))
     (problem,) = check(producer, long)
     assert problem.startswith("tail rows: got [0, 1, 2,") and "want [2, 3, 4," in problem
+
+
+@pytest.mark.parametrize("version", ("0.5.21", "0.5.22"))
+def test_a_request_window_commit_into_another_requests_ring_is_caught(version):
+    if version not in CHECKED:
+        pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
+    found, _ = _bound(version)
+    (real,) = [p for p in found if p.name == WINDOW_COMMIT]
+
+    class CommitsIntoSlotZero(real.function):
+        def commit(self, layer):
+            layout = self.layout
+            self.layout = dataclasses.replace(layout, req=torch.zeros_like(layout.req))
+            super().commit(layer)
+            self.layout = layout
+
+    broken = dataclasses.replace(real, function=CommitsIntoSlotZero)
+    batch = Batch(torch.tensor([3]), torch.tensor([10]), torch.tensor([2]))
+    assert check(real, batch) == []
+    problems = check(broken, batch)
+    assert problems[0] == "committed tags: got [-1, -1], want [10, 11]"
+    assert problems[-1] == "ring rows [10, 11] changed, which no row commits to"

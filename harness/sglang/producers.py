@@ -677,19 +677,12 @@ def _capacity(window: Any, capacity: int) -> list[str]:
     return []
 
 
-def _rows_of(buffer: torch.Tensor, rows: torch.Tensor, page_size: int) -> torch.Tensor:
-    """The data bytes of ``rows`` in a paged byte buffer (data rows first in each page)."""
+def _data_bytes(rows: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the data bytes of ``rows`` sit in a paged byte buffer, as (page, byte) indices:
+    a page holds its rows' data bytes first, then their scale bytes."""
     width = V4_ROWS.data_bytes
     rows = rows.to(torch.int64)
-    columns = (rows % page_size)[:, None] * width + torch.arange(width)
-    return buffer[(rows // page_size)[:, None], columns]
-
-
-def _write_rows(buffer: torch.Tensor, rows: torch.Tensor, values: torch.Tensor, page_size: int) -> None:
-    width = V4_ROWS.data_bytes
-    rows = rows.to(torch.int64)
-    columns = (rows % page_size)[:, None] * width + torch.arange(width)
-    buffer[(rows // page_size)[:, None], columns] = values[:, None].expand(-1, width)
+    return (rows // page_size)[:, None], (rows % page_size)[:, None] * width + torch.arange(width)
 
 
 def _run_window_commit(producer: Producer, batch: Batch, _: int) -> list[str]:
@@ -703,7 +696,7 @@ def _run_window_commit(producer: Producer, batch: Batch, _: int) -> list[str]:
     workspace = window.buffer(0)
     live = batch.num_tokens
     marks = (torch.arange(live, dtype=torch.int64) % 255 + 1).to(torch.uint8)
-    _write_rows(workspace, layout.write_loc[:live], marks, WINDOW_PAGE)
+    workspace[_data_bytes(layout.write_loc[:live], WINDOW_PAGE)] = marks[:, None]
     tags_before = window.tags[0, : window.rows].clone()
     window.commit(0)
     truth = _window_truth(producer.parts[WINDOW_LAYOUT], batch, capacity)
@@ -711,7 +704,7 @@ def _run_window_commit(producer: Producer, batch: Batch, _: int) -> list[str]:
     ring_rows_hit = truth.commit_row[committed]
     problems = _capacity(window, capacity)
     problems += _differences("committed tags", window.tags[0, ring_rows_hit], batch.positions[committed])
-    stored = _rows_of(window.state.kv_buffer[0], ring_rows_hit, WINDOW_PAGE)
+    stored = window.state.kv_buffer[0][_data_bytes(ring_rows_hit, WINDOW_PAGE)]
     if not torch.equal(stored, marks[committed][:, None].expand_as(stored)):
         got = stored[:, 0].tolist()
         problems.append(f"committed keys: ring rows {ring_rows_hit.tolist()} hold {got}, want {marks[committed].tolist()}")
