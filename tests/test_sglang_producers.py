@@ -1,12 +1,14 @@
 """The rows SGLang's producers hand its SWA stores match the truth, release by release.
 
 The reference derives every row from the live batch: the target-verify and prefill state
-slots (``req_pool_indices_repeated``, ``pf_state_slot``, ``pf_chunk_start``, ``pf_cu_q``,
-``pf_final_pos``), the request window's workspace rows, commits and idle rows (0.5.21+),
-the graph buffer of translated locations and the draft SWA ring (0.5.23). Each release's
+slots (``req_pool_indices_repeated``, ``verify_store_state_slot``, ``pf_state_slot``,
+``pf_chunk_start``, ``pf_cu_q``, ``pf_final_pos``), the decode and verify ring rows, the
+request window's workspace rows, commits and idle rows (0.5.21+), the late-layer tail, the
+graph buffer of translated locations and the draft SWA ring (0.5.23). Each release's
 producers (the table ``PRODUCERS``, bound in source mode) run on drawn batches, ragged,
-padded and idle ones included, and are compared row by row. Releases: ``$SWAFUZZ_SGLANG_TEST_VERSIONS`` and any already in
-the wheel cache; one that cannot be downloaded is skipped with the reason.
+padded and idle ones included, and are compared row by row. Releases:
+``$SWAFUZZ_SGLANG_TEST_VERSIONS`` and any already in the wheel cache; one that cannot be
+downloaded is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -109,7 +111,9 @@ def test_idle_request_window_rows_follow_one_empty_history_group_and_commit_noth
     assert rows.write_loc.tolist() == [128, 129, 130] and rows.commit_row.tolist() == []
 
 
-@pytest.mark.parametrize("window,draft,page,ring", [(128, 0, 1, 128), (128, 3, 2, 132), (128, 3, 64, 192), (128, 0, 256, 256)])
+@pytest.mark.parametrize("window,draft,page,ring", [
+    (128, 0, 1, 128), (128, 3, 2, 132), (128, 3, 64, 192), (128, 0, 256, 256),
+])
 def test_a_page_aligned_ring_holds_the_window_and_the_draft_tokens_in_whole_pages(window, draft, page, ring):
     assert whole_page_ring(window, draft, page) == ring
 
@@ -121,7 +125,8 @@ def test_the_request_window_truth_refuses_a_capacity_smaller_than_the_window():
 
 def test_the_late_layers_store_each_requests_last_window_tokens_or_its_whole_extend():
     assert late_layer_tail_tokens(torch.tensor([3, 1, 6]), 2).tolist() == [1, 2, 3, 8, 9]
-    assert late_layer_tail_tokens(torch.tensor([3, 1, 6]), 2, [False, False, True]).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    whole_last = late_layer_tail_tokens(torch.tensor([3, 1, 6]), 2, [False, False, True])
+    assert whole_last.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
 # ---- the releases' producers -------------------------------------------------------------------
@@ -214,7 +219,8 @@ def test_every_stand_in_carries_only_attributes_of_the_sglang_class_it_replaces(
     for producer, use in uses:
         real = attributes(tree, use.replaces)
         extra = use.stand_in.attributes - real
-        assert not extra, f"{producer.name}: stand-in {use.stand_in.__name__} has {sorted(extra)}, which {use.replaces} lacks"
+        stand_in = use.stand_in.__name__
+        assert not extra, f"{producer.name}: stand-in {stand_in} has {sorted(extra)}, which {use.replaces} lacks"
 
 
 @pytest.mark.parametrize("version,stale", [("0.5.21", True), ("0.5.22", True), ("0.5.23", False)])
@@ -265,7 +271,8 @@ def test_a_deferred_sglang_import_without_a_stand_in_is_named(tmp_path: Path):
                 return None, fused_expand(req_pool_indices, qo_len)
     """))
     _, missing = bind_producers(locate.SourceTree(tmp_path, "checkout"))
-    assert "imports fused_expand from sglang.kernels.expand, which swafuzz has no stand-in for" in missing[VERIFY_EXPANSION]
+    reason = "imports fused_expand from sglang.kernels.expand, which swafuzz has no stand-in for"
+    assert reason in missing[VERIFY_EXPANSION]
 
 
 COMMIT_EVERY_ROW_WINDOW = """

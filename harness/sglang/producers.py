@@ -401,7 +401,8 @@ def _bind_on_fitting_stand_in(
     for owner_stand_in in owner_stand_ins:
         role_code = (*helpers, replace(owned, role=owner_stand_in.role))
         try:
-            return bind(tree, role_code, stand_ins, {owner_stand_in.role: owner_stand_in.attributes}, mode), owner_stand_in
+            attributes_by_role = {owner_stand_in.role: owner_stand_in.attributes}
+            return bind(tree, role_code, stand_ins, attributes_by_role, mode), owner_stand_in
         except BindError as exc:
             failure = exc
             if "does not provide" not in str(exc):
@@ -547,7 +548,8 @@ def _run_decode_streams(producer: Producer, batch: Batch, window: int) -> list[s
     arguments = {"num_draft": draft} if "num_draft" in _parameters(producer.function) else {}
     producer.function(backend, core, batch.token_slots, **arguments)
     want = ring_rows(batch.token_slots, batch.positions, ring, batch.num_req_slots)
-    problems = _differences("swa_loc", core.unified.swa_loc, want.to(torch.int64)) + _dtype("swa_loc", core.unified.swa_loc)
+    rows = core.unified.swa_loc
+    problems = _differences("swa_loc", rows, want.to(torch.int64)) + _dtype("swa_loc", rows)
     if "verify_store_state_slot" in producer.function.__code__.co_names:
         problems += _differences("verify_store_state_slot", core.unified.verify_store_state_slot, batch.token_slots)
     return problems
@@ -577,7 +579,11 @@ def _bind_window_layout(tree: SourceTree, mode: str) -> Producer:
 WINDOW_METHODS = ("__init__", "_ensure_workspace", "activate")
 
 
-def _bind_request_window(methods: tuple[str, ...], extra: tuple[FunctionCode, ...] = ()) -> Callable[[SourceTree, str], tuple[type, Binding, Any]]:
+def _bind_request_window(
+    methods: tuple[str, ...], extra: tuple[FunctionCode, ...] = (),
+) -> Callable[[SourceTree, str], tuple[type, Binding, Any]]:
+    """SGLang's ``RequestWindow`` with ``methods`` besides its constructor and activation
+    (and the helpers they call), and the release's ``window_layout``."""
     def bind_window(tree: SourceTree, mode: str) -> tuple[type, Binding, Any]:
         layout_binding, layout_function = _window_layout_code(tree, mode)
         real = attributes(tree, (RealClass(WINDOW_FILE, "RequestWindow"),))
@@ -594,7 +600,9 @@ _PAGED_ROWS_USE = StandInUse(PagedRows, PagedRows.replaces)
 _ROW_FORMAT_USE = StandInUse(PackedRowFormat, PackedRowFormat.replaces)
 
 
-def _bind_window_method(method: str, extra: tuple[str, ...] = (), helpers: tuple[str, ...] = ()) -> Callable[[SourceTree, str], Producer]:
+def _bind_window_method(
+    method: str, extra: tuple[str, ...] = (), helpers: tuple[str, ...] = (),
+) -> Callable[[SourceTree, str], Producer]:
     binder = _bind_request_window((*extra, method), tuple(FunctionCode(WINDOW_FILE, h) for h in helpers))
 
     def bind_one(tree: SourceTree, mode: str) -> Producer:
@@ -707,7 +715,8 @@ def _run_window_commit(producer: Producer, batch: Batch, _: int) -> list[str]:
     stored = window.state.kv_buffer[0][_data_bytes(ring_rows_hit, WINDOW_PAGE)]
     if not torch.equal(stored, marks[committed][:, None].expand_as(stored)):
         got = stored[:, 0].tolist()
-        problems.append(f"committed keys: ring rows {ring_rows_hit.tolist()} hold {got}, want {marks[committed].tolist()}")
+        want = marks[committed].tolist()
+        problems.append(f"committed keys: ring rows {ring_rows_hit.tolist()} hold {got}, want {want}")
     untouched = torch.ones(window.rows, dtype=torch.bool)
     untouched[ring_rows_hit] = False
     changed = (window.tags[0, : window.rows] != tags_before) & untouched
@@ -759,7 +768,8 @@ def _run_window_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
     metadata = None
     if built_for is not None:
         layout = _layout(layout_function, built_for, window.capacity, zero_row=window.rows)
-        metadata = StoreMetadata(core_attn_metadata=WindowCoreMetadata(request_window_layout=layout), late_layer_tail=None)
+        core = WindowCoreMetadata(request_window_layout=layout)
+        metadata = StoreMetadata(core_attn_metadata=core, late_layer_tail=None)
     offered = {"forward_metadata": metadata, "token_to_kv_pool": RequestWindowPool(request_window=window),
                "pre_kv_store_hook": None}
     backend_class = producer.stand_ins[0].stand_in
@@ -779,8 +789,10 @@ def _live_or_idle_after_live(batch: Batch) -> bool:
 # ---- the graph buffer of translated locations (CUDA, 0.5.18+) -------------------------------
 
 
-_POOL_TRANSLATION = ClassCode(POOL_FILE, "DeepSeekV4TokenToKVPool", ("register_mapping", "translate_loc_from_full_to_swa"),
-                              role=TranslatingPool.role)
+_POOL_TRANSLATION = ClassCode(
+    POOL_FILE, "DeepSeekV4TokenToKVPool", ("register_mapping", "translate_loc_from_full_to_swa"),
+    role=TranslatingPool.role,
+)
 
 
 def _bind_graph_buffer(tree: SourceTree, mode: str) -> Producer:
@@ -798,7 +810,8 @@ def _locations(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Full-pool locations for the live tokens (padding rows at the dummy slot) and a mapping
     that gives each a distinct SWA slot, both drawn from the batch itself."""
     live = batch.num_tokens
-    generator = torch.Generator().manual_seed(int(batch.extend_seq_lens.sum()) * 31 + int(batch.extend_prefix_lens.sum()))
+    seed = int(batch.extend_seq_lens.sum()) * 31 + int(batch.extend_prefix_lens.sum())
+    generator = torch.Generator().manual_seed(seed)
     full = torch.randperm(4 * live + 8, generator=generator)[:live] + 1
     mapping = torch.zeros(4 * live + 9, dtype=torch.int64)
     mapping[full] = torch.randperm(2 * live + 4, generator=generator)[:live] + 1
@@ -842,7 +855,9 @@ def _run_draft_ring_size(producer: Producer, batch: Batch, _: int) -> list[str]:
     draft, page = _ring_shape(batch)
     got = producer.function(SLIDING_WINDOW, draft, page)
     want = whole_page_ring(SLIDING_WINDOW, draft, page)
-    return [] if got == want else [f"draft ring size for {draft} draft tokens, {page}-row pages: got {got}, want {want}"]
+    if got == want:
+        return []
+    return [f"draft ring size for {draft} draft tokens, {page}-row pages: got {got}, want {want}"]
 
 
 def _bind_draft_ring_rows(tree: SourceTree, mode: str) -> Producer:
