@@ -10,6 +10,7 @@ from .truth import (
     PrefillRows,
     RequestWindowRows,
     TruthError,
+    draft_step_slots,
     late_layer_tail_tokens,
     prefill_rows,
     request_window_rows,
@@ -23,6 +24,6 @@ from .truth import (
 __all__ = [
     "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
     "ForwardPlan", "Mutation", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
-    "late_layer_tail_tokens", "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size",
+    "draft_step_slots", "late_layer_tail_tokens", "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size",
     "store_schedule", "token_state_slots", "translate_pool", "whole_page_ring",
 ]

@@ -228,3 +228,21 @@ def late_layer_tail_tokens(
         rows.extend(range(start + count - kept, start + count))
         start += count
     return torch.tensor(rows, dtype=torch.int64)
+
+
+def draft_step_slots(allocated: torch.Tensor) -> torch.Tensor:
+    """The full-pool slots each step of a multi-step draft decode writes, ``[steps, requests
+    * topk]`` (int64).
+
+    ``allocated[r, k, s]`` is the slot the allocator gave step ``s`` of draft branch ``k`` of
+    request ``r`` (SGLang's EAGLE workers lay a forward's draft slots out request-major, then
+    branch, then step: ``eagle_worker_common``). Step ``s`` runs one token per branch of every
+    request, request-major, and writes each its own step-``s`` slot.
+    """
+    if allocated.dim() != 3:
+        raise TruthError(f"allocated slots must be [requests, topk, steps], got shape {tuple(allocated.shape)}")
+    requests, topk, steps = allocated.shape
+    table = allocated.to(device="cpu", dtype=torch.int64).tolist()
+    return torch.tensor(
+        [[table[r][k][s] for r in range(requests) for k in range(topk)] for s in range(steps)], dtype=torch.int64,
+    ).reshape(steps, requests * topk)

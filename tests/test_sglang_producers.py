@@ -26,11 +26,12 @@ from hypothesis import strategies as st
 
 from harness.sglang import locate
 from harness.sglang.producers import (
+    ATTN_METADATA_FILES,
     CUDA_WINDOW_GETTER,
     DECODE_STREAMS,
     DRAFT_RING_ROWS,
     DRAFT_RING_SIZE,
-    ATTN_METADATA_FILES,
+    DRAFT_STEP_LOCS,
     GRAPH_LOC_BUFFER,
     HIP_WINDOW_GETTER,
     LATE_LAYER_TAIL,
@@ -52,6 +53,7 @@ from harness.sglang.real_classes import attributes
 from harness.sglang.targets import HIP_BACKEND_FILE
 from reference import (
     TruthError,
+    draft_step_slots,
     late_layer_tail_tokens,
     prefill_rows,
     request_window_rows,
@@ -129,6 +131,11 @@ def test_the_late_layers_store_each_requests_last_window_tokens_or_its_whole_ext
     assert whole_last.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
+def test_each_draft_step_writes_the_slot_allocated_to_that_step_of_every_branch():
+    allocated = torch.tensor([[[11, 12, 13], [21, 22, 23]], [[31, 32, 33], [41, 42, 43]]])  # [request, branch, step]
+    assert draft_step_slots(allocated).tolist() == [[11, 21, 31, 41], [12, 22, 32, 42], [13, 23, 33, 43]]
+
+
 # ---- the releases' producers -------------------------------------------------------------------
 
 
@@ -184,14 +191,14 @@ _STATE_ROWS = (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS)
 
 @pytest.mark.parametrize("version,present", [
     ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
-    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, GRAPH_LOC_BUFFER)),
+    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, GRAPH_LOC_BUFFER)),
     ("0.5.21", (VERIFY_EXPANSION, PREFILL_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                LATE_LAYER_TAIL, GRAPH_LOC_BUFFER)),
+                LATE_LAYER_TAIL, DRAFT_STEP_LOCS, GRAPH_LOC_BUFFER)),
     ("0.5.22", (VERIFY_EXPANSION, PREFILL_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, GRAPH_LOC_BUFFER)),
+                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, GRAPH_LOC_BUFFER)),
     ("0.5.23", (VERIFY_EXPANSION, PREFILL_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
-                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, GRAPH_LOC_BUFFER, DRAFT_RING_SIZE,
-                DRAFT_RING_ROWS)),
+                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, GRAPH_LOC_BUFFER,
+                DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
     if version not in CHECKED:

@@ -30,6 +30,7 @@ import torch
 
 from reference.truth import (
     DUMMY_SLOT,
+    draft_step_slots,
     late_layer_tail_tokens,
     prefill_rows,
     request_window_rows,
@@ -56,6 +57,7 @@ WINDOW_COMMIT = "RequestWindow.commit"
 WINDOW_ROW = "RequestWindow.row_loc"
 DECODE_STREAMS = "_attach_unified_kv_decode_streams"
 LATE_LAYER_TAIL = "late_layer_tail_layout"
+DRAFT_STEP_LOCS = "per_step_draft_out_cache_loc"
 CUDA_WINDOW_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc"
 HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
 GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
@@ -68,6 +70,7 @@ WINDOW_FILE = "sglang/srt/mem_cache/dsv41_request_window.py"
 KV_LAYOUT_FILE = "sglang/kernels/ops/attention/dsv4/kv_layout.py"
 MEMORY_POOL_FILE = "sglang/srt/mem_cache/memory_pool.py"
 UTILS_FILE = "sglang/srt/utils/common.py"
+EAGLE_UTILS_FILE = "sglang/srt/speculative/eagle_utils.py"
 DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metadata.py"
 # where late_layer_tail_layout lives: 0.5.23, then 0.5.21-0.5.22
 ATTN_METADATA_FILES = ("sglang/kernels/ops/attention/dsv4/attn_metadata_kernels.py",
@@ -927,6 +930,29 @@ def _run_late_layer_tail(producer: Producer, batch: Batch, _: int) -> list[str]:
     return problems
 
 
+# ---- multi-step draft decode: each step's slots (0.5.13+) ----------------------------------------
+
+
+def _bind_draft_step_locations(tree: SourceTree, mode: str) -> Producer:
+    binding = bind(tree, (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS),), PRODUCER_STAND_INS, {}, mode)
+    return Producer("eagle_utils", DRAFT_STEP_LOCS, binding.functions[DRAFT_STEP_LOCS], binding=binding)
+
+
+def _run_draft_step_locations(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """A draft of ``topk`` branches and ``steps`` steps per request, its slots handed out as
+    the EAGLE allocator does (request, branch, step); each step must get its own slots."""
+    requests = len(batch.req_pool_indices)
+    topk, steps = 1 + batch.num_tokens % 2, 1 + int(batch.extend_seq_lens.max()) % 4
+    generator = torch.Generator().manual_seed(batch.num_tokens)
+    drafted = requests * topk * steps
+    allocated = (torch.randperm(4 * drafted, generator=generator)[:drafted] + 1).reshape(requests, topk, steps)
+    rows = producer.function(allocated.reshape(-1), requests, topk, steps)
+    want = draft_step_slots(allocated)
+    if tuple(rows.shape) != tuple(want.shape):
+        return [f"draft step slots: shape {tuple(rows.shape)}, want {tuple(want.shape)} (a row per step)"]
+    return _differences(f"draft step slots ({topk} branches, {steps} steps)", rows, want.reshape(-1))
+
+
 PRODUCERS: tuple[ProducerInfo, ...] = (
     ProducerInfo(VERIFY_EXPANSION, "target-verify state slot per token (req_pool_indices_repeated)",
                  _bind_expansion(VERIFY_EXPANSION), _run_verify_expansion),
@@ -952,6 +978,8 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_window_getter(HIP_BACKEND_FILE, HIP_BACKEND), _run_window_getter, _live_or_idle_after_live),
     ProducerInfo(LATE_LAYER_TAIL, "extend rows the late layers store under decoder SWA bounded replay",
                  _bind_late_layer_tail, _run_late_layer_tail),
+    ProducerInfo(DRAFT_STEP_LOCS, "full-pool slots each step of a multi-step draft decode writes",
+                 _bind_draft_step_locations, _run_draft_step_locations),
     ProducerInfo(GRAPH_LOC_BUFFER, "CUDA graph buffer of translated out_cache_loc",
                  _bind_graph_buffer, _run_graph_buffer, lambda batch: not batch.is_idle),
     ProducerInfo(DRAFT_RING_SIZE, "rows per request slot of the draft SWA ring",
