@@ -370,17 +370,19 @@ def _bind_method(
     owner_stand_ins: tuple[type[StandIn], ...], *, extra: tuple[ClassCode | FunctionCode, ...] = (),
     uses: str | None = None, more_stand_ins: tuple[StandInUse, ...] = (),
     site_stand_ins: tuple[tuple[type[StandIn], str], ...] = (), records: tuple[str, ...] = (),
+    names: dict[str, Any] | None = None,
 ) -> Producer:
     """``method`` from the first of ``sites`` (file, class) that has it, run on the first of
     ``owner_stand_ins`` that carries what the release's code reads of the class.
 
     ``uses`` is a name the code must read for the producer to be there; ``site_stand_ins``
     pair a stand-in with the class of the site's file it replaces; ``records`` are SGLang
-    dataclasses of that file the code builds, rebuilt from the release's field lists."""
+    dataclasses of that file the code builds, rebuilt from the release's field lists;
+    ``names`` are further global names the code gets."""
     reasons = []
     for path, owner in sites:
         try:
-            stand_ins = {**PRODUCER_STAND_INS, **_records(tree, mode, path, records)}
+            stand_ins = {**PRODUCER_STAND_INS, **(names or {}), **_records(tree, mode, path, records)}
             binding, owner_stand_in = _bind_on_fitting_stand_in(
                 tree, mode, (*extra, ClassCode(path, owner, (method,))), stand_ins, owner_stand_ins)
         except BindError as exc:
@@ -467,8 +469,34 @@ _INT32_ON_CPU = {"dtype": torch.int32, "device": "cpu"}
 
 def _bind_expansion(method: str) -> Callable[[SourceTree, str], Producer]:
     def bind_one(tree: SourceTree, mode: str) -> Producer:
-        return _bind_method(tree, mode, method, _BACKEND_SITES, (ExpansionBackend,))
+        return _bind_method(tree, mode, method, _BACKEND_SITES, (ExpansionBackend,),
+                            names=_prefill_expansion_kernel(tree, mode))
     return bind_one
+
+
+class CpuDispatch:
+    """Stands in for one of SGLang's kernel dispatchers (``ExpandPrefillCausally``), whose
+    ``execute`` runs its Triton kernel on CUDA tensors and its torch implementation
+    otherwise: here always the release's own torch implementation."""
+
+    def __init__(self, torch_implementation: Callable[..., Any]):
+        self.torch_implementation = torch_implementation
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        return self.torch_implementation(*args, **kwargs)
+
+
+def _prefill_expansion_kernel(tree: SourceTree, mode: str) -> dict[str, Any]:
+    """``ExpandPrefillCausally`` over the release's ``expand_prefill_causally`` (the CUDA
+    backend expands prefill batches through it from 0.5.18), where the release has it."""
+    for path in ATTN_METADATA_FILES:
+        text = tree.read(path)
+        if text is not None and "def expand_prefill_causally(" in text:
+            records = _records(tree, mode, path, ("ExpandPrefillCausallyResult",))
+            binding = bind(tree, (FunctionCode(path, "expand_prefill_causally"),),
+                           {**PRODUCER_STAND_INS, **records}, {}, mode)
+            return {"ExpandPrefillCausally": CpuDispatch(binding.functions["expand_prefill_causally"])}
+    return {}
 
 
 def _run_verify_expansion(producer: Producer, batch: Batch, _: int) -> list[str]:
@@ -483,12 +511,25 @@ def _run_verify_expansion(producer: Producer, batch: Batch, _: int) -> list[str]
 
 
 def _run_prefill_expansion(producer: Producer, batch: Batch, _: int) -> list[str]:
-    _, repeated = producer.function(
-        ExpansionBackend(cuda_int32_kwargs=_INT32_ON_CPU), num_tokens=batch.num_tokens,
-        seq_lens=[int(s) for s in batch.seq_lens], extend_seq_lens=[int(c) for c in batch.extend_seq_lens],
-        req_pool_indices=batch.req_pool_indices, padded_num_tokens=None,
-    )
-    return _differences("req_pool_indices_repeated", repeated, batch.token_slots)
+    """Each token's request slot, through the host-list path and, where the release has it
+    (``extend_start_loc``), the vectorized path."""
+    arguments = {
+        "num_tokens": batch.num_tokens, "seq_lens": [int(s) for s in batch.seq_lens],
+        "extend_seq_lens": [int(c) for c in batch.extend_seq_lens], "req_pool_indices": batch.req_pool_indices,
+        "padded_num_tokens": None, "seq_lens_tensor": batch.seq_lens, "extend_seq_lens_tensor": batch.extend_seq_lens,
+    }
+    taken = _parameters(producer.function)
+    variants = {"req_pool_indices_repeated": {}}
+    if "extend_start_loc" in taken:
+        starts = torch.cumsum(batch.extend_seq_lens, 0) - batch.extend_seq_lens
+        variants["req_pool_indices_repeated (vectorized)"] = {"extend_start_loc": starts}
+    problems = []
+    for label, more in variants.items():
+        offered = {**arguments, **more}
+        _, repeated = producer.function(ExpansionBackend(cuda_int32_kwargs=_INT32_ON_CPU),
+                                        **{k: v for k, v in offered.items() if k in taken})
+        problems += _differences(label, repeated, batch.token_slots)
+    return problems
 
 
 def _bind_prefill_rows(tree: SourceTree, mode: str) -> Producer:
