@@ -315,8 +315,10 @@ def test_a_request_window_that_commits_rows_its_ring_cannot_hold_is_caught(tmp_p
     short = Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([3, 1]))
     assert check(producer, short) == []
     long = Batch(torch.tensor([3]), torch.tensor([0]), torch.tensor([134]))
-    (problem,) = check(producer, long)
-    assert problem.startswith("commit_mask: got [1, 1, 1,") and "want [0, 0, 1," in problem
+    problems = check(producer, long)
+    assert len(problems) == 2
+    assert problems[0].endswith("(a history group per request)") and problems[1].endswith("(a history group per row)")
+    assert all(p.startswith("commit_mask: got [1, 1, 1,") and "want [0, 0, 1," in p for p in problems)
 
 
 def test_a_graph_buffer_that_leaves_stale_rows_past_the_batch_is_caught():

@@ -664,12 +664,14 @@ def _new_window(window_class: type, batch: Batch) -> tuple[Any, int]:
     return window, whole_page_ring(SLIDING_WINDOW, DRAFT_TOKENS, WINDOW_PAGE)
 
 
-def _layout(layout_function: Any, batch: Batch, capacity: int, zero_row: int) -> Any:
+def _layout(layout_function: Any, batch: Batch, capacity: int, zero_row: int, per_request: bool = True) -> Any:
     """The layout SGLang's metadata builder makes for ``batch`` (``make_core_attn_metadata``
     passes the token slots and positions, the window's zero row and capacity, one history
-    group per request, and the padded row count under a prefill graph)."""
+    group per request where the caller knows the requests, else one per row, and the padded
+    row count under a prefill graph)."""
     taken = _parameters(layout_function)
-    arguments: dict[str, Any] = {"capacity": capacity, "num_groups": len(batch.req_pool_indices)}
+    groups = len(batch.req_pool_indices) if per_request else None
+    arguments: dict[str, Any] = {"capacity": capacity, "num_groups": groups}
     if "zero_row" in taken:
         arguments["zero_row"] = zero_row
     if batch.padding:
@@ -677,11 +679,12 @@ def _layout(layout_function: Any, batch: Batch, capacity: int, zero_row: int) ->
     return layout_function(batch.token_slots, batch.positions, **arguments)
 
 
-def _window_truth(layout_function: Any, batch: Batch, capacity: int):
+def _window_truth(layout_function: Any, batch: Batch, capacity: int, per_request: bool = True):
     return request_window_rows(
         batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens,
         window=layout_function.__kwdefaults__["window"], capacity=capacity,
-        history_groups=None if batch.is_idle else len(batch.req_pool_indices), padding=batch.padding,
+        history_groups=len(batch.req_pool_indices) if per_request and not batch.is_idle else None,
+        padding=batch.padding,
     )
 
 
@@ -689,17 +692,20 @@ def _run_window_layout(producer: Producer, batch: Batch, _: int) -> list[str]:
     if batch.padding and "padded_rows" not in _parameters(producer.function):
         return []  # this release never pads a layout (0.5.23 pads under a prefill graph)
     capacity = whole_page_ring(SLIDING_WINDOW, DRAFT_TOKENS, WINDOW_PAGE)
-    layout = _layout(producer.function, batch, capacity, zero_row=batch.num_req_slots * capacity)
-    truth = _window_truth(producer.function, batch, capacity)
     live = batch.num_tokens
-    commits = torch.cat([truth.commit_row >= 0, torch.zeros(batch.padding, dtype=torch.bool)])
-    return (
-        _differences("write_loc", layout.write_loc, truth.write_loc.to(torch.int64))
-        + _differences("req", layout.req[:live], batch.token_slots)
-        + _differences("pos", layout.pos[:live], batch.positions)
-        + _differences("commit_mask", layout.commit_mask, commits.to(torch.int64))
-        + _dtype("write_loc", layout.write_loc)
-    )
+    problems = []
+    for per_request, groups in ((True, "a history group per request"), (False, "a history group per row")):
+        layout = _layout(producer.function, batch, capacity, batch.num_req_slots * capacity, per_request)
+        truth = _window_truth(producer.function, batch, capacity, per_request)
+        commits = torch.cat([truth.commit_row >= 0, torch.zeros(batch.padding, dtype=torch.bool)])
+        problems += [f"{problem} ({groups})" for problem in (
+            _differences("write_loc", layout.write_loc, truth.write_loc.to(torch.int64))
+            + _differences("req", layout.req[:live], batch.token_slots)
+            + _differences("pos", layout.pos[:live], batch.positions)
+            + _differences("commit_mask", layout.commit_mask, commits.to(torch.int64))
+            + _dtype("write_loc", layout.write_loc)
+        )]
+    return problems
 
 
 def _dtype(name: str, rows: torch.Tensor) -> list[str]:
