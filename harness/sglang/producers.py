@@ -451,6 +451,13 @@ def check(producer: Producer, batch: Batch, window: int = 128) -> list[str]:
         return [f"{producer.name} raised {type(exc).__name__}: {exc}"]
 
 
+def _owner(producer: Producer, **offered: Any) -> StandIn:
+    """The stand-in for the producer's own class, carrying those of ``offered`` that the
+    release's code reads (the stand-in it was bound on)."""
+    stand_in = producer.stand_ins[0].stand_in
+    return stand_in(**{name: offered[name] for name in stand_in.attributes})
+
+
 def _differences(name: str, got: Any, want: torch.Tensor) -> list[str]:
     if not isinstance(got, torch.Tensor):
         return [f"{name}: got {type(got).__name__}, want {want.tolist()}"]
@@ -585,9 +592,8 @@ def _run_decode_streams(producer: Producer, batch: Batch, window: int) -> list[s
         return []  # before 0.5.18 only decode builds these rows (one slot per request)
     ring = ring_size(window, speculative=draft > 1, num_draft_tokens=draft)
     pool = UnifiedRingPool(unified_swa_window=window, unified_swa_ring_size=ring, unified_swa_pages=0)
-    offered = {"token_to_kv_pool": pool, "is_dspark": False, "_fp8_decode_num_heads": None, "_fp8_verify_epi": None}
-    backend_class = producer.stand_ins[0].stand_in
-    backend = backend_class(**{name: offered[name] for name in backend_class.attributes})
+    backend = _owner(producer, token_to_kv_pool=pool, is_dspark=False, _fp8_decode_num_heads=None,
+                     _fp8_verify_epi=None)
     core = DecodeCoreMetadata.of(batch.positions)
     arguments = {"num_draft": draft} if "num_draft" in _parameters(producer.function) else {}
     producer.function(backend, core, batch.token_slots, **arguments)
@@ -802,7 +808,7 @@ def _bind_window_getter(path: str, owner: str) -> Callable[[SourceTree, str], Pr
     return bind_one
 
 
-def _store_batch(batch: Batch) -> Any:
+def _store_batch(batch: Batch) -> StoreBatch:
     mode = ForwardMode.IDLE if batch.is_idle else ForwardMode.EXTEND
     return StoreBatch(forward_mode=SglangMode(mode), out_cache_loc=torch.zeros(batch.rows, dtype=torch.int64))
 
@@ -820,10 +826,8 @@ def _run_window_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
         layout = _layout(layout_function, built_for, window.capacity, zero_row=window.rows)
         core = WindowCoreMetadata(request_window_layout=layout)
         metadata = StoreMetadata(core_attn_metadata=core, late_layer_tail=None)
-    offered = {"forward_metadata": metadata, "token_to_kv_pool": RequestWindowPool(request_window=window),
-               "pre_kv_store_hook": None}
-    backend_class = producer.stand_ins[0].stand_in
-    backend = backend_class(**{name: offered[name] for name in backend_class.attributes})
+    backend = _owner(producer, forward_metadata=metadata, token_to_kv_pool=RequestWindowPool(request_window=window),
+                     pre_kv_store_hook=None)
     rows = producer.function(backend, _store_batch(batch))
     truth = _window_truth(layout_function, batch, capacity)
     problems = _differences("store write_loc", rows, truth.write_loc.to(torch.int64))
