@@ -136,6 +136,23 @@ def test_each_draft_step_writes_the_slot_allocated_to_that_step_of_every_branch(
     assert draft_step_slots(allocated).tolist() == [[11, 21, 31, 41], [12, 22, 32, 42], [13, 23, 33, 43]]
 
 
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(1, 20), min_size=1, max_size=4), capacity=st.integers(8, 12),
+       prefixes=st.lists(st.integers(0, 50), min_size=4, max_size=4), padding=st.integers(0, 3))
+def test_request_window_rows_never_write_one_ring_row_twice_nor_outside_their_requests_ring(
+    counts, capacity, prefixes, padding,
+):
+    slots = torch.arange(len(counts)) * 3 + 1
+    rows = request_window_rows(slots, torch.tensor(prefixes[: len(counts)]), torch.tensor(counts),
+                               window=8, capacity=capacity, padding=padding)
+    committed = rows.commit_row[rows.commit_row >= 0]
+    assert committed.unique().numel() == committed.numel()
+    owners = token_state_slots(slots, torch.tensor(counts))[rows.commit_row >= 0]
+    assert torch.equal(committed // capacity, owners)
+    assert rows.write_loc.unique().numel() == sum(counts) + padding
+    assert int(rows.write_loc.min()) >= 8 * sum(counts)  # past every history row
+
+
 # ---- the releases' producers -------------------------------------------------------------------
 
 
