@@ -34,6 +34,7 @@ from harness.sglang.producers import (
     DRAFT_STEP_LOCS,
     GRAPH_LOC_BUFFER,
     HIP_WINDOW_GETTER,
+    IN_GRAPH_INIT,
     LATE_LAYER_TAIL,
     PREFILL_EXPANSION,
     PREFILL_ROWS,
@@ -208,14 +209,14 @@ _STATE_ROWS = (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS)
 
 @pytest.mark.parametrize("version,present", [
     ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
-    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, GRAPH_LOC_BUFFER)),
+    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
     ("0.5.21", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                LATE_LAYER_TAIL, DRAFT_STEP_LOCS, GRAPH_LOC_BUFFER)),
+                LATE_LAYER_TAIL, DRAFT_STEP_LOCS, IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
     ("0.5.22", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, GRAPH_LOC_BUFFER)),
+                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
     ("0.5.23", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
-                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, GRAPH_LOC_BUFFER,
-                DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
+                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, IN_GRAPH_INIT,
+                GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
     if version not in CHECKED:
@@ -398,3 +399,21 @@ def test_a_request_window_commit_into_another_requests_ring_is_caught(version):
     problems = check(broken, batch)
     assert problems[0] == "committed tags: got [-1, -1], want [10, 11]"
     assert problems[-1] == "ring rows [10, 11] changed, which no row commits to"
+
+
+def test_draft_steps_that_all_read_step_zeros_rows_are_caught():
+    version = "0.5.19"
+    if version not in CHECKED:
+        pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
+    found, _ = _bound(version)
+    (real,) = [p for p in found if p.name == IN_GRAPH_INIT]
+
+    def metadata_of_step_zero(backend, forward_batch):
+        backend.speculative_step_id = 0
+        return real.function(backend, forward_batch)
+
+    broken = dataclasses.replace(real, function=metadata_of_step_zero)
+    three_steps = Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([2, 1]))
+    assert check(real, three_steps) == []
+    problems = check(broken, three_steps)
+    assert [p.split(":")[0] for p in problems] == ["step 1 of 3 swa_out_cache_loc", "step 2 of 3 swa_out_cache_loc"]

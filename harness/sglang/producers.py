@@ -22,6 +22,7 @@ class it replaces, so a test holds its attributes to that class's in every relea
 """
 from __future__ import annotations
 
+import ast
 import types
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -58,6 +59,7 @@ WINDOW_ROW = "RequestWindow.row_loc"
 DECODE_STREAMS = "_attach_unified_kv_decode_streams"
 LATE_LAYER_TAIL = "late_layer_tail_layout"
 DRAFT_STEP_LOCS = "per_step_draft_out_cache_loc"
+IN_GRAPH_INIT = "init_forward_metadata_in_graph"
 CUDA_WINDOW_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc"
 HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
 GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
@@ -1004,6 +1006,133 @@ def _run_draft_step_locations(producer: Producer, batch: Batch, _: int) -> list[
     return _differences(f"draft step slots ({topk} branches, {steps} steps)", rows, want.reshape(-1))
 
 
+# ---- the CUDA backend's in-graph metadata step (0.5.18+) ------------------------------------------
+
+
+class NotModelled:
+    """The value of an attribute or name the bound code reads only on a path these checks
+    never take (a raw-metadata upgrade, the low-ratio indexer, DSpark); any use of it says
+    so instead of answering."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise StandInGap(f"SGLang code used {self.name}, on a path swafuzz does not model")
+
+    __call__ = __bool__ = __iter__ = _refuse
+
+    def __getattr__(self, attribute: str) -> Any:
+        self._refuse()
+
+
+class InGraphMetadata(StandIn):
+    """Full (not raw) forward metadata, as the in-graph step finds it after replay prep."""
+
+    role = "forward metadata"
+    attributes = frozenset({"core_attn_metadata"})
+
+
+class LowRatioInGraphMetadata(InGraphMetadata):
+    """The same where the step also refreshes the low-ratio indexers (0.5.21+; none here)."""
+
+    attributes = InGraphMetadata.attributes | {"core_metadata"}
+
+
+class InGraphCore(StandIn):
+    role = "attention metadata"
+    attributes = frozenset({"swa_out_cache_loc"})
+
+
+class LowRatioInGraphCore(InGraphCore):
+    attributes = InGraphCore.attributes | {"low_ratios"}
+
+
+class InGraphBatch(StandIn):
+    role = "forward batch"
+    attributes = frozenset({"forward_mode", "out_cache_loc", "batch_size"})
+    replaces = (RealClass("sglang/srt/model_executor/forward_batch_info.py", "ForwardBatch"),)
+
+
+def _reads(function: types.FunctionType, *chain: str) -> frozenset[str]:
+    """The attributes the bound ``function`` reads from ``self.<chain>``."""
+    node = function.swafuzz_source
+    prefix = ".".join(("self", *chain))
+    return frozenset(
+        n.attr for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and ast.unparse(n.value) == prefix
+    )
+
+
+def _bind_in_graph_init(tree: SourceTree, mode: str) -> Producer:
+    """The in-graph step bound on stand-ins carrying exactly what the release's code reads
+    of the backend and its pool (paths never taken get :class:`NotModelled` values)."""
+    names: dict[str, Any] = {name: NotModelled(name) for name in (
+        "skip_low_ratio_indexer", "fill_all_compressed_indices", "token_req_indices", "_replan_topk_in_graph")}
+    names["DSV4Metadata"] = InGraphMetadata  # what its isinstance check recognises as full metadata
+    records = _records(tree, mode, CUDA_BACKEND_FILE, ("DSV4RawVerifyMetadata", "DSV4RawDecodeMetadata"))
+    code = (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS),
+            ClassCode(CUDA_BACKEND_FILE, CUDA_BACKEND, (IN_GRAPH_INIT,)))
+    binding = bind(tree, code, {**PRODUCER_STAND_INS, **names, **records}, {}, mode)
+    function = binding.classes[CUDA_BACKEND].methods[IN_GRAPH_INIT]
+    backend = type("InGraphBackend", (StandIn,), {"role": "in-graph backend", "attributes": _reads(function)})
+    pool = type("InGraphPool", (TranslatingPool,), {
+        "role": "in-graph pool", "replaces": TranslatingPool.replaces,
+        "attributes": (TranslatingPool.attributes
+                       | (_reads(function, "token_to_kv_pool") - set(_POOL_TRANSLATION.methods))),
+    })
+    pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=pool.role),), PRODUCER_STAND_INS,
+                        {pool.role: pool.attributes}, mode)
+    low_ratios = "core_metadata" in function.__code__.co_names
+    metadata = LowRatioInGraphMetadata if low_ratios else InGraphMetadata
+    core = LowRatioInGraphCore if low_ratios else InGraphCore
+    return Producer(CUDA_BACKEND, IN_GRAPH_INIT, function, binding=binding, stand_ins=(
+        StandInUse(backend, (RealClass(CUDA_BACKEND_FILE, CUDA_BACKEND),)), StandInUse(pool, pool.replaces),
+        StandInUse(InGraphBatch, InGraphBatch.replaces),
+        StandInUse(metadata, (RealClass(CUDA_BACKEND_FILE, "DSV4Metadata"),)),
+        StandInUse(core, (RealClass(CUDA_BACKEND_FILE, "DSV4AttnMetadata"),)),
+    ), parts={"pool": pool_binding.classes["DeepSeekV4TokenToKVPool"].build(pool), "metadata": metadata, "core": core})
+
+
+def _run_in_graph_init(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """Each step of a multi-step draft decode (one step: a plain decode) refreshes the rows
+    its stores read from the live ``out_cache_loc``: they must be its own step's slots,
+    translated."""
+    requests = len(batch.req_pool_indices)
+    topk, steps = 1 + batch.num_tokens % 2, 1 + int(batch.extend_seq_lens.max()) % 4
+    if steps == 1:
+        topk = 1
+    drafted = requests * topk * steps
+    generator = torch.Generator().manual_seed(batch.num_tokens * 7 + requests)
+    allocated = (torch.randperm(4 * drafted, generator=generator)[:drafted] + 1).reshape(requests, topk, steps)
+    mapping = torch.zeros(4 * drafted + 1, dtype=torch.int64)
+    mapping[allocated.reshape(-1)] = torch.randperm(2 * drafted, generator=generator)[:drafted] + 1
+    pool_class = producer.parts["pool"]
+    pool = pool_class(**{name: None for name in pool_class.attributes})
+    pool.register_mapping(mapping)
+    mode = ForwardMode.DRAFT_DECODE if steps > 1 else ForwardMode.DECODE
+    forward_batch = InGraphBatch(forward_mode=SglangMode(mode), out_cache_loc=allocated.reshape(-1),
+                                 batch_size=requests)
+    want_by_step = draft_step_slots(allocated)
+    problems = []
+    core_class, metadata_class = producer.parts["core"], producer.parts["metadata"]
+    for step in range(steps):
+        core_values = {"swa_out_cache_loc": None, "low_ratios": ()}  # no low-ratio indexer runs
+        core = core_class(**{name: core_values[name] for name in core_class.attributes})
+        metadata = metadata_class(**{name: core for name in metadata_class.attributes})
+        backend_class = producer.stand_ins[0].stand_in
+        offered = {"forward_metadata": metadata, "token_to_kv_pool": pool, "topk": topk if steps > 1 else 0,
+                   "speculative_num_steps": steps if steps > 1 else 0, "speculative_step_id": step,
+                   "is_dspark_draft": False, "_early_verify_metadata_ids": set()}
+        backend = backend_class(**{name: offered.get(name, NotModelled(f"self.{name}"))
+                                   for name in backend_class.attributes})
+        producer.function(backend, forward_batch)
+        want = translate_pool(mapping, want_by_step[step])
+        label = f"step {step} of {steps} swa_out_cache_loc" if steps > 1 else "swa_out_cache_loc"
+        problems += _differences(label, core.swa_out_cache_loc, want.to(torch.int64))
+    return problems
+
+
 PRODUCERS: tuple[ProducerInfo, ...] = (
     ProducerInfo(VERIFY_EXPANSION, "target-verify state slot per token (req_pool_indices_repeated)",
                  _bind_expansion(VERIFY_EXPANSION), _run_verify_expansion),
@@ -1031,6 +1160,8 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_late_layer_tail, _run_late_layer_tail),
     ProducerInfo(DRAFT_STEP_LOCS, "full-pool slots each step of a multi-step draft decode writes",
                  _bind_draft_step_locations, _run_draft_step_locations),
+    ProducerInfo(IN_GRAPH_INIT, "CUDA in-graph refresh of the rows each draft step's stores read",
+                 _bind_in_graph_init, _run_in_graph_init),
     ProducerInfo(GRAPH_LOC_BUFFER, "CUDA graph buffer of translated out_cache_loc",
                  _bind_graph_buffer, _run_graph_buffer, lambda batch: not batch.is_idle),
     ProducerInfo(DRAFT_RING_SIZE, "rows per request slot of the draft SWA ring",
