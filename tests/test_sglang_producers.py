@@ -27,14 +27,15 @@ from hypothesis import strategies as st
 from harness.sglang import locate
 from harness.sglang.producers import (
     ATTN_METADATA_FILES,
+    CUDA_IN_GRAPH_INIT,
     CUDA_WINDOW_GETTER,
     DECODE_STREAMS,
     DRAFT_RING_ROWS,
     DRAFT_RING_SIZE,
     DRAFT_STEP_LOCS,
     GRAPH_LOC_BUFFER,
+    HIP_IN_GRAPH_INIT,
     HIP_WINDOW_GETTER,
-    IN_GRAPH_INIT,
     LATE_LAYER_TAIL,
     PREFILL_EXPANSION,
     PREFILL_ROWS,
@@ -205,17 +206,18 @@ def test_every_producer_a_release_has_matches_the_truth(version, ragged, uniform
 
 _ALL = tuple(info.name for info in PRODUCERS)
 _STATE_ROWS = (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS)
+_IN_GRAPH = (CUDA_IN_GRAPH_INIT, HIP_IN_GRAPH_INIT)
 
 
 @pytest.mark.parametrize("version,present", [
     ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
-    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
+    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, *_IN_GRAPH, GRAPH_LOC_BUFFER)),
     ("0.5.21", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                LATE_LAYER_TAIL, DRAFT_STEP_LOCS, IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
+                LATE_LAYER_TAIL, DRAFT_STEP_LOCS, *_IN_GRAPH, GRAPH_LOC_BUFFER)),
     ("0.5.22", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
+                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
     ("0.5.23", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
-                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, IN_GRAPH_INIT,
+                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT,
                 GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
@@ -406,7 +408,7 @@ def test_draft_steps_that_all_read_step_zeros_rows_are_caught():
     if version not in CHECKED:
         pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
     found, _ = _bound(version)
-    (real,) = [p for p in found if p.name == IN_GRAPH_INIT]
+    (real,) = [p for p in found if p.name == CUDA_IN_GRAPH_INIT]
 
     def metadata_of_step_zero(backend, forward_batch):
         backend.speculative_step_id = 0

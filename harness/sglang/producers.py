@@ -62,6 +62,8 @@ DECODE_STREAMS = "_attach_unified_kv_decode_streams"
 LATE_LAYER_TAIL = "late_layer_tail_layout"
 DRAFT_STEP_LOCS = "per_step_draft_out_cache_loc"
 IN_GRAPH_INIT = "init_forward_metadata_in_graph"
+CUDA_IN_GRAPH_INIT = f"{CUDA_BACKEND}.{IN_GRAPH_INIT}"
+HIP_IN_GRAPH_INIT = f"{HIP_BACKEND}.{IN_GRAPH_INIT}"
 CUDA_WINDOW_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc"
 HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
 GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
@@ -1066,34 +1068,45 @@ def _reads(function: types.FunctionType, *chain: str) -> frozenset[str]:
     )
 
 
-def _bind_in_graph_init(tree: SourceTree, mode: str) -> Producer:
-    """The in-graph step bound on stand-ins carrying exactly what the release's code reads
-    of the backend and its pool (paths never taken get :class:`NotModelled` values)."""
-    names: dict[str, Any] = {name: NotModelled(name) for name in (
-        "skip_low_ratio_indexer", "fill_all_compressed_indices", "token_req_indices", "_replan_topk_in_graph")}
-    names["DSV4Metadata"] = InGraphMetadata  # what its isinstance check recognises as full metadata
-    records = _records(tree, mode, CUDA_BACKEND_FILE, ("DSV4RawVerifyMetadata", "DSV4RawDecodeMetadata"))
-    code = (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS),
-            ClassCode(CUDA_BACKEND_FILE, CUDA_BACKEND, (IN_GRAPH_INIT,)))
-    binding = bind(tree, code, {**PRODUCER_STAND_INS, **names, **records}, {}, mode)
-    function = binding.classes[CUDA_BACKEND].methods[IN_GRAPH_INIT]
-    backend = type("InGraphBackend", (StandIn,), {"role": "in-graph backend", "attributes": _reads(function)})
-    pool = type("InGraphPool", (TranslatingPool,), {
-        "role": "in-graph pool", "replaces": TranslatingPool.replaces,
-        "attributes": (TranslatingPool.attributes
-                       | (_reads(function, "token_to_kv_pool") - set(_POOL_TRANSLATION.methods))),
-    })
-    pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=pool.role),), PRODUCER_STAND_INS,
-                        {pool.role: pool.attributes}, mode)
-    low_ratios = "core_metadata" in function.__code__.co_names
-    metadata = LowRatioInGraphMetadata if low_ratios else InGraphMetadata
-    core = LowRatioInGraphCore if low_ratios else InGraphCore
-    return Producer(CUDA_BACKEND, IN_GRAPH_INIT, function, binding=binding, stand_ins=(
-        StandInUse(backend, (RealClass(CUDA_BACKEND_FILE, CUDA_BACKEND),)), StandInUse(pool, pool.replaces),
-        StandInUse(InGraphBatch, InGraphBatch.replaces),
-        StandInUse(metadata, (RealClass(CUDA_BACKEND_FILE, "DSV4Metadata"),)),
-        StandInUse(core, (RealClass(CUDA_BACKEND_FILE, "DSV4AttnMetadata"),)),
-    ), parts={"pool": pool_binding.classes["DeepSeekV4TokenToKVPool"].build(pool), "metadata": metadata, "core": core})
+# methods the in-graph step calls on its own class where the release has them
+IN_GRAPH_HELPERS = ("_fp4_workspaces_enabled",)
+
+
+def _bind_in_graph_init(path: str, owner: str) -> Callable[[SourceTree, str], Producer]:
+    def bind_one(tree: SourceTree, mode: str) -> Producer:
+        """The in-graph step bound on stand-ins carrying exactly what the release's code
+        reads of the backend and its pool (paths never taken get :class:`NotModelled`)."""
+        names: dict[str, Any] = {name: NotModelled(name) for name in (
+            "skip_low_ratio_indexer", "fill_all_compressed_indices", "token_req_indices", "_replan_topk_in_graph",
+            "prepare_fp4_k_write_metadata", "prepare_fp4_decode_workspace")}
+        names["DSV4Metadata"] = InGraphMetadata  # what its isinstance check recognises as full metadata
+        records = _records(tree, mode, path, ("DSV4RawVerifyMetadata", "DSV4RawDecodeMetadata"))
+        text = tree.read(path) or ""
+        helpers = tuple(name for name in IN_GRAPH_HELPERS if f"def {name}(" in text)
+        code = (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS), ClassCode(path, owner, (IN_GRAPH_INIT, *helpers)))
+        binding = bind(tree, code, {**PRODUCER_STAND_INS, **names, **records}, {}, mode)
+        bound = binding.classes[owner]
+        function = bound.methods[IN_GRAPH_INIT]
+        read = frozenset().union(*(_reads(method) for method in bound.methods.values())) - set(bound.methods)
+        backend = type("InGraphBackend", (StandIn,), {"role": "in-graph backend", "attributes": read})
+        pool = type("InGraphPool", (TranslatingPool,), {
+            "role": "in-graph pool", "replaces": TranslatingPool.replaces,
+            "attributes": (TranslatingPool.attributes
+                           | (_reads(function, "token_to_kv_pool") - set(_POOL_TRANSLATION.methods))),
+        })
+        pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=pool.role),), PRODUCER_STAND_INS,
+                            {pool.role: pool.attributes}, mode)
+        low_ratios = "core_metadata" in function.__code__.co_names
+        metadata = LowRatioInGraphMetadata if low_ratios else InGraphMetadata
+        core = LowRatioInGraphCore if low_ratios else InGraphCore
+        return Producer(owner, IN_GRAPH_INIT, function, binding=binding, stand_ins=(
+            StandInUse(backend, (RealClass(path, owner),)), StandInUse(pool, pool.replaces),
+            StandInUse(InGraphBatch, InGraphBatch.replaces),
+            StandInUse(metadata, (RealClass(path, "DSV4Metadata"),)),
+            StandInUse(core, (RealClass(path, "DSV4AttnMetadata"),)),
+        ), parts={"backend": bound.build(backend), "metadata": metadata, "core": core,
+                  "pool": pool_binding.classes["DeepSeekV4TokenToKVPool"].build(pool)})
+    return bind_one
 
 
 def _run_in_graph_init(producer: Producer, batch: Batch, _: int) -> list[str]:
@@ -1122,10 +1135,11 @@ def _run_in_graph_init(producer: Producer, batch: Batch, _: int) -> list[str]:
         core_values = {"swa_out_cache_loc": None, "low_ratios": ()}  # no low-ratio indexer runs
         core = core_class(**{name: core_values[name] for name in core_class.attributes})
         metadata = metadata_class(**{name: core for name in metadata_class.attributes})
-        backend_class = producer.stand_ins[0].stand_in
+        backend_class = producer.parts["backend"]
         offered = {"forward_metadata": metadata, "token_to_kv_pool": pool, "topk": topk if steps > 1 else 0,
                    "speculative_num_steps": steps if steps > 1 else 0, "speculative_step_id": step,
-                   "is_dspark_draft": False, "_early_verify_metadata_ids": set()}
+                   "is_dspark_draft": False, "_early_verify_metadata_ids": set(),
+                   "enable_deepseek_v4_fp4_indexer": False}
         backend = backend_class(**{name: offered.get(name, NotModelled(f"self.{name}"))
                                    for name in backend_class.attributes})
         producer.function(backend, forward_batch)
@@ -1162,8 +1176,10 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_late_layer_tail, _run_late_layer_tail),
     ProducerInfo(DRAFT_STEP_LOCS, "full-pool slots each step of a multi-step draft decode writes",
                  _bind_draft_step_locations, _run_draft_step_locations),
-    ProducerInfo(IN_GRAPH_INIT, "CUDA in-graph refresh of the rows each draft step's stores read",
-                 _bind_in_graph_init, _run_in_graph_init),
+    ProducerInfo(CUDA_IN_GRAPH_INIT, "CUDA in-graph refresh of the rows each draft step's stores read",
+                 _bind_in_graph_init(CUDA_BACKEND_FILE, CUDA_BACKEND), _run_in_graph_init),
+    ProducerInfo(HIP_IN_GRAPH_INIT, "HIP in-graph refresh of the rows each draft step's stores read",
+                 _bind_in_graph_init(HIP_BACKEND_FILE, HIP_BACKEND), _run_in_graph_init),
     ProducerInfo(GRAPH_LOC_BUFFER, "CUDA graph buffer of translated out_cache_loc",
                  _bind_graph_buffer, _run_graph_buffer, lambda batch: not batch.is_idle),
     ProducerInfo(DRAFT_RING_SIZE, "rows per request slot of the draft SWA ring",
