@@ -8,7 +8,7 @@ reads its write target from: the target-verify and prefill state slots
 0.5.21+ request window (``window_layout``, ``RequestWindow.activate_idle``, ``commit`` and
 ``row_loc``, the backends' ``get_swa_out_cache_loc`` over it), the late-layer tail
 (``late_layer_tail_layout``), multi-step draft decode (``per_step_draft_out_cache_loc`` and
-the CUDA backend's ``init_forward_metadata_in_graph``, which refreshes each step's rows
+the backends' ``init_forward_metadata_in_graph``, which refreshes each step's rows
 inside the graph), the CUDA graph buffer of translated locations
 (``_fill_cuda_graph_swa_out_cache_loc``) and the 0.5.23 draft SWA ring
 (``get_draft_swa_ring_size``, ``_dspark_swa_ring_out_cache_loc``).
