@@ -8,17 +8,22 @@ from .truth import (
     DUMMY_SLOT,
     INT32_MAX,
     PrefillRows,
+    RequestWindowRows,
     TruthError,
+    draft_step_slots,
+    late_layer_tail_tokens,
     prefill_rows,
+    request_window_rows,
     ring_rows,
     ring_size,
     token_state_slots,
     translate_pool,
+    whole_page_ring,
 )
 
 __all__ = [
     "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
-    "ForwardPlan", "Mutation", "PrefillRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
-    "prefill_rows", "replay_events", "ring_rows", "ring_size", "store_schedule", "token_state_slots",
-    "translate_pool",
+    "ForwardPlan", "Mutation", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
+    "draft_step_slots", "late_layer_tail_tokens", "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size",
+    "store_schedule", "token_state_slots", "translate_pool", "whole_page_ring",
 ]

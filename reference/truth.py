@@ -133,3 +133,116 @@ def prefill_rows(
         cu_q=rows(starts),
         final_pos=rows([p + c - 1 for p, c in zip(prefixes, counts)]),
     )
+
+
+def whole_page_ring(sliding_window: int, max_draft_tokens: int, page_size: int) -> int:
+    """Rows one request slot owns in a page-aligned SWA ring: the window plus the draft
+    tokens a verify writes past it, rounded up to whole pages.
+
+    SGLang 0.5.21+ sizes the request window this way (``RequestWindow.__init__`` rounds its
+    capacity, ``sliding_window + online_mtp_max_draft_tokens``, up to pages) and 0.5.23's
+    draft ring the same (``get_draft_swa_ring_size``), so that a page of either ring pairs
+    with a page of the paged SWA pool.
+    """
+    if sliding_window <= 0 or page_size <= 0:
+        raise TruthError(f"sliding_window and page_size must be positive, got {sliding_window}, {page_size}")
+    if max_draft_tokens < 0:
+        raise TruthError(f"max_draft_tokens must be >= 0, got {max_draft_tokens}")
+    pages = -(-(sliding_window + max_draft_tokens) // page_size)
+    return pages * page_size
+
+
+@dataclass(frozen=True)
+class RequestWindowRows:
+    """Where a forward's SWA keys go under the request window (SGLang 0.5.21+).
+
+    Each forward stages its keys in a workspace: ``history_groups * window`` history rows
+    (each request's last ``window`` committed keys, copied in), then one row per query row
+    in batch order, padding rows last. After attention each live row is committed to its
+    request's ring row ``slot * capacity + position % capacity`` unless a later row of the
+    same request in this forward lands on that ring row too (more than ``capacity`` rows):
+    only the newest ``capacity`` rows of a request commit, so no ring row is written twice.
+    Padding rows and idle forwards commit nothing.
+    """
+
+    write_loc: torch.Tensor  # int32 [rows]: workspace row of each query row, padding included
+    commit_row: torch.Tensor  # int64 [live rows]: ring row it commits to, -1 when it does not
+
+
+def request_window_rows(
+    req_pool_indices: torch.Tensor, extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor, *,
+    window: int, capacity: int, history_groups: int | None = None, padding: int = 0,
+) -> RequestWindowRows:
+    """:class:`RequestWindowRows` of a forward whose request ``r`` (slot
+    ``req_pool_indices[r]``) had ``extend_prefix_lens[r]`` tokens and adds
+    ``extend_seq_lens[r]``, padded by ``padding`` rows. ``history_groups`` is how many
+    requests the workspace keeps history for (SGLang's ``num_groups``; one per query row
+    when not given). An idle forward is one with no requests: its rows follow one empty
+    history group (``RequestWindow.activate_idle``, 0.5.23) and commit nothing."""
+    counts = _per_request_counts(req_pool_indices, extend_seq_lens, "token counts")
+    prefixes = _per_request_counts(req_pool_indices, extend_prefix_lens, "prefix lengths")
+    if window <= 0 or capacity < window:
+        raise TruthError(f"the window ({window}) must be positive and fit in the capacity ({capacity})")
+    if padding < 0:
+        raise TruthError(f"negative padding {padding}")
+    live = sum(counts)
+    groups = (live if history_groups is None else history_groups) if counts else 1
+    if groups < len([c for c in counts if c]):
+        raise TruthError(f"{groups} history groups for {len(counts)} requests")
+    slots = [int(s) for s in req_pool_indices.to(device="cpu", dtype=torch.int64).reshape(-1)]
+    commit = [
+        slot * capacity + (prefix + i) % capacity if count - 1 - i < capacity else -1
+        for slot, prefix, count in zip(slots, prefixes, counts) for i in range(count)
+    ]
+    first = groups * window
+    return RequestWindowRows(
+        write_loc=torch.arange(first, first + live + padding, dtype=torch.int32),
+        commit_row=torch.tensor(commit, dtype=torch.int64),
+    )
+
+
+def late_layer_tail_tokens(
+    extend_seq_lens: torch.Tensor, tail_len: int, whole_extend: list[bool] | None = None
+) -> torch.Tensor:
+    """The rows of an extend whose keys the late layers store under decoder SWA bounded
+    replay (SGLang 0.5.21+, ``late_layer_tail_layout``), as indices into the extend (int64).
+
+    Only a request's last ``tail_len`` tokens (the SWA window) are ever read again, so the
+    layers from the late-layer start run over those rows only: request ``r`` keeps its last
+    ``min(tail_len, extend_seq_lens[r])`` tokens, or all of them where ``whole_extend[r]``
+    (a request that reads its prompt rows). Each such row's SWA write target is then the pool
+    translation of its own ``out_cache_loc``.
+    """
+    counts = [int(c) for c in extend_seq_lens.to(device="cpu", dtype=torch.int64).reshape(-1)]
+    if any(c < 0 for c in counts):
+        raise TruthError("negative token counts")
+    if tail_len <= 0:
+        raise TruthError(f"tail_len must be positive, got {tail_len}")
+    whole = whole_extend if whole_extend is not None else [False] * len(counts)
+    if len(whole) != len(counts):
+        raise TruthError(f"{len(whole)} whole-extend flags for {len(counts)} requests")
+    rows: list[int] = []
+    start = 0
+    for count, keep_all in zip(counts, whole):
+        kept = count if keep_all else min(tail_len, count)
+        rows.extend(range(start + count - kept, start + count))
+        start += count
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def draft_step_slots(allocated: torch.Tensor) -> torch.Tensor:
+    """The full-pool slots each step of a multi-step draft decode writes, ``[steps, requests
+    * topk]`` (int64).
+
+    ``allocated[r, k, s]`` is the slot the allocator gave step ``s`` of draft branch ``k`` of
+    request ``r`` (SGLang's EAGLE workers lay a forward's draft slots out request-major, then
+    branch, then step: ``eagle_worker_common``). Step ``s`` runs one token per branch of every
+    request, request-major, and writes each its own step-``s`` slot.
+    """
+    if allocated.dim() != 3:
+        raise TruthError(f"allocated slots must be [requests, topk, steps], got shape {tuple(allocated.shape)}")
+    requests, topk, steps = allocated.shape
+    table = allocated.to(device="cpu", dtype=torch.int64).tolist()
+    return torch.tensor(
+        [[table[r][k][s] for r in range(requests) for k in range(topk)] for s in range(steps)], dtype=torch.int64,
+    ).reshape(steps, requests * topk)

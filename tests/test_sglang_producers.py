@@ -1,14 +1,19 @@
-"""The rows SGLang's backends produce for target-verify and prefill stores match the truth.
+"""The rows SGLang's producers hand its SWA stores match the truth, release by release.
 
-``req_pool_indices_repeated`` (the verify store's state slot) and the prefill rows
-``pf_state_slot``, ``pf_chunk_start``, ``pf_cu_q``, ``pf_final_pos`` are derived by the
-reference from the live batch; each release's producers (bound in source mode) are run on
-drawn batches and compared. Releases: ``$SWAFUZZ_SGLANG_TEST_VERSIONS`` and any already in
-the wheel cache; one that cannot be downloaded is skipped with the reason.
+The reference derives every row from the live batch: the target-verify and prefill state
+slots (``req_pool_indices_repeated``, ``verify_store_state_slot``, ``pf_state_slot``,
+``pf_chunk_start``, ``pf_cu_q``, ``pf_final_pos``), the decode and verify ring rows, the
+request window's workspace rows, commits and idle rows (0.5.21+), the late-layer tail, the
+graph buffer of translated locations and the draft SWA ring (0.5.23). Each release's
+producers (the table ``PRODUCERS``, bound in source mode) run on drawn batches, ragged,
+padded and idle ones included, and are compared row by row. Releases:
+``$SWAFUZZ_SGLANG_TEST_VERSIONS`` and any already in the wheel cache; one that cannot be
+downloaded is skipped with the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import textwrap
@@ -20,9 +25,43 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.sglang import locate
-from harness.sglang.producers import PREFILL_EXPANSION, PREFILL_ROWS, VERIFY_EXPANSION, Batch, bind_producers, check
+from harness.sglang.producers import (
+    ATTN_METADATA_FILES,
+    CUDA_IN_GRAPH_INIT,
+    CUDA_WINDOW_GETTER,
+    DECODE_STREAMS,
+    DRAFT_RING_ROWS,
+    DRAFT_RING_SIZE,
+    DRAFT_STEP_LOCS,
+    GRAPH_LOC_BUFFER,
+    HIP_IN_GRAPH_INIT,
+    HIP_WINDOW_GETTER,
+    LATE_LAYER_TAIL,
+    PREFILL_EXPANSION,
+    PREFILL_ROWS,
+    PRODUCERS,
+    VERIFY_EXPANSION,
+    WINDOW_COMMIT,
+    WINDOW_FILE,
+    WINDOW_IDLE,
+    WINDOW_LAYOUT,
+    WINDOW_ROW,
+    Batch,
+    bind_producers,
+    check,
+    idle,
+)
+from harness.sglang.real_classes import attributes
 from harness.sglang.targets import HIP_BACKEND_FILE
-from reference import TruthError, prefill_rows, token_state_slots
+from reference import (
+    TruthError,
+    draft_step_slots,
+    late_layer_tail_tokens,
+    prefill_rows,
+    request_window_rows,
+    token_state_slots,
+    whole_page_ring,
+)
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 REQUESTED = tuple(
@@ -57,6 +96,65 @@ def test_the_truth_refuses_counts_that_do_not_describe_the_batch(prefixes, count
         prefill_rows(torch.arange(len(prefixes)), torch.tensor(prefixes), torch.tensor(counts))
 
 
+def test_request_window_rows_stage_after_the_history_and_commit_the_newest_capacity_rows():
+    rows = request_window_rows(torch.tensor([5, 2]), torch.tensor([7, 0]), torch.tensor([2, 3]),
+                               window=4, capacity=4, history_groups=2, padding=1)
+    assert rows.write_loc.tolist() == [8, 9, 10, 11, 12, 13] and rows.write_loc.dtype == torch.int32
+    assert rows.commit_row.tolist() == [5 * 4 + 3, 5 * 4 + 0, 2 * 4 + 0, 2 * 4 + 1, 2 * 4 + 2]
+
+
+def test_a_request_with_more_rows_than_its_ring_commits_only_the_newest_capacity_rows():
+    rows = request_window_rows(torch.tensor([1]), torch.tensor([0]), torch.tensor([6]), window=4, capacity=4)
+    assert rows.commit_row.tolist() == [-1, -1, 4 + 2, 4 + 3, 4 + 0, 4 + 1]
+    assert rows.write_loc.tolist() == [6 * 4 + i for i in range(6)]  # one history group per row
+
+
+def test_idle_request_window_rows_follow_one_empty_history_group_and_commit_nothing():
+    empty = torch.empty(0, dtype=torch.int64)
+    rows = request_window_rows(empty, empty, empty, window=128, capacity=131, padding=3)
+    assert rows.write_loc.tolist() == [128, 129, 130] and rows.commit_row.tolist() == []
+
+
+@pytest.mark.parametrize("window,draft,page,ring", [
+    (128, 0, 1, 128), (128, 3, 2, 132), (128, 3, 64, 192), (128, 0, 256, 256),
+])
+def test_a_page_aligned_ring_holds_the_window_and_the_draft_tokens_in_whole_pages(window, draft, page, ring):
+    assert whole_page_ring(window, draft, page) == ring
+
+
+def test_the_request_window_truth_refuses_a_capacity_smaller_than_the_window():
+    with pytest.raises(TruthError, match="must be positive and fit in the capacity"):
+        request_window_rows(torch.tensor([0]), torch.tensor([0]), torch.tensor([1]), window=8, capacity=4)
+
+
+def test_the_late_layers_store_each_requests_last_window_tokens_or_its_whole_extend():
+    assert late_layer_tail_tokens(torch.tensor([3, 1, 6]), 2).tolist() == [1, 2, 3, 8, 9]
+    whole_last = late_layer_tail_tokens(torch.tensor([3, 1, 6]), 2, [False, False, True])
+    assert whole_last.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_each_draft_step_writes_the_slot_allocated_to_that_step_of_every_branch():
+    allocated = torch.tensor([[[11, 12, 13], [21, 22, 23]], [[31, 32, 33], [41, 42, 43]]])  # [request, branch, step]
+    assert draft_step_slots(allocated).tolist() == [[11, 21, 31, 41], [12, 22, 32, 42], [13, 23, 33, 43]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(1, 20), min_size=1, max_size=4), capacity=st.integers(8, 12),
+       prefixes=st.lists(st.integers(0, 50), min_size=4, max_size=4), padding=st.integers(0, 3))
+def test_request_window_rows_never_write_one_ring_row_twice_nor_outside_their_requests_ring(
+    counts, capacity, prefixes, padding,
+):
+    slots = torch.arange(len(counts)) * 3 + 1
+    rows = request_window_rows(slots, torch.tensor(prefixes[: len(counts)]), torch.tensor(counts),
+                               window=8, capacity=capacity, padding=padding)
+    committed = rows.commit_row[rows.commit_row >= 0]
+    assert committed.unique().numel() == committed.numel()
+    owners = token_state_slots(slots, torch.tensor(counts))[rows.commit_row >= 0]
+    assert torch.equal(committed // capacity, owners)
+    assert rows.write_loc.unique().numel() == sum(counts) + padding
+    assert int(rows.write_loc.min()) >= 8 * sum(counts)  # past every history row
+
+
 # ---- the releases' producers -------------------------------------------------------------------
 
 
@@ -77,40 +175,97 @@ def _bound(version: str):
 
 
 @st.composite
-def batches(draw, uniform: bool = False) -> Batch:
+def batches(draw, uniform: bool = False, padded: bool = False, long: bool = False, decode: bool = False) -> Batch:
     requests = draw(st.integers(1, 5))
     slots = draw(st.lists(st.integers(0, 15), min_size=requests, max_size=requests, unique=True))
-    prefixes = draw(st.lists(st.integers(0, 40), min_size=requests, max_size=requests))
-    if uniform:
+    prefixes = draw(st.lists(st.integers(0, 300), min_size=requests, max_size=requests))
+    if decode:
+        counts = [1] * requests
+    elif uniform:
         counts = [draw(st.integers(1, 6))] * requests
     else:
         counts = draw(st.lists(st.integers(1, 6), min_size=requests, max_size=requests))
-    return Batch(torch.tensor(slots), torch.tensor(prefixes), torch.tensor(counts))
+    if long:
+        # one request's chunk around the request window's capacity (132 rows)
+        counts[draw(st.integers(0, requests - 1))] = draw(st.integers(128, 136))
+    padding = draw(st.integers(1, 4)) if padded else 0
+    return Batch(torch.tensor(slots), torch.tensor(prefixes), torch.tensor(counts), padding=padding)
 
 
 @pytest.mark.parametrize("version", CHECKED)
-@settings(max_examples=40, deadline=None)
-@given(ragged=batches(), uniform=batches(uniform=True))
-def test_every_producer_a_release_has_matches_the_truth(version, ragged, uniform):
+@settings(max_examples=25, deadline=None)
+@given(ragged=batches(), uniform=batches(uniform=True), decode=batches(decode=True), padded=batches(padded=True),
+       long=batches(long=True), idle_rows=st.integers(1, 6))
+def test_every_producer_a_release_has_matches_the_truth(version, ragged, uniform, decode, padded, long, idle_rows):
     found, _ = _bound(version)
     assert found, f"sglang {version} has none of the producers"
     for producer in found:
-        for batch in (ragged, uniform):
-            assert check(producer, batch) == [], f"{producer.backend}.{producer.method} on {batch}"
+        for batch in (ragged, uniform, decode, padded, long, idle(idle_rows)):
+            assert check(producer, batch) == [], f"{producer.name} on {batch}"
 
 
-@pytest.mark.parametrize("version,present,absent", [
-    ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION), (PREFILL_ROWS,)),
-    ("0.5.19", (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS), ()),
-    ("0.5.23", (VERIFY_EXPANSION, PREFILL_ROWS), (PREFILL_EXPANSION,)),
+_ALL = tuple(info.name for info in PRODUCERS)
+_STATE_ROWS = (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS)
+_IN_GRAPH = (CUDA_IN_GRAPH_INIT, HIP_IN_GRAPH_INIT)
+
+
+@pytest.mark.parametrize("version,present", [
+    ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
+    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, *_IN_GRAPH, GRAPH_LOC_BUFFER)),
+    ("0.5.21", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
+                LATE_LAYER_TAIL, DRAFT_STEP_LOCS, *_IN_GRAPH, GRAPH_LOC_BUFFER)),
+    ("0.5.22", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
+                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
+    ("0.5.23", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
+                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT,
+                GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
 ])
-def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present, absent):
+def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
     if version not in CHECKED:
         pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
     found, missing = _bound(version)
-    assert tuple(p.method for p in found) == present
-    assert tuple(missing) == absent
+    assert tuple(p.name for p in found) == present
+    assert tuple(missing) == tuple(name for name in _ALL if name not in present)
     assert all(version in reason for reason in missing.values())
+
+
+def test_the_request_window_commit_of_0_5_23_is_absent_because_it_is_a_triton_kernel():
+    if "0.5.23" not in CHECKED:
+        pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
+    _, missing = _bound("0.5.23")
+    assert "copy_packed_rows, which swafuzz has no stand-in for" in missing[WINDOW_COMMIT]
+
+
+@pytest.mark.parametrize("version", CHECKED)
+def test_every_stand_in_carries_only_attributes_of_the_sglang_class_it_replaces(version):
+    found, _ = _bound(version)
+    tree = locate.wheel(version)
+    uses = [(p, use) for p in found for use in p.stand_ins]
+    if not uses:
+        pytest.skip(f"no producer of sglang {version} runs on stand-ins")
+    for producer, use in uses:
+        real = attributes(tree, use.replaces)
+        extra = use.stand_in.attributes - real
+        stand_in = use.stand_in.__name__
+        assert not extra, f"{producer.name}: stand-in {stand_in} has {sorted(extra)}, which {use.replaces} lacks"
+
+
+@pytest.mark.parametrize("version,stale", [("0.5.21", True), ("0.5.22", True), ("0.5.23", False)])
+def test_an_idle_forward_after_a_live_one_gets_the_idle_rows_only_from_0_5_23(version, stale):
+    """Idle skips metadata init; before 0.5.23 the backends hand the store the previous
+    forward's request-window rows (0.5.23 activates an idle layout instead)."""
+    if version not in CHECKED:
+        pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
+    found, _ = _bound(version)
+    getters = [p for p in found if p.name in (CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER)]
+    live = Batch(torch.tensor([4, 9]), torch.tensor([10, 0]), torch.tensor([1, 3]))
+    assert getters
+    for getter in getters:
+        assert check(getter, live) == []
+        problems = check(getter, idle(2, previous=live))
+        assert bool(problems) == stale, problems
+        if stale:
+            assert problems[0].startswith("store write_loc: got [256, 257, 258, 259], want [128, 129]")
 
 
 UNIFORM_PREFILL_EXPANSION = """
@@ -143,4 +298,124 @@ def test_a_deferred_sglang_import_without_a_stand_in_is_named(tmp_path: Path):
                 return None, fused_expand(req_pool_indices, qo_len)
     """))
     _, missing = bind_producers(locate.SourceTree(tmp_path, "checkout"))
-    assert "imports fused_expand from sglang.kernels.expand, which swafuzz has no stand-in for" in missing[VERIFY_EXPANSION]
+    reason = "imports fused_expand from sglang.kernels.expand, which swafuzz has no stand-in for"
+    assert reason in missing[VERIFY_EXPANSION]
+
+
+COMMIT_EVERY_ROW_WINDOW = """
+class WindowLayout:
+    req: object
+    pos: object
+    write_loc: object
+    commit_mask: object
+
+
+def window_layout(req, pos, *, window=128, capacity=256, floor=None, num_groups=None):
+    n = pos.numel()
+    groups = n if num_groups is None else num_groups
+    write_loc = (groups * window + torch.arange(n)).to(torch.int32)
+    return WindowLayout(req, pos, write_loc, torch.ones(n, dtype=torch.bool))
+
+
+def _capturing():
+    return False
+
+
+def _first_row_offsets(req):
+    return None
+"""
+
+
+def test_a_request_window_that_commits_rows_its_ring_cannot_hold_is_caught(tmp_path: Path):
+    file = tmp_path / WINDOW_FILE
+    file.parent.mkdir(parents=True)
+    file.write_text("import torch\n" + textwrap.dedent(COMMIT_EVERY_ROW_WINDOW))
+    found, _ = bind_producers(locate.SourceTree(tmp_path, "checkout"))
+    (producer,) = [p for p in found if p.name == WINDOW_LAYOUT]
+    short = Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([3, 1]))
+    assert check(producer, short) == []
+    long = Batch(torch.tensor([3]), torch.tensor([0]), torch.tensor([134]))
+    problems = check(producer, long)
+    assert len(problems) == 2
+    assert problems[0].endswith("(a history group per request)") and problems[1].endswith("(a history group per row)")
+    assert all(p.startswith("commit_mask: got [1, 1, 1,") and "want [0, 0, 1," in p for p in problems)
+
+
+def test_a_graph_buffer_that_leaves_stale_rows_past_the_batch_is_caught():
+    if "0.5.19" not in CHECKED:
+        pytest.skip(f"needs 0.5.19 in ${TEST_VERSIONS_ENV}")
+    found, _ = _bound("0.5.19")
+    (real,) = [p for p in found if p.name == GRAPH_LOC_BUFFER]
+
+    def without_clearing(backend, out_cache_loc):
+        n = out_cache_loc.shape[0]
+        rows = backend.token_to_kv_pool.translate_loc_from_full_to_swa(out_cache_loc).to(torch.int32)
+        backend.cuda_graph_swa_out_cache_loc[:n].copy_(rows)
+        return backend.cuda_graph_swa_out_cache_loc[:n]
+
+    broken = dataclasses.replace(real, function=without_clearing)
+    batch = Batch(torch.tensor([2, 6]), torch.tensor([3, 0]), torch.tensor([1, 1]), padding=2)
+    assert check(real, batch) == []
+    (problem,) = check(broken, batch)
+    assert problem == "graph buffer past the batch: got [-7, -7, -7], want [0, 0, 0]"
+
+
+FIRST_TOKENS_TAIL = """
+def late_layer_tail_layout(*, extend_lens_cpu, seq_lens_cpu, tail_len, device):
+    tails = [min(tail_len, n) for n in extend_lens_cpu]
+    starts = [sum(extend_lens_cpu[:r]) for r in range(len(extend_lens_cpu))]
+    rows = [s + i for s, t in zip(starts, tails) for i in range(t)]
+    return torch.tensor(rows), tails, None
+"""
+
+
+def test_a_late_layer_tail_of_each_requests_first_tokens_is_caught(tmp_path: Path):
+    file = tmp_path / ATTN_METADATA_FILES[1]
+    file.parent.mkdir(parents=True)
+    file.write_text("import torch\n" + textwrap.dedent(FIRST_TOKENS_TAIL))
+    found, _ = bind_producers(locate.SourceTree(tmp_path, "checkout"))
+    (producer,) = [p for p in found if p.name == LATE_LAYER_TAIL]
+    assert check(producer, Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([3, 1]))) == []
+    long = Batch(torch.tensor([3]), torch.tensor([0]), torch.tensor([130]))
+    (problem,) = check(producer, long)
+    assert problem.startswith("tail rows: got [0, 1, 2,") and "want [2, 3, 4," in problem
+
+
+@pytest.mark.parametrize("version", ("0.5.21", "0.5.22"))
+def test_a_request_window_commit_into_another_requests_ring_is_caught(version):
+    if version not in CHECKED:
+        pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
+    found, _ = _bound(version)
+    (real,) = [p for p in found if p.name == WINDOW_COMMIT]
+
+    class CommitsIntoSlotZero(real.function):
+        def commit(self, layer):
+            layout = self.layout
+            self.layout = dataclasses.replace(layout, req=torch.zeros_like(layout.req))
+            super().commit(layer)
+            self.layout = layout
+
+    broken = dataclasses.replace(real, function=CommitsIntoSlotZero)
+    batch = Batch(torch.tensor([3]), torch.tensor([10]), torch.tensor([2]))
+    assert check(real, batch) == []
+    problems = check(broken, batch)
+    assert problems[0] == "committed tags: got [-1, -1], want [10, 11]"
+    assert problems[-1] == "ring rows [10, 11] changed, which no row commits to"
+
+
+def test_draft_steps_that_all_read_step_zeros_rows_are_caught():
+    version = "0.5.19"
+    if version not in CHECKED:
+        pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
+    found, _ = _bound(version)
+    (real,) = [p for p in found if p.name == CUDA_IN_GRAPH_INIT]
+
+    def metadata_of_step_zero(backend, forward_batch):
+        backend.speculative_step_id = 0
+        return real.function(backend, forward_batch)
+
+    broken = dataclasses.replace(real, function=metadata_of_step_zero)
+    three_steps = Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([2, 1]))
+    assert check(real, three_steps) == []
+    problems = check(broken, three_steps)
+    assert [p.split(":")[0] for p in problems] == ["step 1 of 3 swa_out_cache_loc", "step 2 of 3 swa_out_cache_loc"]

@@ -105,6 +105,7 @@ class Binding:
     version: str | None
     mode: str
     classes: dict[str, BoundClass]
+    functions: dict[str, types.FunctionType] = field(default_factory=dict)  # the FunctionCode items
 
 
 def bind(
@@ -124,8 +125,12 @@ def bind(
         raise BindError(f"unknown binding mode {mode!r}; modes are {', '.join(MODES)}")
     label = f"{tree.label} ({mode} mode)"
     binder = _SourceBinder(tree, label, stand_ins) if mode == "source" else _ImportBinder(label, stand_ins)
-    helpers = {c.name: binder.function(c) for c in code if isinstance(c, FunctionCode)}
-    binder.add_helpers(helpers)
+    helpers: dict[str, types.FunctionType] = {}
+    for item in code:
+        if isinstance(item, FunctionCode):
+            # in order, so that a helper may call the helpers listed before it
+            helpers[item.name] = binder.function(item)
+            binder.add_helpers({item.name: helpers[item.name]})
     classes: dict[str, BoundClass] = {}
     for item in code:
         if isinstance(item, ClassCode):
@@ -133,7 +138,7 @@ def bind(
             if item.role is not None:
                 _check_self_reads(label, item, bound, stand_in_attributes[item.role])
             classes[item.name] = bound
-    return Binding(label, tree.version, mode, classes)
+    return Binding(label, tree.version, mode, classes, helpers)
 
 
 # ---- source mode ---------------------------------------------------------------------------
