@@ -189,6 +189,7 @@ class DivergenceLog:
         replay = Replay(
             subject=self.subject, profile=profile or self.profile, scenario=scenario,
             divergence=divergence, seed=seed, settings=settings or self.settings, device=self.device,
+            engine_switches=_engine_switches(self.subject),
         )
         self.path = write_replay(replay, self.replay_dir, self.run)
         return self.path
@@ -200,6 +201,16 @@ class DivergenceLog:
         self.latest = result
         return self.write(result.scenario, result.divergence, seed=result.seed, profile=result.profile,
                           settings=result.settings)
+
+
+def _engine_switches(subject: str) -> dict[str, bool] | None:
+    """The SGLang switches a run of ``subject`` set against their defaults, which its replay
+    file must record to replay it."""
+    if not subject.startswith("sglang:"):
+        return None
+    from .sglang import switch_overrides
+
+    return switch_overrides() or None
 
 
 def run_until_interrupted(start: Callable[[Callable[[Progress], None]], FuzzResult],

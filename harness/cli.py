@@ -112,16 +112,33 @@ def _add_sglang_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sglang-mode", choices=("auto", "import", "source"),
                         help="import the installed package, read the source, or auto (import where "
                              "it imports, else source; default: $SWAFUZZ_SGLANG_MODE, else auto)")
+    parser.add_argument("--sglang-switch", action="append", default=[], metavar="NAME=0|1",
+                        help="set an SGLang engine switch against the release's default, e.g. "
+                             "SGLANG_PREP_IN_CUDA_GRAPH=0 (repeatable; the README lists the switches; "
+                             "default: $SWAFUZZ_SGLANG_SWITCHES, else each release's defaults)")
 
 
 def _apply_sglang_options(args: argparse.Namespace) -> None:
     # through the environment, so that worker processes bind the same code
-    from .sglang import MODE_ENV, SOURCE_ENV
+    from .sglang import MODE_ENV, SOURCE_ENV, SWITCHES_ENV
+    from .sglang.switches import parse_override
 
     for value, name in ((getattr(args, "sglang_source", None), SOURCE_ENV),
                         (getattr(args, "sglang_mode", None), MODE_ENV)):
         if value:
             os.environ[name] = str(value)
+    switches = getattr(args, "sglang_switch", None)
+    if switches:
+        subject = getattr(args, "subject", None)
+        if subject and not subject.startswith("sglang:"):
+            raise UsageError(f"--sglang-switch sets SGLang's engine switches; {subject!r} is not an "
+                             "sglang:<target> subject")
+        for text in switches:
+            try:
+                parse_override(text)
+            except ValueError as exc:
+                raise UsageError(f"--sglang-switch: {exc}") from None
+        os.environ[SWITCHES_ENV] = ",".join(switches)
 
 
 def _add_device(parser: argparse.ArgumentParser, default: str | None = "cpu") -> None:

@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from strategies.features import (
     DRAFT_MULTISTEP,
@@ -115,21 +116,29 @@ def all_subjects() -> list[SubjectInfo]:
     return [*BUILTIN_SUBJECTS, *sglang.discover()]
 
 
-def resolve_subject(spec: str, allow_import: bool = True) -> SubjectInfo:
+def resolve_subject(spec: str, allow_import: bool = True,
+                    engine_switches: Mapping[str, bool] | None = None) -> SubjectInfo:
     """A built-in name, ``sglang:<target>[@<version>]`` (real SGLang code), or
     ``module:attr`` naming a Subject class or a SubjectInfo.
+
+    ``engine_switches`` (SGLang targets only) are set against the release's defaults, over
+    any that ``$SWAFUZZ_SGLANG_SWITCHES`` leaves unset.
 
     A module is looked for in the current directory first, as ``python -m`` would, so that
     ``--subject my_subject:Class`` finds ``my_subject.py`` where the command runs. With
     ``allow_import`` false (a spec read from a file) only built-in names and ``sglang:``
     targets resolve.
     """
+    if engine_switches and not spec.startswith("sglang:"):
+        raise SubjectError(f"engine switches ({', '.join(engine_switches)}) are SGLang's; {show(spec)} "
+                           "is not an sglang:<target> subject")
     if spec in _BY_NAME:
         return _BY_NAME[spec]
     if spec.startswith("sglang:"):  # before module:attr, since "sglang" is a module too
         from . import sglang  # harness.sglang imports this module
 
-        return sglang.resolve(spec)
+        switches = {**(engine_switches or {}), **sglang.switch_overrides()}
+        return sglang.resolve(spec, switches=switches)
     if ":" not in spec:
         raise SubjectError(
             f"unknown subject {show(spec)}; built-in subjects are {', '.join(subject_names())}, "

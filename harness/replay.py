@@ -180,9 +180,10 @@ def run_replay(replay: Replay, *, subject: str | None = None, device: str | None
 
 
 def recorded_subject(replay: Replay) -> SubjectInfo:
-    """The subject a replay file names, refused when naming it would import code."""
+    """The subject a replay file names, refused when naming it would import code, with the
+    engine switches the file records (the command line's ``--sglang-switch`` wins)."""
     try:
-        return resolve_subject(replay.subject, allow_import=False)
+        return resolve_subject(replay.subject, allow_import=False, engine_switches=replay.engine_switches)
     except SubjectError as exc:
         raise ReplayError(f"field 'subject': {exc}") from None
 

@@ -234,6 +234,75 @@ def test_a_replay_file_records_the_engine_switches_its_run_used(tmp_path: Path):
     assert "engine_switches" not in json.loads(plain.read_text())
 
 
+def _pool_cache_replay(tmp_path: Path, engine_switches: dict[str, bool] | None) -> Path:
+    """A replay file of the 0.5.12 pool cache's stale first SWA layer, found at the defaults."""
+    try:
+        tree = locate.wheel("0.5.12")
+    except locate.SglangUnavailable as exc:
+        pytest.skip(f"no sglang 0.5.12 wheel: {exc}")
+    from harness.executor import run_scenario
+
+    item = target("pool-fused-store")
+    example = EXAMPLES["first-swa-layer-not-start"]
+    found = run_scenario(configured(item.info(tree, "source"), item, settings_for("0.5.12")).subject, example)
+    assert found.divergence is not None
+    replay = Replay("sglang:pool-fused-store@0.5.12", "realistic", example, found.divergence,
+                    engine_switches=engine_switches)
+    return write_replay(replay, tmp_path)
+
+
+@pytest.fixture
+def no_switches_in_environment(monkeypatch):
+    # the command line hands switches to workers through the environment; restore it after
+    from harness.sglang import SWITCHES_ENV
+
+    monkeypatch.delenv(SWITCHES_ENV, raising=False)
+
+
+@pytest.mark.usefixtures("no_switches_in_environment")
+def test_a_replay_runs_with_the_engine_switches_its_file_records(tmp_path: Path):
+    from harness.cli import main as swafuzz
+
+    assert swafuzz(["replay", str(_pool_cache_replay(tmp_path, None))]) == 1
+    assert swafuzz(["replay", str(_pool_cache_replay(tmp_path, {CACHE: False}))]) == 0
+
+
+@pytest.mark.usefixtures("no_switches_in_environment")
+def test_a_switch_given_on_the_command_line_wins_over_the_replay_file(tmp_path: Path):
+    from harness.cli import main as swafuzz
+
+    path = _pool_cache_replay(tmp_path, {CACHE: False})
+    assert swafuzz(["replay", str(path), "--sglang-switch", f"{CACHE}=1"]) == 1
+
+
+@pytest.mark.usefixtures("no_switches_in_environment")
+def test_a_fuzz_run_with_a_switch_set_finds_what_the_release_reaches_only_so_and_its_replay_file_says_so(
+        tmp_path: Path):
+    if "0.5.17" not in locate.cached_releases():
+        pytest.skip("needs the sglang 0.5.17 wheel in the cache")
+    from harness.cli import main as swafuzz
+
+    args = ["fuzz", "--subject", "sglang:unified-metadata-merge@0.5.17", "--settings", "ci", "--seed", "0",
+            "--max-examples", "200", "--report-dir", str(tmp_path), "--json"]
+    assert swafuzz(args + ["--sglang-switch", f"{PREP}=0"]) == 1
+    (path,) = (tmp_path / "replays").glob("*.json")
+    assert load_replay(path).engine_switches == {PREP: False}
+    assert swafuzz(["replay", str(path)]) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--subject", "sglang:pool-fused-store@0.5.12", "--sglang-switch", "SGLANG_NO_SUCH=1"], "unknown engine switch"),
+    (["--subject", "sglang:pool-fused-store@0.5.12", "--sglang-switch", f"{CACHE}=yes"], "write"),
+    (["--subject", "uncached", "--sglang-switch", f"{CACHE}=0"], "not an sglang:<target> subject"),
+])
+@pytest.mark.usefixtures("no_switches_in_environment")
+def test_a_switch_that_cannot_apply_is_refused_with_exit_code_2(args, message, capsys, tmp_path: Path):
+    from harness.cli import main as swafuzz
+
+    assert swafuzz(["fuzz", *args, "--max-examples", "1", "--report-dir", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", [[PREP], {PREP: 0}, {"x\n": True}])
 def test_a_replay_file_with_malformed_engine_switches_is_refused(tmp_path: Path, value):
     replay = Replay("uncached", "realistic", GRAPH_DECODE, _divergence(GRAPH_DECODE, None))

@@ -4,27 +4,32 @@ Subject names are ``sglang:<target>`` (bound from the default source: a checkout
 ``--sglang-source`` / ``$SWAFUZZ_SGLANG_SOURCE``, else the installed package) and
 ``sglang:<target>@<version>`` (bound from that release's wheel, downloaded on first use).
 The binding mode is ``auto`` (import the installed package where it imports, else read
-its source), ``import`` or ``source``; ``$SWAFUZZ_SGLANG_MODE`` sets the default.
+its source), ``import`` or ``source``; ``$SWAFUZZ_SGLANG_MODE`` sets the default. A release
+runs with its default engine switches (:mod:`.switches`) except those set in
+``$SWAFUZZ_SGLANG_SWITCHES`` (``NAME=0|1``, comma-separated) or given to :func:`resolve`.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 from ..registry import SubjectInfo
 from . import locate
 from .binding import BindError, ImportModeUnavailable
 from .configure import as_released
-from .locate import SglangUnavailable, SourceTree
+from .locate import RELEASES, SglangUnavailable, SourceTree
+from .switches import parse_override
 from .targets import TARGETS, Target, target
 
 SOURCE_ENV = "SWAFUZZ_SGLANG_SOURCE"
 MODE_ENV = "SWAFUZZ_SGLANG_MODE"
+SWITCHES_ENV = "SWAFUZZ_SGLANG_SWITCHES"
 MODES = ("auto", "import", "source")
 
 __all__ = [
     "BindError", "ImportModeUnavailable", "SglangUnavailable", "SourceTree", "TARGETS", "Target",
-    "bind_target", "default_source", "discover", "resolve", "target",
+    "bind_target", "default_source", "discover", "resolve", "switch_overrides", "target",
 ]
 
 
@@ -40,7 +45,28 @@ def default_source(source: str | os.PathLike | None = None) -> SourceTree | None
         raise BindError(str(exc)) from None
 
 
-def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: str | None = None) -> SubjectInfo:
+def switch_overrides(text: str | None = None) -> dict[str, bool]:
+    """The engine switches ``text`` sets (default: ``$SWAFUZZ_SGLANG_SWITCHES``), as
+    comma-separated ``NAME=0|1``; BindError naming the switches for anything else."""
+    text = os.environ.get(SWITCHES_ENV, "") if text is None else text
+    overrides = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            name, value = parse_override(item)
+        except ValueError as exc:
+            raise BindError(str(exc)) from None
+        overrides[name] = value
+    return overrides
+
+
+def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: str | None = None,
+                switches: Mapping[str, bool] | None = None) -> SubjectInfo:
+    """``item`` bound from ``tree``, run with its release's default engine switches except
+    ``switches`` (default: :func:`switch_overrides` of the environment)."""
+    overrides = switch_overrides() if switches is None else dict(switches)
+    if overrides and tree.version not in RELEASES:
+        raise BindError(f"engine switches ({', '.join(overrides)}) are set per release, and {tree.label} "
+                        "is not a release read here: bind a release (sglang:<target>@<version>)")
     mode = mode or os.environ.get(MODE_ENV) or "auto"
     if mode not in MODES:
         raise BindError(f"unknown SGLang binding mode {mode!r}; modes are {', '.join(MODES)}")
@@ -49,18 +75,19 @@ def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: s
     if mode == "auto":
         if tree.origin == "installed":
             try:
-                return as_released(item.info(tree, "import", name), item, tree.version)
+                return as_released(item.info(tree, "import", name), item, tree.version, overrides)
             except ImportModeUnavailable:
                 pass  # GPU-only dependencies missing: read the same files instead
         mode = "source"
-    return as_released(item.info(tree, mode, name), item, tree.version)
+    return as_released(item.info(tree, mode, name), item, tree.version, overrides)
 
 
 def resolve(
     name: str, *, source: str | os.PathLike | None = None, mode: str | None = None,
-    cache: str | os.PathLike | None = None,
+    cache: str | os.PathLike | None = None, switches: Mapping[str, bool] | None = None,
 ) -> SubjectInfo:
-    """The subject ``sglang:<target>`` or ``sglang:<target>@<version>``."""
+    """The subject ``sglang:<target>`` or ``sglang:<target>@<version>``, with ``switches``
+    set against its release's defaults (see :func:`bind_target`)."""
     bare, _, version = name.partition("@")
     item = target(bare)
     if version:
@@ -75,7 +102,7 @@ def resolve(
                 f"no SGLang for {name!r}: install sglang, point --sglang-source (or "
                 f"${SOURCE_ENV}) at a checkout, or name a release, e.g. {bare}@0.5.23"
             )
-    return bind_target(item, tree, mode, name)
+    return bind_target(item, tree, mode, name, switches)
 
 
 def discover(source: str | os.PathLike | None = None, mode: str | None = None) -> list[SubjectInfo]:

@@ -9,6 +9,7 @@ then never draws for it (:func:`harness.fuzz.scenario_test`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 from ..registry import SubjectInfo
 from .locate import RELEASES
@@ -25,9 +26,11 @@ def configured(info: SubjectInfo, target: Target, switches: SwitchSettings) -> S
     return dataclasses.replace(info, subject=type(info.subject.__name__, (info.subject,), attributes))
 
 
-def as_released(info: SubjectInfo, target: Target, version: str | None) -> SubjectInfo:
-    """``info`` configured with its release's default switches; unchanged for a source that
-    is no release read here (a checkout of another version)."""
+def as_released(info: SubjectInfo, target: Target, version: str | None,
+                overrides: Mapping[str, bool] | None = None) -> SubjectInfo:
+    """``info`` configured with its release's switches, at their defaults except
+    ``overrides``; unchanged for a source that is no release read here (a checkout of
+    another version)."""
     if version not in RELEASES:
         return info
-    return configured(info, target, settings_for(version))
+    return configured(info, target, settings_for(version, overrides))
