@@ -31,12 +31,13 @@ DRAFT_MODES = ("draft", "draft_extend")
 SPECULATIVE_MODES = ("verify", "draft", "draft_extend")
 
 _INT = np.int64
+_MIN_SEGMENT = 32  # pages a request slot's table starts with: most requests never grow it
 
 
 def _ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``starts[i] .. starts[i] + counts[i] - 1`` for every ``i``, concatenated."""
-    ends = np.cumsum(counts)
-    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=_INT) + np.repeat(starts - (ends - counts), counts)
+    ends = counts.cumsum()
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=_INT) + (starts - (ends - counts)).repeat(counts)
 
 
 class _PageAllocator:
@@ -65,7 +66,7 @@ class _PageAllocator:
         """The ``count`` lowest free pages, ascending (the caller checked ``available``)."""
         span = max(64, 2 * count)
         while True:
-            found = np.flatnonzero(self.free[self._low:self._low + span])
+            found = self.free[self._low:self._low + span].nonzero()[0]
             if len(found) >= count or self._low + span >= self.num_pages:
                 break
             span *= 4
@@ -124,7 +125,7 @@ class _PageTables:
         np.maximum.at(need, slots, needed)
         grown = np.flatnonzero(need)
         old = self.capacity[grown]
-        new = np.maximum(np.maximum(need[grown], 2 * old), 8)
+        new = np.maximum(np.maximum(need[grown], 2 * old), _MIN_SEGMENT)
         if self.top + int(new.sum()) > len(self.pages):
             self._compact(int(new.sum()))
         starts = self.top + np.cumsum(new) - new
@@ -219,6 +220,7 @@ class EngineState:
         self.version = 0
         self.mapping_epoch = 0
         self.forwards_run = 0
+        self._schedules: dict[tuple, tuple[tuple[int, int], ...]] = {}
 
     # ---- truth -------------------------------------------------------------------------
 
@@ -415,28 +417,28 @@ class EngineState:
         model = "draft" if event.mode in DRAFT_MODES and c.draft_model else "target"
         if event.mode in ("extend", "draft_extend"):
             counts = np.array(event.tokens, dtype=_INT)
+            live_tokens = sum(event.tokens)
         else:
-            counts = np.full(len(slots), c.num_draft_tokens if event.mode == "verify" else 1, dtype=_INT)
-        live_tokens = int(counts.sum())
+            per_request = c.num_draft_tokens if event.mode == "verify" else 1
+            counts = np.full(len(slots), per_request, dtype=_INT)
+            live_tokens = per_request * len(slots)
+        one_token_each = live_tokens == len(slots)
         graph_batch_size = self._graph_batch_size(event, live_tokens)
         prefixes = self._length[slots] + np.arange(event.steps)[:, None] * counts  # [step, request]
-        positions, full = self._allocate(slots, counts, prefixes)
-        token_slots = np.repeat(slots, counts)
+        token_slots, positions, full = self._allocate(slots, counts, prefixes, one_token_each)
         seq_lens = prefixes + counts if event.mode != "verify" else prefixes
-        # token and multi-token-request boundaries of the micro-batches, as Python ints
-        bounds = np.cumsum(np.stack((counts, counts != 1)), axis=1).tolist()
-        token_ends, multi_ends = [0] + bounds[0], [0] + bounds[1]
+        token_ends = [0] + counts.cumsum().tolist() if not one_token_each else None
         chunks = _split(len(slots), event.micro_batches)
         steps = []
         for step in range(event.steps):
             step_inputs = []
             for start, end in chunks:
-                live_start, live_end = token_ends[start], token_ends[end]
+                live_start, live_end = (start, end) if one_token_each else (token_ends[start], token_ends[end])
                 padding = event.pad if event.mode == "idle" and not event.graph else 0
                 if graph_batch_size is not None:
                     padding = graph_batch_size - (live_end - live_start)
                 # padded request rows exist only where every row is one token (decode)
-                pad_requests = padding if multi_ends[end] == multi_ends[start] else 0
+                pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
                 step_inputs.append(StepInputs(
                     request_ids=tuple(event.requests[start:end]),
                     req_slots=_padded(slots[start:end], DUMMY_SLOT, pad_requests),
@@ -459,22 +461,31 @@ class EngineState:
         self.version += 1
         return ForwardPlan(index, event, model, tuple(steps), calls, graph_batch_size)
 
-    def _allocate(self, slots: np.ndarray, counts: np.ndarray,
-                  prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Positions and full slots ([step, token]) of every step's tokens, allocated as the
-        engine does one token after another: step by step, request by request, a token
-        taking a new full page and (per model) a new SWA page where its position starts one.
-        No page is given back meanwhile, so each pool hands out its lowest free pages in
-        the order the tokens ask."""
+    def _allocate(self, slots: np.ndarray, counts: np.ndarray, prefixes: np.ndarray,
+                  one_token_each: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Request slot per token of a step, and positions and full slots ([step, token])
+        of every step's tokens, allocated as the engine does one token after another: step
+        by step, request by request, a token taking a new full page and (per model) a new
+        SWA page where its position starts one. No page is given back meanwhile, so each
+        pool hands out its lowest free pages in the order the tokens ask."""
         c = self.config
+        if one_token_each:
+            token_slots, positions = slots, prefixes
+        else:
+            token_slots = slots.repeat(counts)
+            ends = counts.cumsum()
+            within = np.arange(len(token_slots), dtype=_INT) - (ends - counts).repeat(counts)
+            positions = prefixes.repeat(counts, axis=1) + within
         steps = len(prefixes)
-        token_ends = np.cumsum(counts)
-        within = np.arange(int(token_ends[-1]) if len(counts) else 0, dtype=_INT) - np.repeat(token_ends - counts, counts)
-        positions = np.repeat(prefixes, counts, axis=1) + within  # [step, token]
+        owners = token_slots if steps == 1 else np.tile(token_slots, steps)
         flat = positions.ravel()
-        owners = np.tile(np.repeat(slots, counts), steps)
-        new_full = np.flatnonzero(flat % c.full_page_size == 0)
-        new_swa = np.flatnonzero(flat % c.swa_page_size == 0)
+        full_page_nos, full_offsets = np.divmod(flat, c.full_page_size)
+        if c.swa_page_size == c.full_page_size:
+            swa_page_nos, swa_offsets = full_page_nos, full_offsets
+        else:
+            swa_page_nos, swa_offsets = np.divmod(flat, c.swa_page_size)
+        new_full = (full_offsets == 0).nonzero()[0]
+        new_swa = new_full if swa_offsets is full_offsets else (swa_offsets == 0).nonzero()[0]
         # the first token that finds its pool empty fails, the full pool before the SWA pools
         empty = [
             (int(demand[allocator.available]), rank, allocator)
@@ -486,16 +497,15 @@ class EngineState:
         if empty:
             raise min(empty, key=lambda failure: failure[:2])[2].full()
         if len(new_full):
-            self._full_table.put(owners[new_full], flat[new_full] // c.full_page_size,
-                                 self.full_pages.take_lowest(len(new_full)))
-        full = self._full_slots(owners, flat)
+            self._full_table.put(owners[new_full], full_page_nos[new_full], self.full_pages.take_lowest(len(new_full)))
+        full = self._full_table.get(owners, full_page_nos) * c.full_page_size + full_offsets
         for model in self.models:
+            table = self._swa_tables[model]
             if len(new_swa):
-                self._swa_tables[model].put(owners[new_swa], flat[new_swa] // c.swa_page_size,
-                                            self.swa_pages[model].take_lowest(len(new_swa)))
-            self._rows[model][full] = self._swa_slots(model, owners, flat)
+                table.put(owners[new_swa], swa_page_nos[new_swa], self.swa_pages[model].take_lowest(len(new_swa)))
+            self._rows[model][full] = table.get(owners, swa_page_nos) * c.swa_page_size + swa_offsets
         self._length[slots] += counts * steps
-        return positions, full.reshape(positions.shape)
+        return token_slots, positions, full.reshape(positions.shape)
 
     def _graph_batch_size(self, event: Event, live_tokens: int) -> int | None:
         if not event.graph:
@@ -508,7 +518,15 @@ class EngineState:
 
     def _calls(self, event: Event) -> tuple[tuple[int, int], ...]:
         """(micro-batch, layer) of one step's stores; the event was checked against the
-        configuration when its scenario was built."""
+        configuration when its scenario was built. Forwards mostly repeat a few schedules:
+        each is built once."""
+        key = (event.layers, event.skip_layers, event.micro_batches, event.order)
+        calls = self._schedules.get(key)
+        if calls is None:
+            calls = self._schedules[key] = self._build_calls(event)
+        return calls
+
+    def _build_calls(self, event: Event) -> tuple[tuple[int, int], ...]:
         schedule = store_schedule(event, self.config)
         count = event.micro_batches
         if event.order is None:
