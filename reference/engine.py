@@ -31,7 +31,8 @@ DRAFT_MODES = ("draft", "draft_extend")
 SPECULATIVE_MODES = ("verify", "draft", "draft_extend")
 
 _INT = np.int64
-_MIN_SEGMENT = 32  # pages a request slot's table starts with: most requests never grow it
+_NO_PAGES = np.zeros(0, dtype=_INT)
+_MIN_SEGMENT = 32  # pages of a request slot's home segment: most requests never outgrow it
 
 
 def _ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -50,7 +51,7 @@ class _PageAllocator:
     def __init__(self, num_pages: int, what: str):
         self.num_pages = num_pages
         self.what = what
-        self.free = np.ones(num_pages, dtype=bool)
+        self.free = np.empty(num_pages, dtype=bool)
         self.reset()
 
     def reset(self) -> None:
@@ -64,6 +65,8 @@ class _PageAllocator:
 
     def take_lowest(self, count: int) -> np.ndarray:
         """The ``count`` lowest free pages, ascending (the caller checked ``available``)."""
+        if not count:
+            return _NO_PAGES
         span = max(64, 2 * count)
         while True:
             found = self.free[self._low:self._low + span].nonzero()[0]
@@ -97,52 +100,91 @@ class _PageAllocator:
 
 
 class _PageTables:
-    """Per request slot, its pages by page number: one segment of one array per slot, grown
-    by doubling (the array is compacted when it runs out), so a batch's pages are read or
-    written with one indexed operation."""
+    """Per request slot, its pages by page number, so a batch's pages are read or written
+    with one indexed operation. Each slot owns a home segment of ``_MIN_SEGMENT`` pages at
+    the start of one array; a request that outgrows it moves to a segment twice as large
+    after them (the array is compacted when it runs out), and a finished request's slot
+    goes back home."""
 
     def __init__(self, num_slots: int):
-        self.start = np.zeros(num_slots, dtype=_INT)
-        self.capacity = np.zeros(num_slots, dtype=_INT)
-        self.pages = np.zeros(1024, dtype=_INT)
-        self.top = 0
+        self.home = np.arange(num_slots, dtype=_INT) * _MIN_SEGMENT
+        self.start = self.home.copy()
+        self.capacity = np.full(num_slots, _MIN_SEGMENT, dtype=_INT)
+        self.homes_end = num_slots * _MIN_SEGMENT
+        # never zeroed: a page number is read only where one was written
+        self.pages = np.empty(2 * self.homes_end, dtype=_INT)
+        self.top = self.homes_end
 
     def get(self, slots, page_nos: np.ndarray) -> np.ndarray:
         return self.pages[self.start[slots] + page_nos]
 
-    def put(self, slots: np.ndarray, page_nos: np.ndarray, pages: np.ndarray) -> None:
-        short = page_nos >= self.capacity[slots]
-        if short.any():
-            self._grow(slots[short], page_nos[short] + 1)
+    def put(self, slots: np.ndarray, page_nos: np.ndarray, pages: np.ndarray, fits: bool = False) -> None:
+        """``fits``: every page number is known to be below ``_MIN_SEGMENT``."""
+        if not fits:
+            short = page_nos >= self.capacity[slots]
+            if short.any():
+                self._grow(slots[short], page_nos[short] + 1)
         self.pages[self.start[slots] + page_nos] = pages
 
     def release(self, slots) -> None:
-        """The slots' pages are forgotten (their segments are reclaimed at compaction)."""
-        self.capacity[slots] = 0
+        """The slots' pages are forgotten (grown segments are reclaimed at compaction)."""
+        self.start[slots] = self.home[slots]
+        self.capacity[slots] = _MIN_SEGMENT
 
     def _grow(self, slots: np.ndarray, needed: np.ndarray) -> None:
         need = np.zeros(len(self.capacity), dtype=_INT)
         np.maximum.at(need, slots, needed)
-        grown = np.flatnonzero(need)
+        grown = need.nonzero()[0]
         old = self.capacity[grown]
-        new = np.maximum(np.maximum(need[grown], 2 * old), _MIN_SEGMENT)
+        new = np.maximum(need[grown], 2 * old)
         if self.top + int(new.sum()) > len(self.pages):
             self._compact(int(new.sum()))
-        starts = self.top + np.cumsum(new) - new
+        starts = self.top + new.cumsum() - new
         self.pages[_ragged_arange(starts, old)] = self.pages[_ragged_arange(self.start[grown], old)]
         self.start[grown] = starts
         self.capacity[grown] = new
         self.top += int(new.sum())
 
     def _compact(self, extra: int) -> None:
-        live = np.flatnonzero(self.capacity)
-        sizes = self.capacity[live]
+        away = (self.capacity > _MIN_SEGMENT).nonzero()[0]  # the slots that left home
+        sizes = self.capacity[away]
         used = int(sizes.sum())
-        pages = np.zeros(max(1024, 2 * (used + extra)), dtype=_INT)
-        pages[:used] = self.pages[_ragged_arange(self.start[live], sizes)]
+        pages = np.empty(self.homes_end + 2 * (used + extra), dtype=_INT)
+        pages[:self.homes_end] = self.pages[:self.homes_end]
+        starts = self.homes_end + sizes.cumsum() - sizes
+        pages[_ragged_arange(starts, sizes)] = self.pages[_ragged_arange(self.start[away], sizes)]
         self.pages = pages
-        self.start[live] = np.cumsum(sizes) - sizes
-        self.top = used
+        self.start[away] = starts
+        self.top = self.homes_end + used
+
+
+class _Paging:
+    """Where a forward's tokens (positions, in allocation order) fall in a pool's pages."""
+
+    def __init__(self, positions: np.ndarray, page_size: int, last_position: int):
+        self.page_size = page_size
+        self.fits = last_position // page_size < _MIN_SEGMENT  # every page table has room
+        if page_size == 1:  # every token starts a page: its slot is the page
+            self.page_nos, self.offsets, self.starts = positions, None, None
+            self.new_pages = len(positions)
+        else:
+            self.page_nos, self.offsets = np.divmod(positions, page_size)
+            self.starts = (self.offsets == 0).nonzero()[0]  # the tokens that start a page
+            self.new_pages = len(self.starts)
+
+    def asking(self, pages_given: int) -> int:
+        """The token that asks for a page after ``pages_given`` were given."""
+        return pages_given if self.starts is None else int(self.starts[pages_given])
+
+    def place(self, owners: np.ndarray, allocator: _PageAllocator, table: _PageTables) -> np.ndarray:
+        """Take the tokens' new pages and record them; the tokens' slots in the pool."""
+        if self.starts is None:
+            taken = allocator.take_lowest(self.new_pages)
+            table.put(owners, self.page_nos, taken, self.fits)
+            return taken
+        if self.new_pages:
+            table.put(owners[self.starts], self.page_nos[self.starts], allocator.take_lowest(self.new_pages), self.fits)
+        return table.get(owners, self.page_nos) * self.page_size + self.offsets
 
 
 @dataclass(frozen=True)
@@ -205,8 +247,9 @@ class EngineState:
         self.swa_pages = {
             m: _PageAllocator(c.swa_pool_size // c.swa_page_size, f"{m} SWA pool") for m in c.models
         }
-        self.mappings = {m: torch.zeros(c.full_pool_size, dtype=torch.int64) for m in c.models}
-        self._rows = {m: mapping.numpy() for m, mapping in self.mappings.items()}  # written in place
+        # each mapping tensor shares its memory with an array the model writes in place
+        self._rows = {m: np.zeros(c.full_pool_size, dtype=_INT) for m in c.models}
+        self.mappings = {m: torch.from_numpy(rows) for m, rows in self._rows.items()}
         self.requests: dict[int, _Request] = {}
         self._slot_of: dict[int, int] = {}
         self._free_slots = _PageAllocator(c.num_req_slots, "request slots")
@@ -214,6 +257,7 @@ class EngineState:
         self._length = np.zeros(c.num_req_slots, dtype=_INT)
         self._evicted = np.zeros(c.num_req_slots, dtype=_INT)  # positions below left the window
         self._slot_limit = 1  # no slot at or above it was ever used: passes over slots stop there
+        self._longest = 0  # no request was ever longer: while it fits the window, none leaves it
         self._full_table = _PageTables(c.num_req_slots)
         self._swa_tables = {m: _PageTables(c.num_req_slots) for m in c.models}
         self.next_request_id = 0
@@ -270,16 +314,28 @@ class EngineState:
         """After a forward the engine evicts tokens that left the sliding window."""
         self.forwards_run += 1
         c = self.config
+        if self._longest <= c.sliding_window:
+            self.version += 1
+            return
         length, evicted = self._length[:self._slot_limit], self._evicted[:self._slot_limit]
-        upto = np.maximum(evicted, length - c.sliding_window)
-        leaving = upto - evicted
+        leaving = np.maximum(evicted, length - c.sliding_window) - evicted
         if leaving.any():
-            slots = np.flatnonzero(leaving)
-            first, last = evicted[slots], upto[slots]
-            self._unmap(slots, first, leaving[slots])
-            # an SWA page goes back once its last position has left the window
-            self._give_back_swa(slots, first // c.swa_page_size, last // c.swa_page_size)
-            evicted[slots] = last
+            slots = leaving.nonzero()[0]
+            first, counts = evicted[slots], leaving[slots]
+            if int(counts.sum()) == len(slots):  # one position each (none of them is 0)
+                owners, positions = slots, first
+            else:
+                owners, positions = slots.repeat(counts), _ragged_arange(first, counts)
+            full = self._full_slots(owners, positions)
+            # an SWA page goes back once its last position has left the window; the
+            # mapping still holds the page
+            page = c.swa_page_size
+            page_ends = None if page == 1 else (positions % page == page - 1).nonzero()[0]
+            for model in self.models:
+                rows = self._rows[model]
+                self.swa_pages[model].give_back(rows[full] if page_ends is None else rows[full[page_ends]] // page)
+                rows[full] = DUMMY_SLOT
+            evicted[slots] = first + counts
         self.version += 1
 
     # ---- internals ---------------------------------------------------------------------
@@ -317,12 +373,10 @@ class EngineState:
         return owners, positions, self._full_slots(owners, positions)
 
     def _full_slots(self, owners: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        page_nos, offsets = np.divmod(positions, self.config.full_page_size)
-        return self._full_table.get(owners, page_nos) * self.config.full_page_size + offsets
+        return _slots_in(self._full_table, self.config.full_page_size, owners, positions)
 
     def _swa_slots(self, model: str, owners: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        page_nos, offsets = np.divmod(positions, self.config.swa_page_size)
-        return self._swa_tables[model].get(owners, page_nos) * self.config.swa_page_size + offsets
+        return _slots_in(self._swa_tables[model], self.config.swa_page_size, owners, positions)
 
     def _unmap(self, slots: np.ndarray, first: np.ndarray, counts: np.ndarray) -> None:
         _, _, full = self._tokens(slots, first, counts)
@@ -404,8 +458,8 @@ class EngineState:
             relaid = np.array(order[len(order) - len(page_nos):][::-1], dtype=_INT)
             allocator.take_pages(relaid)
             self._swa_tables[model].put(owners, page_nos, relaid)
-            self.mappings[model] = torch.zeros_like(self.mappings[model])
-            self._rows[model] = self.mappings[model].numpy()
+            self._rows[model] = np.zeros_like(self._rows[model])
+            self.mappings[model] = torch.from_numpy(self._rows[model])
             self._remap(model, slots)
         self.mapping_epoch += 1
 
@@ -424,8 +478,15 @@ class EngineState:
             live_tokens = per_request * len(slots)
         one_token_each = live_tokens == len(slots)
         graph_batch_size = self._graph_batch_size(event, live_tokens)
-        prefixes = self._length[slots] + np.arange(event.steps)[:, None] * counts  # [step, request]
-        token_slots, positions, full = self._allocate(slots, counts, prefixes, one_token_each)
+        lengths = self._length[slots]
+        if event.steps == 1:
+            prefixes = lengths[None, :]  # [step, request]
+        else:
+            prefixes = lengths + np.arange(event.steps)[:, None] * counts
+        if live_tokens:
+            token_slots, positions, full = self._allocate(slots, counts, prefixes, one_token_each)
+        else:  # idle: nothing to allocate
+            token_slots, positions, full = slots, prefixes, prefixes
         seq_lens = prefixes + counts if event.mode != "verify" else prefixes
         token_ends = [0] + counts.cumsum().tolist() if not one_token_each else None
         chunks = _split(len(slots), event.micro_batches)
@@ -479,32 +540,24 @@ class EngineState:
         steps = len(prefixes)
         owners = token_slots if steps == 1 else np.tile(token_slots, steps)
         flat = positions.ravel()
-        full_page_nos, full_offsets = np.divmod(flat, c.full_page_size)
-        if c.swa_page_size == c.full_page_size:
-            swa_page_nos, swa_offsets = full_page_nos, full_offsets
-        else:
-            swa_page_nos, swa_offsets = np.divmod(flat, c.swa_page_size)
-        new_full = (full_offsets == 0).nonzero()[0]
-        new_swa = new_full if swa_offsets is full_offsets else (swa_offsets == 0).nonzero()[0]
+        last = int(np.maximum.reduce(flat))
+        self._longest = max(self._longest, last + 1)
+        full_paging = _Paging(flat, c.full_page_size, last)
+        swa_paging = full_paging if c.swa_page_size == c.full_page_size else _Paging(flat, c.swa_page_size, last)
         # the first token that finds its pool empty fails, the full pool before the SWA pools
         empty = [
-            (int(demand[allocator.available]), rank, allocator)
-            for rank, (allocator, demand) in enumerate(
-                [(self.full_pages, new_full)] + [(self.swa_pages[m], new_swa) for m in self.models]
+            (paging.asking(allocator.available), rank, allocator)
+            for rank, (allocator, paging) in enumerate(
+                [(self.full_pages, full_paging)] + [(self.swa_pages[m], swa_paging) for m in self.models]
             )
-            if len(demand) > allocator.available
+            if paging.new_pages > allocator.available
         ]
         if empty:
             raise min(empty, key=lambda failure: failure[:2])[2].full()
-        if len(new_full):
-            self._full_table.put(owners[new_full], full_page_nos[new_full], self.full_pages.take_lowest(len(new_full)))
-        full = self._full_table.get(owners, full_page_nos) * c.full_page_size + full_offsets
+        full = full_paging.place(owners, self.full_pages, self._full_table)
         for model in self.models:
-            table = self._swa_tables[model]
-            if len(new_swa):
-                table.put(owners[new_swa], swa_page_nos[new_swa], self.swa_pages[model].take_lowest(len(new_swa)))
-            self._rows[model][full] = table.get(owners, swa_page_nos) * c.swa_page_size + swa_offsets
-        self._length[slots] += counts * steps
+            self._rows[model][full] = swa_paging.place(owners, self.swa_pages[model], self._swa_tables[model])
+        self._length[slots] = prefixes[-1] + counts
         return token_slots, positions, full.reshape(positions.shape)
 
     def _graph_batch_size(self, event: Event, live_tokens: int) -> int | None:
@@ -556,6 +609,14 @@ def replay_events(state: EngineState, events) -> Iterator[ForwardPlan]:
         state.finish_forward()
 
 
+def _slots_in(table: _PageTables, page_size: int, owners: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The pool slots of tokens (request slot, position) as ``table`` pages them."""
+    if page_size == 1:
+        return table.get(owners, positions)
+    page_nos, offsets = np.divmod(positions, page_size)
+    return table.get(owners, page_nos) * page_size + offsets
+
+
 def _split(count: int, parts: int) -> list[tuple[int, int]]:
     """Contiguous, near-equal [start, end) ranges of ``count`` rows (two-batch overlap
     splits a batch the same way)."""
@@ -570,5 +631,6 @@ def _split(count: int, parts: int) -> list[tuple[int, int]]:
 
 def _padded(values: np.ndarray, fill: int, padding: int) -> torch.Tensor:
     if padding:
-        values = np.concatenate((values, np.full(padding, fill, dtype=_INT)))
+        rows = np.full(padding, fill, dtype=_INT)
+        values = np.concatenate((values, rows)) if len(values) else rows
     return torch.from_numpy(values)
