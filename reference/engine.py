@@ -205,6 +205,9 @@ class StepInputs:
     target-verify, where the draft tokens are left out (the backends add
     ``num_draft_tokens`` themselves). Padded request rows have length 1 and no prefix, as
     the graph runner fills them.
+
+    The tensors are a record: read them, never write them (those of one plan may share
+    memory).
     """
 
     request_ids: tuple[int, ...]
@@ -342,17 +345,18 @@ class EngineState:
 
     def _live(self, rid: int) -> _Request:
         if rid not in self.requests:
-            live = sorted(self.requests)
-            raise ScenarioError(f"request {rid} is not live (live requests: {live})")
+            raise self._not_live(rid)
         return self.requests[rid]
 
+    def _not_live(self, rid: int) -> ScenarioError:
+        return ScenarioError(f"request {rid} is not live (live requests: {sorted(self.requests)})")
+
     def _slots(self, rids: tuple[int, ...]) -> np.ndarray:
+        """The request slots of ``rids``; the first that is not live is the error."""
         try:
             return np.fromiter(map(self._slot_of.__getitem__, rids), dtype=_INT, count=len(rids))
-        except KeyError:
-            for rid in rids:
-                self._live(rid)
-            raise
+        except KeyError as missing:
+            raise self._not_live(missing.args[0]) from None
 
     def _admit(self, count: int) -> None:
         if count > self._free_slots.available:
