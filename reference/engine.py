@@ -5,7 +5,8 @@ It owns request slots, a paged full pool shared by every model, one paged SWA po
 lifecycle events of a :class:`~reference.scenario.Scenario`. The mapping tensors here are
 the truth; callers that hand a mapping to code under test keep their own copy and follow
 :attr:`EngineState.mapping_epoch` (a new tensor was registered) and
-:attr:`EngineState.version` (something changed in place).
+:attr:`EngineState.version` (something changed in place: the model writes the mappings
+through numpy, so a tensor's own ``_version`` does not count those changes).
 
 The model runs beside every checked forward, so its cost per forward must not grow with the
 batch in Python: free pages are masks, request lengths and page tables are arrays indexed
