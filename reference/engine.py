@@ -5,16 +5,24 @@ It owns request slots, a paged full pool shared by every model, one paged SWA po
 lifecycle events of a :class:`~reference.scenario.Scenario`. The mapping tensors here are
 the truth; callers that hand a mapping to code under test keep their own copy and follow
 :attr:`EngineState.mapping_epoch` (a new tensor was registered) and
-:attr:`EngineState.version` (something changed in place).
+:attr:`EngineState.version` (something changed in place: the model writes the mappings
+through numpy, so a tensor's own ``_version`` does not count those changes).
+
+The model runs beside every checked forward, so its cost per forward must not grow with the
+batch in Python: free pages are masks, request lengths and page tables are arrays indexed
+by request slot, and each event or forward is a fixed number of array operations over the
+tokens it touches (numpy, whose operations cost far less than torch's on the host; torch
+only where a tensor leaves the model: the mappings, which numpy writes in place, and the
+step inputs).
 """
 
 from __future__ import annotations
 
-import heapq
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from .scenario import EngineConfig, Event, Mutation, ScenarioError, store_schedule
@@ -23,54 +31,169 @@ from .truth import DUMMY_SLOT, ring_rows, translate_pool
 DRAFT_MODES = ("draft", "draft_extend")
 SPECULATIVE_MODES = ("verify", "draft", "draft_extend")
 
+_INT = np.int64
+_NO_PAGES = np.zeros(0, dtype=_INT)
+_MIN_SEGMENT = 32  # pages of a request slot's home segment: most requests never outgrow it
+
+
+def _ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``starts[i] .. starts[i] + counts[i] - 1`` for every ``i``, concatenated."""
+    ends = counts.cumsum()
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=_INT) + (starts - (ends - counts)).repeat(counts)
+
 
 class _PageAllocator:
-    """Pages ``1..num_pages-1``; page 0 is the reserved dummy. Lowest free page first.
+    """Pages ``1..num_pages-1``; page 0 is the reserved dummy. Lowest free pages first.
 
-    A heap gives the lowest page in O(log n) (allocation is the engine model's hot path);
-    pages taken out of order are skipped lazily when they reach the top.
+    A free mask, taken from and given back to a batch of pages at a time. No page below
+    ``_low`` is free, so the lowest free pages are found by scanning up from there.
     """
 
     def __init__(self, num_pages: int, what: str):
         self.num_pages = num_pages
         self.what = what
+        self.free = np.empty(num_pages, dtype=bool)
         self.reset()
 
     def reset(self) -> None:
-        self.free = set(range(1, self.num_pages))
-        self._heap = sorted(self.free)
+        self.free.fill(True)
+        self.free[0] = False
+        self.available = self.num_pages - 1
+        self._low = 1
 
-    def take(self) -> int:
-        while self._heap:
-            page = heapq.heappop(self._heap)
-            if page in self.free:
-                self.free.remove(page)
-                return page
-        raise ScenarioError(f"the {self.what} is full ({self.num_pages - 1} pages in use)")
+    def full(self) -> ScenarioError:
+        return ScenarioError(f"the {self.what} is full ({self.num_pages - 1} pages in use)")
 
-    def take_highest(self) -> int:
-        if not self.free:
-            raise ScenarioError(f"the {self.what} is full ({self.num_pages - 1} pages in use)")
-        page = max(self.free)
-        self.free.remove(page)
-        return page
+    def take_lowest(self, count: int) -> np.ndarray:
+        """The ``count`` lowest free pages, ascending (the caller checked ``available``)."""
+        if not count:
+            return _NO_PAGES
+        span = max(64, 2 * count)
+        while True:
+            found = self.free[self._low:self._low + span].nonzero()[0]
+            if len(found) >= count or self._low + span >= self.num_pages:
+                break
+            span *= 4
+        pages = found[:count] + self._low
+        self.free[pages] = False
+        self.available -= count
+        self._low = int(pages[-1]) + 1
+        return pages
 
-    def take_page(self, page: int) -> None:
-        self.free.remove(page)
+    def take_highest(self, count: int) -> np.ndarray:
+        """The ``count`` highest free pages, highest first."""
+        if count > self.available:
+            raise self.full()
+        pages = np.flatnonzero(self.free)[::-1][:count]
+        self.free[pages] = False
+        self.available -= count
+        return pages
 
-    def give_back(self, page: int) -> None:
-        self.free.add(page)
-        heapq.heappush(self._heap, page)
+    def take_pages(self, pages: np.ndarray) -> None:
+        self.free[pages] = False
+        self.available -= len(pages)
+
+    def give_back(self, pages: np.ndarray) -> None:
+        if len(pages):
+            self.free[pages] = True
+            self.available += len(pages)
+            self._low = min(self._low, int(pages.min()))
 
 
-@dataclass
+class _PageTables:
+    """Per request slot, its pages by page number, so a batch's pages are read or written
+    with one indexed operation. Each slot owns a home segment of ``_MIN_SEGMENT`` pages at
+    the start of one array; a request that outgrows it moves to a segment twice as large
+    after them (the array is compacted when it runs out), and a finished request's slot
+    goes back home."""
+
+    def __init__(self, num_slots: int):
+        self.home = np.arange(num_slots, dtype=_INT) * _MIN_SEGMENT
+        self.start = self.home.copy()
+        self.capacity = np.full(num_slots, _MIN_SEGMENT, dtype=_INT)
+        self.homes_end = num_slots * _MIN_SEGMENT
+        # never zeroed: a page number is read only where one was written
+        self.pages = np.empty(2 * self.homes_end, dtype=_INT)
+        self.top = self.homes_end
+
+    def get(self, slots, page_nos: np.ndarray) -> np.ndarray:
+        return self.pages[self.start[slots] + page_nos]
+
+    def put(self, slots: np.ndarray, page_nos: np.ndarray, pages: np.ndarray, fits: bool = False) -> None:
+        """``fits``: every page number is known to be below ``_MIN_SEGMENT``."""
+        if not fits:
+            short = page_nos >= self.capacity[slots]
+            if short.any():
+                self._grow(slots[short], page_nos[short] + 1)
+        self.pages[self.start[slots] + page_nos] = pages
+
+    def release(self, slots) -> None:
+        """The slots' pages are forgotten (grown segments are reclaimed at compaction)."""
+        self.start[slots] = self.home[slots]
+        self.capacity[slots] = _MIN_SEGMENT
+
+    def _grow(self, slots: np.ndarray, needed: np.ndarray) -> None:
+        need = np.zeros(len(self.capacity), dtype=_INT)
+        np.maximum.at(need, slots, needed)
+        grown = need.nonzero()[0]
+        old = self.capacity[grown]
+        new = np.maximum(need[grown], 2 * old)
+        if self.top + int(new.sum()) > len(self.pages):
+            self._compact(int(new.sum()))
+        starts = self.top + new.cumsum() - new
+        self.pages[_ragged_arange(starts, old)] = self.pages[_ragged_arange(self.start[grown], old)]
+        self.start[grown] = starts
+        self.capacity[grown] = new
+        self.top += int(new.sum())
+
+    def _compact(self, extra: int) -> None:
+        away = (self.capacity > _MIN_SEGMENT).nonzero()[0]  # the slots that left home
+        sizes = self.capacity[away]
+        used = int(sizes.sum())
+        pages = np.empty(self.homes_end + 2 * (used + extra), dtype=_INT)
+        pages[:self.homes_end] = self.pages[:self.homes_end]
+        starts = self.homes_end + sizes.cumsum() - sizes
+        pages[_ragged_arange(starts, sizes)] = self.pages[_ragged_arange(self.start[away], sizes)]
+        self.pages = pages
+        self.start[away] = starts
+        self.top = self.homes_end + used
+
+
+class _Paging:
+    """Where a forward's tokens (positions, in allocation order) fall in a pool's pages."""
+
+    def __init__(self, positions: np.ndarray, page_size: int, last_position: int):
+        self.page_size = page_size
+        self.fits = last_position // page_size < _MIN_SEGMENT  # every page table has room
+        if page_size == 1:  # every token starts a page: its slot is the page
+            self.page_nos, self.offsets, self.starts = positions, None, None
+            self.new_pages = len(positions)
+        else:
+            self.page_nos, self.offsets = np.divmod(positions, page_size)
+            self.starts = (self.offsets == 0).nonzero()[0]  # the tokens that start a page
+            self.new_pages = len(self.starts)
+
+    def asking(self, pages_given: int) -> int:
+        """The token that asks for a page after ``pages_given`` were given."""
+        return pages_given if self.starts is None else int(self.starts[pages_given])
+
+    def place(self, owners: np.ndarray, allocator: _PageAllocator, table: _PageTables) -> np.ndarray:
+        """Take the tokens' new pages and record them; the tokens' slots in the pool."""
+        if self.starts is None:
+            taken = allocator.take_lowest(self.new_pages)
+            table.put(owners, self.page_nos, taken, self.fits)
+            return taken
+        if self.new_pages:
+            table.put(owners[self.starts], self.page_nos[self.starts], allocator.take_lowest(self.new_pages), self.fits)
+        return table.get(owners, self.page_nos) * self.page_size + self.offsets
+
+
+@dataclass(frozen=True)
 class _Request:
+    """A live request; its length, window and pages are kept per request slot."""
+
     rid: int
     slot: int
-    length: int = 0
-    evicted_upto: int = 0
-    full_pages: list[int] = field(default_factory=list)
-    swa_pages: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -83,6 +206,9 @@ class StepInputs:
     target-verify, where the draft tokens are left out (the backends add
     ``num_draft_tokens`` themselves). Padded request rows have length 1 and no prefix, as
     the graph runner fills them.
+
+    The tensors are a record: read them, never write them (those of one plan may share
+    memory).
     """
 
     request_ids: tuple[int, ...]
@@ -125,15 +251,24 @@ class EngineState:
         self.swa_pages = {
             m: _PageAllocator(c.swa_pool_size // c.swa_page_size, f"{m} SWA pool") for m in c.models
         }
-        self.mappings = {m: torch.zeros(c.full_pool_size, dtype=torch.int64) for m in c.models}
-        self.free_slots = set(range(1, c.num_req_slots))
+        # each mapping tensor shares its memory with an array the model writes in place
+        self._rows = {m: np.zeros(c.full_pool_size, dtype=_INT) for m in c.models}
+        self.mappings = {m: torch.from_numpy(rows) for m, rows in self._rows.items()}
         self.requests: dict[int, _Request] = {}
+        self._slot_of: dict[int, int] = {}
+        self._free_slots = _PageAllocator(c.num_req_slots, "request slots")
+        # per request slot; a free slot has length 0, so whole-array passes skip it
+        self._length = np.zeros(c.num_req_slots, dtype=_INT)
+        self._evicted = np.zeros(c.num_req_slots, dtype=_INT)  # positions below left the window
+        self._slot_limit = 1  # no slot at or above it was ever used: passes over slots stop there
+        self._longest = 0  # no request was ever longer: while it fits the window, none leaves it
+        self._full_table = _PageTables(c.num_req_slots)
+        self._swa_tables = {m: _PageTables(c.num_req_slots) for m in c.models}
         self.next_request_id = 0
         self.version = 0
         self.mapping_epoch = 0
         self.forwards_run = 0
-        # mapping writes are gathered per operation and applied in one indexed write each
-        self._pending: dict[str, tuple[list[int], list[int]]] = {m: ([], []) for m in c.models}
+        self._schedules: dict[tuple, tuple[tuple[int, int], ...]] = {}
 
     # ---- truth -------------------------------------------------------------------------
 
@@ -157,8 +292,7 @@ class EngineState:
         """Apply a non-forward event (or a mid-forward mutation)."""
         try:
             if event.op == "admit":
-                for _ in range(event.count):
-                    self._admit()
+                self._admit(event.count)
             elif event.op == "finish":
                 self._finish(self._live(event.request))
             elif event.op == "relocate":
@@ -166,16 +300,11 @@ class EngineState:
             elif event.op == "register_mapping":
                 self._register(event.shuffle)
             elif event.op == "clear":
-                for request in list(self.requests.values()):
-                    self._finish(request)
-                for mapping in self.mappings.values():
-                    mapping.fill_(DUMMY_SLOT)
+                self._clear()
             else:
                 raise ScenarioError(f"'{event.op}' is not a state event")
         except ScenarioError as exc:
             raise ScenarioError(f"{where}: {exc}") from None
-        finally:
-            self._flush()
         self.version += 1
 
     def plan_forward(self, event: Event, index: int, where: str) -> ForwardPlan:
@@ -184,157 +313,210 @@ class EngineState:
             return self._plan_forward(event, index)
         except ScenarioError as exc:
             raise ScenarioError(f"{where}: {exc}") from None
-        finally:
-            self._flush()
 
     def finish_forward(self) -> None:
         """After a forward the engine evicts tokens that left the sliding window."""
         self.forwards_run += 1
-        window = self.config.sliding_window
-        for request in self.requests.values():
-            upto = max(request.evicted_upto, request.length - window)
-            for position in range(request.evicted_upto, upto):
-                self._unmap(request, position, free_pages=True)
-            request.evicted_upto = upto
-        self._flush()
+        c = self.config
+        if self._longest <= c.sliding_window:
+            self.version += 1
+            return
+        length, evicted = self._length[:self._slot_limit], self._evicted[:self._slot_limit]
+        leaving = np.maximum(evicted, length - c.sliding_window) - evicted
+        if leaving.any():
+            slots = leaving.nonzero()[0]
+            first, counts = evicted[slots], leaving[slots]
+            if int(counts.sum()) == len(slots):  # one position each (none of them is 0)
+                owners, positions = slots, first
+            else:
+                owners, positions = slots.repeat(counts), _ragged_arange(first, counts)
+            full = self._full_slots(owners, positions)
+            # an SWA page goes back once its last position has left the window; the
+            # mapping still holds the page
+            page = c.swa_page_size
+            page_ends = None if page == 1 else (positions % page == page - 1).nonzero()[0]
+            for model in self.models:
+                rows = self._rows[model]
+                self.swa_pages[model].give_back(rows[full] if page_ends is None else rows[full[page_ends]] // page)
+                rows[full] = DUMMY_SLOT
+            evicted[slots] = first + counts
         self.version += 1
 
     # ---- internals ---------------------------------------------------------------------
 
     def _live(self, rid: int) -> _Request:
         if rid not in self.requests:
-            live = sorted(self.requests)
-            raise ScenarioError(f"request {rid} is not live (live requests: {live})")
+            raise self._not_live(rid)
         return self.requests[rid]
 
-    def _admit(self) -> None:
-        if not self.free_slots:
+    def _not_live(self, rid: int) -> ScenarioError:
+        return ScenarioError(f"request {rid} is not live (live requests: {sorted(self.requests)})")
+
+    def _slots(self, rids: tuple[int, ...]) -> np.ndarray:
+        """The request slots of ``rids``; the first that is not live is the error."""
+        try:
+            return np.fromiter(map(self._slot_of.__getitem__, rids), dtype=_INT, count=len(rids))
+        except KeyError as missing:
+            raise self._not_live(missing.args[0]) from None
+
+    def _admit(self, count: int) -> None:
+        if count > self._free_slots.available:
             raise ScenarioError(f"no free request slot ({self.config.num_req_slots - 1} in use)")
-        slot = min(self.free_slots)
-        self.free_slots.remove(slot)
-        rid = self.next_request_id
-        self.next_request_id += 1
-        self.requests[rid] = _Request(rid, slot, swa_pages={m: {} for m in self.config.models})
+        slots = self._free_slots.take_lowest(count)
+        for slot in slots.tolist():
+            rid = self.next_request_id
+            self.next_request_id += 1
+            self.requests[rid] = _Request(rid, slot)
+            self._slot_of[rid] = slot
+        self._slot_limit = max(self._slot_limit, int(slots[-1]) + 1)
 
-    def _full_slot(self, request: _Request, position: int) -> int:
-        page = self.config.full_page_size
-        return request.full_pages[position // page] * page + position % page
+    def _tokens(self, slots: np.ndarray, first: np.ndarray, counts: np.ndarray):
+        """Per token of positions ``first[i] .. first[i] + counts[i] - 1`` of each slot:
+        its request slot, position and full slot."""
+        owners = np.repeat(slots, counts)
+        positions = _ragged_arange(first, counts)
+        return owners, positions, self._full_slots(owners, positions)
 
-    def _swa_slot(self, request: _Request, model: str, position: int) -> int:
+    def _full_slots(self, owners: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return _slots_in(self._full_table, self.config.full_page_size, owners, positions)
+
+    def _swa_slots(self, model: str, owners: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return _slots_in(self._swa_tables[model], self.config.swa_page_size, owners, positions)
+
+    def _unmap(self, slots: np.ndarray, first: np.ndarray, counts: np.ndarray) -> None:
+        _, _, full = self._tokens(slots, first, counts)
+        for model in self.models:
+            self._rows[model][full] = DUMMY_SLOT
+
+    def _remap(self, model: str, slots: np.ndarray) -> None:
+        """Map the live tokens of ``slots`` to their SWA pages as the page table has them."""
+        first = self._evicted[slots]
+        owners, positions, full = self._tokens(slots, first, self._length[slots] - first)
+        self._rows[model][full] = self._swa_slots(model, owners, positions)
+
+    def _held_swa_pages(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """First held SWA page number and one past the last, per slot: the pages from the
+        one holding the window's first position up to the one holding the last token."""
         page = self.config.swa_page_size
-        return request.swa_pages[model][position // page] * page + position % page
+        return self._evicted[slots] // page, -(-self._length[slots] // page)
 
-    def _allocate_token(self, request: _Request) -> tuple[int, int]:
-        position = request.length
-        full_page, swa_page = self.config.full_page_size, self.config.swa_page_size
-        page_no, offset = divmod(position, full_page)
-        if page_no == len(request.full_pages):
-            request.full_pages.append(self.full_pages.take())
-        full = request.full_pages[page_no] * full_page + offset
-        swa_no, swa_offset = divmod(position, swa_page)
-        for model in self.models:
-            pages = request.swa_pages[model]
-            page = pages.get(swa_no)
-            if page is None:
-                page = pages[swa_no] = self.swa_pages[model].take()
-            self._set(model, full, page * swa_page + swa_offset)
-        request.length = position + 1
-        return full, position
-
-    def _unmap(self, request: _Request, position: int, free_pages: bool) -> None:
-        c = self.config
-        full = self._full_slot(request, position)
-        for model in self.models:
-            self._set(model, full, DUMMY_SLOT)
-            page_no = position // c.swa_page_size
-            if free_pages and position % c.swa_page_size == c.swa_page_size - 1:
-                self.swa_pages[model].give_back(request.swa_pages[model].pop(page_no))
+    def _give_back_swa(self, slots: np.ndarray, first: np.ndarray, stop: np.ndarray) -> None:
+        counts = stop - first
+        if counts.any():
+            owners, page_nos = np.repeat(slots, counts), _ragged_arange(first, counts)
+            for model in self.models:
+                self.swa_pages[model].give_back(self._swa_tables[model].get(owners, page_nos))
 
     def _finish(self, request: _Request) -> None:
-        for position in range(request.evicted_upto, request.length):
-            self._unmap(request, position, free_pages=False)
-        for model in self.models:
-            for page in request.swa_pages[model].values():
-                self.swa_pages[model].give_back(page)
-        for page in request.full_pages:
-            self.full_pages.give_back(page)
-        self.free_slots.add(request.slot)
+        slots = np.array([request.slot], dtype=_INT)
+        first = self._evicted[slots]
+        self._unmap(slots, first, self._length[slots] - first)
+        self._give_back_swa(slots, *self._held_swa_pages(slots))
+        full_pages = -(-int(self._length[request.slot]) // self.config.full_page_size)
+        self.full_pages.give_back(self._full_table.get(request.slot, np.arange(full_pages)))
+        self._forget(slots)
         del self.requests[request.rid]
+        del self._slot_of[request.rid]
 
-    def _remap_pages(self, request: _Request, model: str, new_pages: dict[int, int]) -> None:
-        request.swa_pages[model] = new_pages
-        for position in range(request.evicted_upto, request.length):
-            self._set(model, self._full_slot(request, position), self._swa_slot(request, model, position))
+    def _forget(self, slots) -> None:
+        self._full_table.release(slots)
+        for table in self._swa_tables.values():
+            table.release(slots)
+        self._length[slots] = 0
+        self._evicted[slots] = 0
+        self._free_slots.give_back(np.asarray(slots, dtype=_INT))
 
-    def _set(self, model: str, full: int, swa: int) -> None:
-        slots, values = self._pending[model]
-        slots.append(full)
-        values.append(swa)
-
-    def _flush(self) -> None:
-        for model, (slots, values) in self._pending.items():
-            if slots:
-                last = dict(zip(slots, values))  # a later write to a slot wins, as one by one
-                self.mappings[model].index_put_(
-                    (torch.tensor(list(last), dtype=torch.int64),),
-                    torch.tensor(list(last.values()), dtype=torch.int64),
-                )
-                slots.clear()
-                values.clear()
+    def _clear(self) -> None:
+        """Every request finishes: every page and slot is free again and nothing is mapped."""
+        self._forget(np.array(list(self._slot_of.values()), dtype=_INT))
+        self.requests.clear()
+        self._slot_of.clear()
+        self.full_pages.reset()
+        for model in self.models:
+            self.swa_pages[model].reset()
+            self.mappings[model].fill_(DUMMY_SLOT)
 
     def _relocate(self, request: _Request) -> None:
+        slots = np.array([request.slot], dtype=_INT)
+        first, stop = self._held_swa_pages(slots)
+        page_nos = np.arange(int(first[0]), int(stop[0]))
         for model in self.models:
-            allocator = self.swa_pages[model]
-            old = request.swa_pages[model]
-            moved = {page_no: allocator.take_highest() for page_no in sorted(old)}
-            for page in old.values():
-                allocator.give_back(page)
-            self._remap_pages(request, model, moved)
+            allocator, table = self.swa_pages[model], self._swa_tables[model]
+            old = table.get(request.slot, page_nos)
+            table.put(np.repeat(slots, len(page_nos)), page_nos, allocator.take_highest(len(page_nos)))
+            allocator.give_back(old)
+            self._remap(model, slots)
 
     def _register(self, shuffle: int) -> None:
         rng = random.Random(shuffle)
+        slots = np.array([r.slot for r in self.requests.values()], dtype=_INT)  # in admission order
+        first, stop = self._held_swa_pages(slots)
+        counts = stop - first
+        owners, page_nos = np.repeat(slots, counts), _ragged_arange(first, counts)
         for model in self.models:
             allocator = self.swa_pages[model]
             allocator.reset()
-            order = sorted(allocator.free)
+            order = list(range(1, allocator.num_pages))
             rng.shuffle(order)
-            self.mappings[model] = torch.zeros_like(self.mappings[model])
-            for request in self.requests.values():
-                relaid = {page_no: order.pop() for page_no in sorted(request.swa_pages[model])}
-                for page in relaid.values():
-                    allocator.take_page(page)
-                self._remap_pages(request, model, relaid)
+            # each held page, request by request and in page order, takes the last of the
+            # shuffled pages left
+            relaid = np.array(order[len(order) - len(page_nos):][::-1], dtype=_INT)
+            allocator.take_pages(relaid)
+            self._swa_tables[model].put(owners, page_nos, relaid)
+            self._rows[model] = np.zeros_like(self._rows[model])
+            self.mappings[model] = torch.from_numpy(self._rows[model])
+            self._remap(model, slots)
         self.mapping_epoch += 1
 
     def _plan_forward(self, event: Event, index: int) -> ForwardPlan:
         c = self.config
         if event.mode in SPECULATIVE_MODES and not c.speculative:
             raise ScenarioError(f"a {event.mode} forward needs speculative decoding on")
-        requests = [self._live(rid) for rid in event.requests]
+        slots = self._slots(event.requests)
         model = "draft" if event.mode in DRAFT_MODES and c.draft_model else "target"
-        per_request = {
-            "decode": [1] * len(requests),
-            "draft": [1] * len(requests),
-            "verify": [c.num_draft_tokens] * len(requests),
-            "extend": list(event.tokens),
-            "draft_extend": list(event.tokens),
-            "idle": [],
-        }[event.mode]
-        graph_batch_size = self._graph_batch_size(event, sum(per_request))
-        chunks = _split(list(range(len(requests))), event.micro_batches)
+        if event.mode in ("extend", "draft_extend"):
+            counts = np.array(event.tokens, dtype=_INT)
+            live_tokens = sum(event.tokens)
+        else:
+            per_request = c.num_draft_tokens if event.mode == "verify" else 1
+            counts = np.full(len(slots), per_request, dtype=_INT)
+            live_tokens = per_request * len(slots)
+        one_token_each = live_tokens == len(slots)
+        graph_batch_size = self._graph_batch_size(event, live_tokens)
+        lengths = self._length[slots]
+        if event.steps == 1:
+            prefixes = lengths[None, :]  # [step, request]
+        else:
+            prefixes = lengths + np.arange(event.steps)[:, None] * counts
+        if live_tokens:
+            token_slots, positions, full = self._allocate(slots, counts, prefixes, one_token_each)
+        else:  # idle: nothing to allocate
+            token_slots, positions, full = slots, prefixes, prefixes
+        seq_lens = prefixes + counts if event.mode != "verify" else prefixes
+        token_ends = [0] + counts.cumsum().tolist() if not one_token_each else None
+        chunks = _split(len(slots), event.micro_batches)
         steps = []
-        for _ in range(event.steps):
-            tokens = [[self._allocate_token(r) for _ in range(n)] for r, n in zip(requests, per_request)]
-            step = []
-            for chunk in chunks:
+        for step in range(event.steps):
+            step_inputs = []
+            for start, end in chunks:
+                live_start, live_end = (start, end) if one_token_each else (token_ends[start], token_ends[end])
                 padding = event.pad if event.mode == "idle" and not event.graph else 0
                 if graph_batch_size is not None:
-                    padding = graph_batch_size - sum(per_request[i] for i in chunk)
-                step.append(_step_inputs(
-                    [requests[i] for i in chunk], [tokens[i] for i in chunk], padding,
-                    counts_draft_tokens=event.mode != "verify",
+                    padding = graph_batch_size - (live_end - live_start)
+                # padded request rows exist only where every row is one token (decode)
+                pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
+                step_inputs.append(StepInputs(
+                    request_ids=tuple(event.requests[start:end]),
+                    req_slots=_padded(slots[start:end], DUMMY_SLOT, pad_requests),
+                    token_counts=_padded(counts[start:end], 1, pad_requests),
+                    prefix_lens=_padded(prefixes[step, start:end], 0, pad_requests),
+                    seq_lens=_padded(seq_lens[step, start:end], 1, pad_requests),
+                    token_slots=_padded(token_slots[live_start:live_end], DUMMY_SLOT, padding),
+                    positions=_padded(positions[step, live_start:live_end], 0, padding),
+                    out_cache_loc=_padded(full[step, live_start:live_end], DUMMY_SLOT, padding),
+                    num_live=live_end - live_start,
                 ))
-            steps.append(tuple(step))
+            steps.append(tuple(step_inputs))
         calls = self._calls(event)
         mutation = event.mutation
         if mutation is not None and mutation.after_calls > len(calls) * event.steps:
@@ -344,6 +526,44 @@ class EngineState:
             )
         self.version += 1
         return ForwardPlan(index, event, model, tuple(steps), calls, graph_batch_size)
+
+    def _allocate(self, slots: np.ndarray, counts: np.ndarray, prefixes: np.ndarray,
+                  one_token_each: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Request slot per token of a step, and positions and full slots ([step, token])
+        of every step's tokens, allocated as the engine does one token after another: step
+        by step, request by request, a token taking a new full page and (per model) a new
+        SWA page where its position starts one. No page is given back meanwhile, so each
+        pool hands out its lowest free pages in the order the tokens ask."""
+        c = self.config
+        if one_token_each:
+            token_slots, positions = slots, prefixes
+        else:
+            token_slots = slots.repeat(counts)
+            ends = counts.cumsum()
+            within = np.arange(len(token_slots), dtype=_INT) - (ends - counts).repeat(counts)
+            positions = prefixes.repeat(counts, axis=1) + within
+        steps = len(prefixes)
+        owners = token_slots if steps == 1 else np.tile(token_slots, steps)
+        flat = positions.ravel()
+        last = int(np.maximum.reduce(flat))
+        self._longest = max(self._longest, last + 1)
+        full_paging = _Paging(flat, c.full_page_size, last)
+        swa_paging = full_paging if c.swa_page_size == c.full_page_size else _Paging(flat, c.swa_page_size, last)
+        # the first token that finds its pool empty fails, the full pool before the SWA pools
+        empty = [
+            (paging.asking(allocator.available), rank, allocator)
+            for rank, (allocator, paging) in enumerate(
+                [(self.full_pages, full_paging)] + [(self.swa_pages[m], swa_paging) for m in self.models]
+            )
+            if paging.new_pages > allocator.available
+        ]
+        if empty:
+            raise min(empty, key=lambda failure: failure[:2])[2].full()
+        full = full_paging.place(owners, self.full_pages, self._full_table)
+        for model in self.models:
+            self._rows[model][full] = swa_paging.place(owners, self.swa_pages[model], self._swa_tables[model])
+        self._length[slots] = prefixes[-1] + counts
+        return token_slots, positions, full.reshape(positions.shape)
 
     def _graph_batch_size(self, event: Event, live_tokens: int) -> int | None:
         if not event.graph:
@@ -356,7 +576,15 @@ class EngineState:
 
     def _calls(self, event: Event) -> tuple[tuple[int, int], ...]:
         """(micro-batch, layer) of one step's stores; the event was checked against the
-        configuration when its scenario was built."""
+        configuration when its scenario was built. Forwards mostly repeat a few schedules:
+        each is built once."""
+        key = (event.layers, event.skip_layers, event.micro_batches, event.order)
+        calls = self._schedules.get(key)
+        if calls is None:
+            calls = self._schedules[key] = self._build_calls(event)
+        return calls
+
+    def _build_calls(self, event: Event) -> tuple[tuple[int, int], ...]:
         schedule = store_schedule(event, self.config)
         count = event.micro_batches
         if event.order is None:
@@ -386,41 +614,28 @@ def replay_events(state: EngineState, events) -> Iterator[ForwardPlan]:
         state.finish_forward()
 
 
-def _split(items: list[int], parts: int) -> list[list[int]]:
-    """Contiguous, near-equal chunks (two-batch overlap splits a batch the same way)."""
-    size, extra = divmod(len(items), parts)
+def _slots_in(table: _PageTables, page_size: int, owners: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The pool slots of tokens (request slot, position) as ``table`` pages them."""
+    if page_size == 1:
+        return table.get(owners, positions)
+    page_nos, offsets = np.divmod(positions, page_size)
+    return table.get(owners, page_nos) * page_size + offsets
+
+
+def _split(count: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous, near-equal [start, end) ranges of ``count`` rows (two-batch overlap
+    splits a batch the same way)."""
+    size, extra = divmod(count, parts)
     chunks, start = [], 0
     for i in range(parts):
         end = start + size + (1 if i < extra else 0)
-        chunks.append(items[start:end])
+        chunks.append((start, end))
         start = end
     return chunks
 
 
-def _step_inputs(requests: list[_Request], tokens: list[list[tuple[int, int]]], padding: int,
-                 counts_draft_tokens: bool = True) -> StepInputs:
-    token_slots, positions, locs, counts, prefixes, lengths = [], [], [], [], [], []
-    for request, written in zip(requests, tokens):
-        counts.append(len(written))
-        # tokens are allocated at consecutive positions from the request's length
-        prefix = written[0][1]
-        prefixes.append(prefix)
-        lengths.append(prefix + len(written) if counts_draft_tokens else prefix)
-        for full, position in written:
-            token_slots.append(request.slot)
-            positions.append(position)
-            locs.append(full)
-    live = len(locs)
-    pad_requests = padding if all(c == 1 for c in counts) else 0
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
-    return StepInputs(
-        request_ids=tuple(r.rid for r in requests),
-        req_slots=as_tensor([r.slot for r in requests] + [DUMMY_SLOT] * pad_requests),
-        token_counts=as_tensor(counts + [1] * pad_requests),
-        prefix_lens=as_tensor(prefixes + [0] * pad_requests),
-        seq_lens=as_tensor(lengths + [1] * pad_requests),
-        token_slots=as_tensor(token_slots + [DUMMY_SLOT] * padding),
-        positions=as_tensor(positions + [0] * padding),
-        out_cache_loc=as_tensor(locs + [DUMMY_SLOT] * padding),
-        num_live=live,
-    )
+def _padded(values: np.ndarray, fill: int, padding: int) -> torch.Tensor:
+    if padding:
+        rows = np.full(padding, fill, dtype=_INT)
+        values = np.concatenate((values, rows)) if len(values) else rows
+    return torch.from_numpy(values)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -512,3 +513,113 @@ def test_reference_refuses_a_token_the_engine_did_not_map():
     state = _state()
     with pytest.raises(TruthError):
         translate_pool(state.mappings["target"], torch.tensor([5]))
+
+
+# ---- allocation order (replay files depend on it: a saved scenario must lay its pools out
+# ---- the same way in every version) ------------------------------------------------------
+
+
+def _swa(state: EngineState, plan, model: str = "target") -> list[int]:
+    return [int(state.mappings[model][loc]) for step in plan.steps for inputs in step
+            for loc in inputs.out_cache_loc[: inputs.num_live]]
+
+
+def test_tokens_take_pages_in_the_order_the_forward_lists_requests():
+    state = _state()
+    state.apply(Event(op="admit", count=2), "e0")
+    plan = state.plan_forward(Event.from_dict({"op": "forward", "requests": [1, 0]}, "f"), 1, "f")
+    assert plan.steps[0][0].out_cache_loc.tolist() == [1, 2]
+    assert _swa(state, plan) == [1, 2]
+
+
+def test_draft_steps_take_pages_step_by_step_then_request_by_request():
+    state = _state(speculative=True, num_draft_tokens=2)
+    state.apply(Event(op="admit", count=2), "e0")
+    plan = _forward(state, mode="draft", requests=[0, 1], steps=2)
+    assert [inputs[0].out_cache_loc.tolist() for inputs in plan.steps] == [[1, 2], [3, 4]]
+
+
+def test_freed_pages_are_reused_lowest_first():
+    state = _state(full_page_size=2, swa_page_size=2, full_pool_size=32, swa_pool_size=32)
+    state.apply(Event(op="admit", count=3), "e0")
+    _forward(state, mode="extend", requests=[0, 1, 2], tokens=[2, 2, 2])  # pages 1, 2, 3 of each pool
+    state.apply(Event(op="finish", request=1), "e1")
+    state.apply(Event(op="finish", request=0), "e2")
+    state.apply(Event(op="admit", count=1), "e3")
+    plan = _forward(state, 1, mode="extend", requests=[3], tokens=[5])
+    # pages 1 and 2 came back; the next pages are 1, 2, then 4 (above the live request's 3)
+    assert plan.steps[0][0].out_cache_loc.tolist() == [2, 3, 4, 5, 8]
+    assert _swa(state, plan) == [2, 3, 4, 5, 8]
+
+
+def test_an_swa_page_returns_only_when_its_last_position_leaves_the_window():
+    state = _state(sliding_window=2, swa_page_size=2, swa_pool_size=32, full_pool_size=64)
+    state.apply(Event(op="admit", count=1), "e0")
+    _forward(state, mode="extend", requests=[0], tokens=[3])  # positions 0-2 on SWA pages 1, 2
+    # position 0 left the window, position 1 (on page 1) did not: page 1 is still held
+    state.apply(Event(op="admit", count=1), "e1")
+    assert _swa(state, _forward(state, 1, requests=[1])) == [3 * 2]
+    _forward(state, 2, requests=[0])  # position 3; positions 0 and 1 have left: page 1 is free
+    assert _swa(state, _forward(state, 3, mode="extend", requests=[1], tokens=[2])) == [3 * 2 + 1, 1 * 2]
+
+
+def test_relocate_moves_pages_to_the_highest_free_ones_in_page_order():
+    state = _state(swa_page_size=2, swa_pool_size=20, full_pool_size=64, sliding_window=8)
+    state.apply(Event(op="admit", count=1), "e0")
+    plan = _forward(state, mode="extend", requests=[0], tokens=[4])  # SWA pages 1, 2
+    state.apply(Event(op="relocate", request=0), "e1")
+    # pages 9 and 8 are the highest of 1..9 free: the first page takes the highest
+    assert _swa(state, plan) == [18, 19, 16, 17]
+    state.apply(Event(op="relocate", request=0), "e2")
+    assert _swa(state, plan) == [14, 15, 12, 13]  # 9 and 8 are still held while moving
+
+
+def test_register_mapping_lays_pages_out_from_a_seeded_shuffle():
+    import random
+
+    state = _state(sliding_window=8, swa_pool_size=12, full_pool_size=64)
+    state.apply(Event(op="admit", count=2), "e0")
+    plan = _forward(state, mode="extend", requests=[1, 0], tokens=[2, 3])
+    state.apply(Event(op="register_mapping", shuffle=5), "e1")
+    order = list(range(1, 12))
+    random.Random(5).shuffle(order)
+    # request by request in admission order, page by page: each takes the last page left
+    request_0 = [order.pop() for _ in range(3)]
+    request_1 = [order.pop() for _ in range(2)]
+    assert _swa(state, plan) == request_1 + request_0
+
+
+def test_the_first_token_to_find_its_pool_empty_names_that_pool():
+    # the full pool lasts two tokens, the SWA pool one: the second token fails on SWA
+    state = _state(full_pool_size=3, swa_pool_size=2)
+    state.apply(Event(op="admit", count=1), "e0")
+    event = Event.from_dict({"op": "forward", "mode": "extend", "requests": [0], "tokens": [3]}, "f")
+    with pytest.raises(ScenarioError, match=r"target SWA pool is full \(1 pages in use\)"):
+        state.plan_forward(event, 1, "f")
+    # both run out at the same token: the full pool is taken first, so it is named
+    state = _state(full_pool_size=2, swa_pool_size=2, draft_model=True)
+    state.apply(Event(op="admit", count=1), "e0")
+    with pytest.raises(ScenarioError, match=r"the full KV pool is full"):
+        state.plan_forward(event, 1, "f")
+
+
+def test_long_requests_keep_every_token_mapped_as_their_page_tables_grow():
+    state = _state(sliding_window=512, num_req_slots=40, full_pool_size=8192, swa_pool_size=8192)
+    state.apply(Event(op="admit", count=39), "e0")
+    locs: dict[int, list[int]] = {rid: [] for rid in range(39)}
+    for index in range(3):
+        plan = _forward(state, index, mode="extend", requests=list(range(39)), tokens=[50] * 39)
+        for row, loc in zip(np.repeat(np.arange(39), 50), plan.steps[0][0].out_cache_loc.tolist()):
+            locs[int(row)].append(loc)
+    mapping = state.mappings["target"]
+    swa = {rid: mapping[torch.tensor(full)].tolist() for rid, full in locs.items()}
+    every = [slot for slots in swa.values() for slot in slots]
+    assert 0 not in every and len(set(every)) == len(every) == 39 * 150
+    state.apply(Event(op="finish", request=7), "e1")
+    assert mapping[torch.tensor(locs[7])].eq(0).all()
+    assert [mapping[torch.tensor(locs[rid])].tolist() for rid in (6, 8)] == [swa[6], swa[8]]
+    state.apply(Event(op="admit", count=1), "e2")
+    # request 7's tokens were the 8th of each request's 50 in every forward: its first
+    # pages are the lowest free now
+    plan = _forward(state, 3, mode="extend", requests=[39], tokens=[3])
+    assert plan.steps[0][0].out_cache_loc.tolist() == sorted(locs[7])[:3]
