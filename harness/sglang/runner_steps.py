@@ -1,0 +1,284 @@
+"""The graph runner's metadata steps, checked for where they leave the SWA store rows.
+
+A CUDA graph captured over a forward reads and writes its tensors by address. Before each
+replay SGLang carries the freshly built metadata into the captured objects: a full replay
+merges them with the metadata classes' ``copy_`` (``replay_cuda_graph_metadata_from``
+calls it), a breakable graph (0.5.13+) with ``refresh_for_breakable_cuda_graph_replay_``
+(``prepare_forward_metadata_for_breakable_cuda_graph_replay`` calls it). A field whose
+rows a store inside the graph reads must then hold the new rows at the captured address:
+content copied in place. A field the step reference-assigns leaves the graph reading the
+captured tensor, the previous replay's rows (a stale-row finding); one the step leaves
+untouched keeps the captured address and the previous rows, which is sound only where the
+recorded graph recomputes them itself.
+
+:data:`STEPS` is the table: one row per backend, metadata class and step, with the fields
+holding SWA store rows: those the store getter (``get_swa_out_cache_loc`` of either
+backend) returns, ``swa_out_cache_loc`` of the attention metadata, and the HIP unified
+record's ``swa_loc``, ``verify_store_state_slot`` and ``pf_state_slot`` (the decode ring
+rows and state slots its stores write). A store-row field that the release's backend names
+in its recorded ``init_forward_metadata_in_graph`` is refilled by the graph on every
+replay, so a step may leave or reassign it (0.5.23's ``DSV4AttnMetadata.copy_`` says so of
+``swa_out_cache_loc``); every other store-row field must be copied in place.
+``raw_out_loc`` is not among them: the getter never reads it (it feeds the compressed
+stores). The request window (``request_window_layout``, 0.5.21+) is a record with its own
+``copy_`` and is left out here (None on both sides).
+
+:func:`bind_steps` binds every row a release has, in source mode (the real method and the
+real ``copy_metadata`` helper of ``sglang/srt/layers/attention/dsv4/metadata.py``, over
+the class rebuilt from the release's own field list, so ``copy_metadata``'s check that
+every field is named runs as released). :func:`check_step` builds a captured and a fresh
+object with distinct CPU tensors, runs the step and classifies every tensor field as
+copied, assigned or untouched by what happened to the captured object.
+
+Where the rest of the runner's sequence stands (0.5.12-0.5.23 wheels, read per release):
+
+============================================  ==========  ==================================
+function (file: ``sglang/srt/...``)            releases    SWA store rows, CPU check
+============================================  ==========  ==================================
+``prepare_forward_metadata_for_breakable_``   0.5.13+     builds fresh metadata, calls the
+``cuda_graph_replay``                                     refresh checked here; 0.5.23 then
+(``layers/attention/deepseek_v4_backend.py``)             copies translated rows into the
+                                                          captured ``swa_out_cache_loc`` in
+                                                          place. Needs ``_build_forward_
+                                                          metadata`` (GPU kernels): not bound.
+``replay_cuda_graph_metadata_from``            all         builds fresh metadata and merges it
+(same file; HIP from 0.5.13)                              with the ``copy_`` checked here; its
+                                                          builders need GPU kernels: not bound.
+``_install_early_verify_metadata``             0.5.23      installs target-verify metadata
+(same file)                                               built early; keeps the captured
+                                                          ``swa_out_cache_loc`` tensor and
+                                                          copies the new rows into it. Needs
+                                                          the backend's graph state: not bound.
+``join_in_graph_metadata_prep``                0.5.23      waits on the forked metadata-prep
+(``model_executor/runner_utils/``                          stream; the wait is a CUDA stream
+``forked_metadata_prep.py``)                              event, with no CPU meaning: not bound.
+============================================  ==========  ==================================
+
+:data:`UNBOUND` holds those rows; a test holds each cited function to the releases named.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .binding import BindError, BoundClass, ClassCode, FunctionCode, bind
+from .locate import SourceTree, release_key
+from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE
+
+METADATA_HELPERS_FILE = "sglang/srt/layers/attention/dsv4/metadata.py"
+FORKED_PREP_FILE = "sglang/srt/model_executor/runner_utils/forked_metadata_prep.py"
+REFRESH = "refresh_for_breakable_cuda_graph_replay_"
+MERGE = "copy_"
+ATTN_METADATA = "DSV4AttnMetadata"
+UNIFIED_METADATA = "UnifiedKvMetadata"
+
+# the fields whose rows the SWA store getter returns (get_swa_out_cache_loc of both backends)
+ATTN_STORE_ROWS = ("swa_out_cache_loc",)
+UNIFIED_STORE_ROWS = ("swa_loc", "verify_store_state_slot", "pf_state_slot")
+IN_GRAPH_INIT = "init_forward_metadata_in_graph"
+# annotations of fields that hold plain configuration (compared, never copied)
+_PLAIN_ANNOTATIONS = ("int", "bool", "float", "str", "dict", "Tuple", "tuple", "List[int]", "Literal")
+ROWS_PER_FIELD = 4
+FRESH_OFFSET = 1000
+
+
+@dataclass(frozen=True)
+class Step:
+    """One metadata class's replay step in one backend file."""
+
+    backend: str  # "CUDA" or "HIP"
+    path: str
+    backend_class: str
+    class_name: str
+    method: str
+    store_rows: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend} {self.class_name}.{self.method}"
+
+
+STEPS = tuple(
+    Step(backend, path, backend_class, class_name, method, rows)
+    for backend, path, backend_class in (("CUDA", CUDA_BACKEND_FILE, CUDA_BACKEND),
+                                         ("HIP", HIP_BACKEND_FILE, HIP_BACKEND))
+    for class_name, rows in ((ATTN_METADATA, ATTN_STORE_ROWS), (UNIFIED_METADATA, UNIFIED_STORE_ROWS))
+    for method in (REFRESH, MERGE)
+)
+
+
+@dataclass(frozen=True)
+class Unbound:
+    """A step of the runner's sequence read but not run, and why."""
+
+    function: str
+    path: str
+    first_release: str
+    reason: str
+
+
+UNBOUND = (
+    Unbound("prepare_forward_metadata_for_breakable_cuda_graph_replay", CUDA_BACKEND_FILE, "0.5.13",
+            "builds the fresh metadata with _build_forward_metadata, whose kernels need a GPU; "
+            "the refresh it calls is bound"),
+    Unbound("replay_cuda_graph_metadata_from", CUDA_BACKEND_FILE, "0.5.12",
+            "builds the fresh metadata with GPU kernels; the copy_ it merges with is bound"),
+    Unbound("_install_early_verify_metadata", CUDA_BACKEND_FILE, "0.5.23",
+            "reads the backend's captured graph state and early-verify builders"),
+    Unbound("join_in_graph_metadata_prep", FORKED_PREP_FILE, "0.5.23",
+            "its effect is a CUDA stream wait, which has no CPU meaning"),
+)
+
+
+@dataclass
+class BoundStep:
+    step: Step
+    version: str | None
+    cls: type
+    method: Any
+    fields: dict[str, str]  # field -> annotation text
+    recomputed_in_graph: frozenset[str]  # store-row fields the backend's in-graph init names
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What a step did to each tensor field of the captured object."""
+
+    copied: tuple[str, ...]
+    assigned: tuple[str, ...]
+    untouched: tuple[str, ...]
+    findings: tuple[str, ...]  # store-row fields left stale at the captured address
+
+
+def _recomputed_in_graph(tree: SourceTree, step: Step) -> frozenset[str]:
+    """The store-row fields the release's backend class names in its recorded
+    ``init_forward_metadata_in_graph``: the graph refills those itself on every replay."""
+    text = tree.read(step.path) or ""
+    backend = next((n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == step.backend_class), None)
+    in_graph = backend and next((n for n in backend.body if isinstance(n, ast.FunctionDef) and n.name == IN_GRAPH_INIT), None)
+    if in_graph is None:
+        return frozenset()
+    named = {n.attr for n in ast.walk(in_graph) if isinstance(n, ast.Attribute)}
+    return frozenset(named & set(step.store_rows))
+
+
+def _class_statements(tree: SourceTree, step: Step) -> tuple[dict[str, str], dict[str, Any]]:
+    """The class's field annotations, and its class-level constants (0.5.22+'s HIP refresh
+    reads the fields it copies in place from one)."""
+    text = tree.read(step.path)
+    if text is None:
+        raise BindError(f"{tree.label} has no file {step.path}")
+    module = ast.parse(text)
+    node = next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == step.class_name), None)
+    if node is None:
+        raise BindError(f"{tree.label}: {step.path} has no class {step.class_name}")
+    annotated = [s for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+    fields = {s.target.id: ast.unparse(s.annotation) for s in annotated if "ClassVar" not in ast.unparse(s.annotation)}
+    constants = {
+        s.target.id: ast.literal_eval(s.value) for s in annotated
+        if "ClassVar" in ast.unparse(s.annotation) and s.value is not None
+    }
+    return fields, constants
+
+
+def bind_step(tree: SourceTree, step: Step) -> BoundStep:
+    """``step`` as ``tree`` has it; :class:`BindError` says why not."""
+    binding = bind(
+        tree,
+        (FunctionCode(METADATA_HELPERS_FILE, "copy_metadata"), FunctionCode(METADATA_HELPERS_FILE, "maybe_copy_inplace"),
+         ClassCode(step.path, step.class_name, (step.method,), dataclass_fields=True)),
+        # copy_metadata's own standard-library names; nothing of SGLang's is replaced
+        {"fields": dataclasses.fields, "warnings": warnings},
+        {},
+    )
+    bound: BoundClass = binding.classes[step.class_name]
+    cls = bound.build(object)
+    fields, constants = _class_statements(tree, step)
+    for name, value in constants.items():
+        setattr(cls, name, value)
+    return BoundStep(step, tree.version, cls, bound.methods[step.method], fields, _recomputed_in_graph(tree, step))
+
+
+def bind_steps(tree: SourceTree) -> tuple[list[BoundStep], dict[str, str]]:
+    """The steps ``tree`` has, in table order, and why each other is absent."""
+    found: list[BoundStep] = []
+    absent: dict[str, str] = {}
+    for step in STEPS:
+        try:
+            found.append(bind_step(tree, step))
+        except BindError as exc:
+            absent[step.name] = str(exc)
+    return found, absent
+
+
+def _is_tensor(annotation: str) -> bool:
+    return "Tensor" in annotation
+
+
+def _is_plain(annotation: str) -> bool:
+    return not _is_tensor(annotation) and any(word in annotation for word in _PLAIN_ANNOTATIONS)
+
+
+def _instances(bound: BoundStep) -> tuple[Any, Any]:
+    """A captured and a fresh object: every tensor field distinct in address and rows, the
+    plain configuration shared (the steps assert it equal), every other record None."""
+    shared = {name: object() for name, annotation in bound.fields.items() if _is_plain(annotation)}
+
+    def build(offset: int) -> Any:
+        values = {}
+        for index, (name, annotation) in enumerate(bound.fields.items()):
+            if _is_tensor(annotation):
+                start = offset + index * ROWS_PER_FIELD
+                values[name] = torch.arange(start, start + ROWS_PER_FIELD, dtype=torch.int32)
+            else:
+                values[name] = shared.get(name)
+        return bound.cls(**values)
+
+    return build(0), build(FRESH_OFFSET)
+
+
+def check_step(bound: BoundStep) -> StepReport:
+    """Runs the step from a fresh object into a captured one and classifies every tensor
+    field; a store-row field that does not end with the fresh rows at the captured address
+    (and is not recomputed by the graph) is a finding."""
+    captured, fresh = _instances(bound)
+    before = {name: getattr(captured, name) for name, a in bound.fields.items() if _is_tensor(a)}
+    snapshot = {name: tensor.clone() for name, tensor in before.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # copy_metadata warns of fields it assigns; classified below
+        bound.method(captured, fresh)
+    copied, assigned, untouched = [], [], []
+    for name, tensor in before.items():
+        now = getattr(captured, name)
+        if now is tensor and torch.equal(now, getattr(fresh, name)):
+            copied.append(name)
+        elif now is tensor and torch.equal(now, snapshot[name]):
+            untouched.append(name)
+        else:
+            assigned.append(name)
+    findings = []
+    for name in bound.step.store_rows:
+        if name not in before or name in bound.recomputed_in_graph:
+            continue
+        if name in assigned:
+            findings.append(f"{name} is reference-assigned: the captured graph keeps the previous rows")
+        elif name in untouched:
+            findings.append(f"{name} is left untouched: the captured graph keeps the previous rows")
+    return StepReport(tuple(copied), tuple(assigned), tuple(untouched), tuple(findings))
+
+
+def function_releases(trees: dict[str, SourceTree], path: str, function: str) -> tuple[str, ...]:
+    """The releases among ``trees`` whose ``path`` defines ``function`` (at any depth)."""
+    found = []
+    for version in sorted(trees, key=release_key):
+        text = trees[version].read(path)
+        if text is not None and any(
+            isinstance(n, ast.FunctionDef) and n.name == function for n in ast.walk(ast.parse(text))
+        ):
+            found.append(version)
+    return tuple(found)
