@@ -19,20 +19,26 @@ import textwrap
 import pytest
 
 from harness.sglang import locate
+from harness.sglang.binding import BindError
+from harness.sglang.real_classes import attributes
 from harness.sglang.runner_steps import (
     ATTN_METADATA,
+    EARLY_VERIFY_INSTALL,
     MERGE,
     REFRESH,
     STEPS,
     UNBOUND,
     UNIFIED_METADATA,
     BoundStep,
+    EarlyVerifyBackend,
     Step,
+    SwaTranslatingPool,
     bind_steps,
+    check_early_verify_install,
     check_step,
     function_releases,
 )
-from harness.sglang.targets import HIP_BACKEND_FILE
+from harness.sglang.targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND_FILE
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 REQUESTED = tuple(
@@ -165,3 +171,91 @@ def test_each_unbound_step_exists_from_the_release_cited(unbound):
     later = [v for v in CHECKED if locate.release_key(v) >= locate.release_key(unbound.first_release)]
     assert having == tuple(later)
 
+
+
+# ---- the early target-verify install (0.5.23+) ---------------------------------------------------
+
+
+# A backend file and metadata helpers written here, in the shape the install check binds: a
+# merge that reassigns the SWA rows, and an install that either restores the captured
+# tensor (as a graph needs) or keeps the merge's reassignment.
+WRITTEN_HELPERS = '''
+def copy_metadata(*, src, dst, check_eq_fields, copy_fields, assign_fields=None):
+    for name in copy_fields:
+        if getattr(dst, name) is not None:
+            getattr(dst, name).copy_(getattr(src, name))
+    for name in assign_fields or []:
+        setattr(dst, name, getattr(src, name))
+
+
+def maybe_copy_inplace(dst, *, src):
+    if dst is not None:
+        dst.copy_(src)
+'''
+WRITTEN_BACKEND = '''
+class DSV4AttnMetadata:
+    raw_out_loc: torch.Tensor
+    swa_out_cache_loc: torch.Tensor
+
+    def copy_(self, other):
+        copy_metadata(src=other, dst=self, check_eq_fields=[], copy_fields=["raw_out_loc"],
+                      assign_fields=["swa_out_cache_loc"])
+
+
+class DSV4Metadata:
+    core_attn_metadata: DSV4AttnMetadata
+
+    def copy_(self, other):
+        self.core_attn_metadata.copy_(other.core_attn_metadata)
+
+
+class DeepseekV4AttnBackend:
+    def _install_early_verify_metadata(self, *, graph_key, raw_metadata, out_cache_loc):
+        metadata = self.make_forward_metadata_from_raw_verify(raw_metadata=raw_metadata)
+        rows = self.token_to_kv_pool.translate_loc_from_full_to_swa(out_cache_loc).to(torch.int32)
+        captured = self.cuda_graph_metadata_of_bucket_and_bs[_GraphBucket.TARGET_VERIFY][(graph_key, "early")]
+        kept = captured.core_attn_metadata.swa_out_cache_loc
+        captured.copy_(metadata)
+        RESTORE
+        self.forward_metadata = captured
+'''
+
+
+def _written_tree(tmp_path, restore: str) -> locate.SourceTree:
+    helpers = tmp_path / "sglang/srt/layers/attention/dsv4/metadata.py"
+    helpers.parent.mkdir(parents=True)
+    helpers.write_text(WRITTEN_HELPERS)
+    backend = tmp_path / "sglang/srt/layers/attention/deepseek_v4_backend.py"
+    backend.write_text(WRITTEN_BACKEND.replace("RESTORE", restore))
+    return locate.SourceTree(tmp_path, "checkout")
+
+
+def test_an_install_that_restores_the_captured_rows_tensor_passes(tmp_path):
+    restore = "kept.copy_(rows)\n        captured.core_attn_metadata.swa_out_cache_loc = kept"
+    report = check_early_verify_install(_written_tree(tmp_path, restore))
+    assert report.kept_address and report.rows_match and report.installed_captured
+
+
+def test_an_install_that_keeps_the_merges_reassignment_is_found_off_the_captured_address(tmp_path):
+    report = check_early_verify_install(_written_tree(tmp_path, "pass"))
+    assert not report.kept_address and not report.rows_match
+
+
+@pytest.mark.parametrize("version", CHECKED)
+def test_the_early_verify_install_leaves_the_new_swa_rows_at_the_captured_address(version):
+    source = tree(version).read(CUDA_BACKEND_FILE) or ""
+    if not _class_defines(source, CUDA_BACKEND, EARLY_VERIFY_INSTALL):
+        with pytest.raises(BindError, match=EARLY_VERIFY_INSTALL):
+            check_early_verify_install(tree(version))
+        return
+    report = check_early_verify_install(tree(version))
+    assert report.kept_address and report.rows_match and report.installed_captured
+
+
+@pytest.mark.parametrize("version", CHECKED)
+def test_the_early_verify_stand_ins_carry_only_attributes_of_the_classes_they_replace(version):
+    if not _class_defines(tree(version).read(CUDA_BACKEND_FILE) or "", CUDA_BACKEND, EARLY_VERIFY_INSTALL):
+        pytest.skip(f"sglang {version} has no {EARLY_VERIFY_INSTALL}")
+    for stand_in in (EarlyVerifyBackend, SwaTranslatingPool):
+        extra = stand_in.attributes - attributes(tree(version), stand_in.replaces)
+        assert not extra, f"{stand_in.__name__} has {sorted(extra)}"

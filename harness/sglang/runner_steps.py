@@ -44,22 +44,26 @@ function (file: ``sglang/srt/...``)            releases    SWA store rows, CPU c
 ``replay_cuda_graph_metadata_from``            all         builds fresh metadata and merges it
 (same file; HIP from 0.5.13)                              with the ``copy_`` checked here; its
                                                           builders need GPU kernels: not bound.
-``_install_early_verify_metadata``             0.5.23      installs target-verify metadata
-(same file)                                               built early; keeps the captured
-                                                          ``swa_out_cache_loc`` tensor and
-                                                          copies the new rows into it. Needs
-                                                          the backend's graph state: not bound.
+``_install_early_verify_metadata``             0.5.23      merges early-built target-verify
+(same file)                                               metadata into the captured one with
+                                                          ``copy_`` (which reassigns
+                                                          ``swa_out_cache_loc``), then puts the
+                                                          captured tensor back holding the new
+                                                          rows: bound, see
+                                                          :func:`check_early_verify_install`.
 ``join_in_graph_metadata_prep``                0.5.23      waits on the forked metadata-prep
 (``model_executor/runner_utils/``                          stream; the wait is a CUDA stream
 ``forked_metadata_prep.py``)                              event, with no CPU meaning: not bound.
 ============================================  ==========  ==================================
 
-:data:`UNBOUND` holds those rows; a test holds each cited function to the releases named.
+:data:`UNBOUND` holds the rows not bound; a test holds each cited function to the releases
+named.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -67,8 +71,10 @@ from typing import Any
 import torch
 
 from .binding import BindError, BoundClass, ClassCode, FunctionCode, bind
+from .drivers import StandIn
 from .locate import SourceTree, release_key
-from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE
+from .real_classes import RealClass
+from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE, POOL_FILE
 
 METADATA_HELPERS_FILE = "sglang/srt/layers/attention/dsv4/metadata.py"
 FORKED_PREP_FILE = "sglang/srt/model_executor/runner_utils/forked_metadata_prep.py"
@@ -128,8 +134,6 @@ UNBOUND = (
             "the refresh it calls is bound"),
     Unbound("replay_cuda_graph_metadata_from", CUDA_BACKEND_FILE, "0.5.12",
             "builds the fresh metadata with GPU kernels; the copy_ it merges with is bound"),
-    Unbound("_install_early_verify_metadata", CUDA_BACKEND_FILE, "0.5.23",
-            "reads the backend's captured graph state and early-verify builders"),
     Unbound("join_in_graph_metadata_prep", FORKED_PREP_FILE, "0.5.23",
             "its effect is a CUDA stream wait, which has no CPU meaning"),
 )
@@ -282,3 +286,95 @@ def function_releases(trees: dict[str, SourceTree], path: str, function: str) ->
         ):
             found.append(version)
     return tuple(found)
+
+
+# ---- the 0.5.23 early target-verify install ---------------------------------------------------
+
+
+EARLY_VERIFY_INSTALL = "_install_early_verify_metadata"
+METADATA = "DSV4Metadata"
+
+
+class GraphBucket(enum.Enum):
+    """The backend's graph buckets (SGLang's ``_GraphBucket``); the install reads one."""
+
+    DECODE_OR_IDLE = "decode_or_idle"
+    TARGET_VERIFY = "target_verify"
+    DRAFT_EXTEND = "draft_extend"
+
+
+class EarlyVerifyBackend(StandIn):
+    role = "early-verify backend"
+    attributes = frozenset({
+        "make_forward_metadata_from_raw_verify", "online_c128_mtp", "token_to_kv_pool",
+        "tail_forward_metadata", "cuda_graph_metadata_of_bucket_and_bs",
+        "_early_verify_metadata_ids", "forward_metadata",
+    })
+    replaces = (RealClass(CUDA_BACKEND_FILE, CUDA_BACKEND),)
+
+
+class SwaTranslatingPool(StandIn):
+    """A pool without request window or draft ring, translating by its mapping."""
+
+    role = "early-verify pool"
+    attributes = frozenset({"request_window", "swa_req_ring_size", "translate_loc_from_full_to_swa"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class OnlineC128State(StandIn):
+    role = "online c128 state"
+    attributes = frozenset({"state_slot_offset"})
+
+
+@dataclass(frozen=True)
+class EarlyVerifyReport:
+    kept_address: bool  # the captured swa_out_cache_loc tensor is the one left installed
+    rows_match: bool  # and it holds the fresh forward's translated rows
+    installed_captured: bool  # the backend's forward metadata is the captured object
+
+
+def check_early_verify_install(tree: SourceTree) -> EarlyVerifyReport:
+    """Runs the release's ``_install_early_verify_metadata`` (0.5.23+) over a captured
+    target-verify graph's metadata with a fresh build from its real ``copy_``, and reports
+    whether the SWA write rows end at the captured address. :class:`BindError` where the
+    release lacks it."""
+    binding = bind(
+        tree,
+        (FunctionCode(METADATA_HELPERS_FILE, "copy_metadata"), FunctionCode(METADATA_HELPERS_FILE, "maybe_copy_inplace"),
+         ClassCode(CUDA_BACKEND_FILE, ATTN_METADATA, (MERGE,), dataclass_fields=True),
+         ClassCode(CUDA_BACKEND_FILE, METADATA, (MERGE,), dataclass_fields=True),
+         ClassCode(CUDA_BACKEND_FILE, CUDA_BACKEND, (EARLY_VERIFY_INSTALL,), role=EarlyVerifyBackend.role)),
+        {"fields": dataclasses.fields, "warnings": warnings, "_GraphBucket": GraphBucket},
+        {EarlyVerifyBackend.role: EarlyVerifyBackend.attributes},
+    )
+    merge = next(s for s in STEPS if s.backend == "CUDA" and s.class_name == ATTN_METADATA and s.method == MERGE)
+    attn = BoundStep(merge, tree.version, binding.classes[ATTN_METADATA].build(object),
+                     binding.classes[ATTN_METADATA].methods[MERGE],
+                     _class_statements(tree, merge)[0], frozenset())
+    captured_core, fresh_core = _instances(attn)
+    fresh_core.swa_out_cache_loc = None  # the full build leaves the SWA rows to the install
+    metadata_cls = binding.classes[METADATA].build(object)
+    captured = metadata_cls(core_attn_metadata=captured_core)
+    fresh = metadata_cls(core_attn_metadata=fresh_core)
+    captured_rows = captured_core.swa_out_cache_loc
+    mapping = torch.arange(4 * FRESH_OFFSET, dtype=torch.int64).flip(0)  # no row maps to itself
+    out_cache_loc = torch.arange(ROWS_PER_FIELD, dtype=torch.int64) * 7 + 3
+    pool = SwaTranslatingPool(request_window=None, swa_req_ring_size=None,
+                              translate_loc_from_full_to_swa=lambda loc: mapping[loc])
+    graph_key = 8
+    backend = binding.classes[CUDA_BACKEND].build(EarlyVerifyBackend)(
+        make_forward_metadata_from_raw_verify=lambda **_: fresh,
+        online_c128_mtp=OnlineC128State(state_slot_offset=lambda: 0),
+        token_to_kv_pool=pool, tail_forward_metadata=None,
+        cuda_graph_metadata_of_bucket_and_bs={GraphBucket.TARGET_VERIFY: {(graph_key, "early"): captured}},
+        _early_verify_metadata_ids=set(), forward_metadata=None,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        backend._install_early_verify_metadata(graph_key=graph_key, raw_metadata=None, out_cache_loc=out_cache_loc)
+    installed = captured.core_attn_metadata.swa_out_cache_loc
+    return EarlyVerifyReport(
+        kept_address=installed is captured_rows,
+        rows_match=installed is not None and torch.equal(installed, mapping[out_cache_loc].to(torch.int32)),
+        installed_captured=backend.forward_metadata is captured,
+    )
