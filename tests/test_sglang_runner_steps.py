@@ -36,6 +36,7 @@ from harness.sglang.runner_steps import (
     bind_steps,
     check_early_verify_install,
     check_step,
+    describe,
     function_releases,
 )
 from harness.sglang.targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND_FILE
@@ -259,3 +260,11 @@ def test_the_early_verify_stand_ins_carry_only_attributes_of_the_classes_they_re
     for stand_in in (EarlyVerifyBackend, SwaTranslatingPool):
         extra = stand_in.attributes - attributes(tree(version), stand_in.replaces)
         assert not extra, f"{stand_in.__name__} has {sorted(extra)}"
+
+
+@pytest.mark.parametrize("version", CHECKED)
+def test_the_description_names_every_step_once_with_its_verdict_or_why_it_is_absent(version):
+    lines = describe(tree(version))
+    for step in STEPS:
+        (line,) = [line for line in lines if line.startswith(f"{step.name}: ")]
+        assert "absent (" in line or "store rows at the captured address" in line or "keeps the previous rows" in line

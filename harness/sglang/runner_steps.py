@@ -23,6 +23,12 @@ replay, so a step may leave or reassign it (0.5.23's ``DSV4AttnMetadata.copy_`` 
 stores). The request window (``request_window_layout``, 0.5.21+) is a record with its own
 ``copy_`` and is left out here (None on both sides).
 
+What "refilled in graph" rests on: the backend names the field in the in-graph init the
+breakable graph records. Whether that init refills ``swa_out_cache_loc`` on a prefill
+(extend) replay is not checked here; 0.5.23's
+``prepare_forward_metadata_for_breakable_cuda_graph_replay`` adds an in-place copy of the
+translated rows when the build leaves them unset, which 0.5.13-0.5.22 lack.
+
 :func:`bind_steps` binds every row a release has, in source mode (the real method and the
 real ``copy_metadata`` helper of ``sglang/srt/layers/attention/dsv4/metadata.py``, over
 the class rebuilt from the release's own field list, so ``copy_metadata``'s check that
@@ -111,9 +117,12 @@ class Step:
 
 STEPS = tuple(
     Step(backend, path, backend_class, class_name, method, rows)
-    for backend, path, backend_class in (("CUDA", CUDA_BACKEND_FILE, CUDA_BACKEND),
-                                         ("HIP", HIP_BACKEND_FILE, HIP_BACKEND))
-    for class_name, rows in ((ATTN_METADATA, ATTN_STORE_ROWS), (UNIFIED_METADATA, UNIFIED_STORE_ROWS))
+    for backend, path, backend_class, class_name, rows in (
+        ("CUDA", CUDA_BACKEND_FILE, CUDA_BACKEND, ATTN_METADATA, ATTN_STORE_ROWS),
+        ("HIP", HIP_BACKEND_FILE, HIP_BACKEND, ATTN_METADATA, ATTN_STORE_ROWS),
+        # the CUDA backend file has no unified record in any release
+        ("HIP", HIP_BACKEND_FILE, HIP_BACKEND, UNIFIED_METADATA, UNIFIED_STORE_ROWS),
+    )
     for method in (REFRESH, MERGE)
 )
 
@@ -276,6 +285,23 @@ def check_step(bound: BoundStep) -> StepReport:
     return StepReport(tuple(copied), tuple(assigned), tuple(untouched), tuple(findings))
 
 
+def describe(tree: SourceTree) -> list[str]:
+    """One line per step of ``tree``: the fields it copies and assigns, the store-row fields
+    the graph refills, and its findings (or why it is absent)."""
+    found, absent = bind_steps(tree)
+    lines = []
+    for bound in found:
+        report = check_step(bound)
+        refilled = sorted(bound.recomputed_in_graph & set(bound.fields))
+        verdict = "; ".join(report.findings) or "store rows at the captured address"
+        lines.append(
+            f"{bound.step.name}: copied {', '.join(report.copied) or '-'}; assigned "
+            f"{', '.join(report.assigned) or '-'}; refilled in graph {', '.join(refilled) or '-'}: {verdict}"
+        )
+    lines += [f"{name}: absent ({why})" for name, why in absent.items()]
+    return lines
+
+
 def function_releases(trees: dict[str, SourceTree], path: str, function: str) -> tuple[str, ...]:
     """The releases among ``trees`` whose ``path`` defines ``function`` (at any depth)."""
     found = []
@@ -378,3 +404,13 @@ def check_early_verify_install(tree: SourceTree) -> EarlyVerifyReport:
         rows_match=installed is not None and torch.equal(installed, mapping[out_cache_loc].to(torch.int32)),
         installed_captured=backend.forward_metadata is captured,
     )
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .locate import wheel
+
+    for version in sys.argv[1:]:
+        print(f"== sglang {version}")
+        print("\n".join(describe(wheel(version))))
