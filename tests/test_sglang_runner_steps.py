@@ -24,6 +24,7 @@ from harness.sglang.real_classes import attributes
 from harness.sglang.runner_steps import (
     ATTN_METADATA,
     EARLY_VERIFY_INSTALL,
+    GRAPH_REPLAY,
     MERGE,
     REFRESH,
     STEPS,
@@ -31,15 +32,17 @@ from harness.sglang.runner_steps import (
     UNIFIED_METADATA,
     BoundStep,
     EarlyVerifyBackend,
+    GraphReplayBackend,
     Step,
     SwaTranslatingPool,
     bind_steps,
     check_early_verify_install,
+    check_graph_replay,
     check_step,
     describe,
     function_releases,
 )
-from harness.sglang.targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND_FILE
+from harness.sglang.targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 REQUESTED = tuple(
@@ -219,15 +222,20 @@ class DeepseekV4AttnBackend:
         captured.copy_(metadata)
         RESTORE
         self.forward_metadata = captured
+
+    def replay_cuda_graph_metadata_from(self, bs, temp_metadata, bucket):
+        chosen = self.cuda_graph_metadata_of_bucket_and_bs[bucket][bs]
+        chosen.copy_(temp_metadata)
+        self.forward_metadata = INSTALLED
 '''
 
 
-def _written_tree(tmp_path, restore: str) -> locate.SourceTree:
+def _written_tree(tmp_path, restore: str = "pass", installed: str = "chosen") -> locate.SourceTree:
     helpers = tmp_path / "sglang/srt/layers/attention/dsv4/metadata.py"
     helpers.parent.mkdir(parents=True)
     helpers.write_text(WRITTEN_HELPERS)
     backend = tmp_path / "sglang/srt/layers/attention/deepseek_v4_backend.py"
-    backend.write_text(WRITTEN_BACKEND.replace("RESTORE", restore))
+    backend.write_text(WRITTEN_BACKEND.replace("RESTORE", restore).replace("INSTALLED", installed))
     return locate.SourceTree(tmp_path, "checkout")
 
 
@@ -268,3 +276,32 @@ def test_the_description_names_every_step_once_with_its_verdict_or_why_it_is_abs
     for step in STEPS:
         (line,) = [line for line in lines if line.startswith(f"{step.name}: ")]
         assert "absent (" in line or "store rows at the captured address" in line or "keeps the previous rows" in line
+
+
+
+# ---- the full graph replay's merge -------------------------------------------------------------
+
+
+def test_a_replay_whose_merge_reassigns_rows_nothing_refills_is_found(tmp_path):
+    report, installed_captured = check_graph_replay(_written_tree(tmp_path), "CUDA")
+    assert installed_captured
+    assert report.findings == ("swa_out_cache_loc is reference-assigned: the captured graph keeps the previous rows",)
+
+
+def test_a_replay_that_installs_the_fresh_metadata_instead_of_the_captured_one_is_found(tmp_path):
+    _, installed_captured = check_graph_replay(_written_tree(tmp_path, installed="temp_metadata"), "CUDA")
+    assert not installed_captured
+
+
+@pytest.mark.parametrize("version", CHECKED)
+@pytest.mark.parametrize("backend,path,backend_class", [
+    ("CUDA", CUDA_BACKEND_FILE, CUDA_BACKEND), ("HIP", HIP_BACKEND_FILE, HIP_BACKEND),
+])
+def test_the_graph_replay_runs_on_the_captured_metadata_with_its_swa_rows_refilled_in_graph(
+        version, backend, path, backend_class):
+    if not _class_defines(tree(version).read(path) or "", backend_class, GRAPH_REPLAY):
+        pytest.skip(f"sglang {version} has no {backend} {GRAPH_REPLAY}")
+    report, installed_captured = check_graph_replay(tree(version), backend)
+    assert installed_captured and report.findings == ()
+    extra = GraphReplayBackend.attributes - attributes(tree(version), GraphReplayBackend.replaces)
+    assert not extra, f"{GraphReplayBackend.__name__} has {sorted(extra)}"

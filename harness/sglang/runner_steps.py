@@ -47,9 +47,10 @@ function (file: ``sglang/srt/...``)            releases    SWA store rows, CPU c
                                                           captured ``swa_out_cache_loc`` in
                                                           place. Needs ``_build_forward_
                                                           metadata`` (GPU kernels): not bound.
-``replay_cuda_graph_metadata_from``            all         builds fresh metadata and merges it
-(same file; HIP from 0.5.13)                              with the ``copy_`` checked here; its
-                                                          builders need GPU kernels: not bound.
+``replay_cuda_graph_metadata_from``            all         merges the replay's metadata into
+(same file; HIP from 0.5.13)                              the bucket's captured one with
+                                                          ``copy_`` and installs it: bound, see
+                                                          :func:`check_graph_replay`.
 ``_install_early_verify_metadata``             0.5.23      merges early-built target-verify
 (same file)                                               metadata into the captured one with
                                                           ``copy_`` (which reassigns
@@ -72,7 +73,7 @@ import dataclasses
 import enum
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -141,8 +142,6 @@ UNBOUND = (
     Unbound("prepare_forward_metadata_for_breakable_cuda_graph_replay", CUDA_BACKEND_FILE, "0.5.13",
             "builds the fresh metadata with _build_forward_metadata, whose kernels need a GPU; "
             "the refresh it calls is bound"),
-    Unbound("replay_cuda_graph_metadata_from", CUDA_BACKEND_FILE, "0.5.12",
-            "builds the fresh metadata with GPU kernels; the copy_ it merges with is bound"),
     Unbound("join_in_graph_metadata_prep", FORKED_PREP_FILE, "0.5.23",
             "its effect is a CUDA stream wait, which has no CPU meaning"),
 )
@@ -255,16 +254,16 @@ def _instances(bound: BoundStep) -> tuple[Any, Any]:
     return build(0), build(FRESH_OFFSET)
 
 
-def check_step(bound: BoundStep) -> StepReport:
-    """Runs the step from a fresh object into a captured one and classifies every tensor
-    field; a store-row field that does not end with the fresh rows at the captured address
-    (and is not recomputed by the graph) is a finding."""
+def check_step(bound: BoundStep, run: Callable[[Any, Any], None] | None = None) -> StepReport:
+    """Runs the step (or ``run``, a caller of it) from a fresh object into a captured one and
+    classifies every tensor field; a store-row field that does not end with the fresh rows
+    at the captured address (and is not recomputed by the graph) is a finding."""
     captured, fresh = _instances(bound)
     before = {name: getattr(captured, name) for name, a in bound.fields.items() if _is_tensor(a)}
     snapshot = {name: tensor.clone() for name, tensor in before.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # copy_metadata warns of fields it assigns; classified below
-        bound.method(captured, fresh)
+        (run or bound.method)(captured, fresh)
     copied, assigned, untouched = [], [], []
     for name, tensor in before.items():
         now = getattr(captured, name)
@@ -414,3 +413,48 @@ if __name__ == "__main__":
     for version in sys.argv[1:]:
         print(f"== sglang {version}")
         print("\n".join(describe(wheel(version))))
+
+
+# ---- the full graph replay's metadata merge ----------------------------------------------------
+
+
+GRAPH_REPLAY = "replay_cuda_graph_metadata_from"
+
+
+class GraphReplayBackend(StandIn):
+    role = "graph-replay backend"
+    attributes = frozenset({"cuda_graph_metadata_of_bucket_and_bs", "forward_metadata"})
+    replaces = (RealClass(CUDA_BACKEND_FILE, CUDA_BACKEND),)
+
+
+def check_graph_replay(tree: SourceTree, backend: str) -> tuple[StepReport, bool]:
+    """Runs the ``backend`` ("CUDA" or "HIP") backend's ``replay_cuda_graph_metadata_from``
+    of ``tree`` with a full ``DSV4Metadata`` for a bucket captured before, over the real
+    ``copy_`` of both metadata classes. Returns the attention metadata's classification and
+    whether the backend then runs on the captured object."""
+    merge = next(s for s in STEPS if s.backend == backend and s.class_name == ATTN_METADATA and s.method == MERGE)
+    binding = bind(
+        tree,
+        (FunctionCode(METADATA_HELPERS_FILE, "copy_metadata"), FunctionCode(METADATA_HELPERS_FILE, "maybe_copy_inplace"),
+         ClassCode(merge.path, ATTN_METADATA, (MERGE,), dataclass_fields=True),
+         ClassCode(merge.path, METADATA, (MERGE,), dataclass_fields=True),
+         ClassCode(merge.path, merge.backend_class, (GRAPH_REPLAY,), role=GraphReplayBackend.role)),
+        {"fields": dataclasses.fields, "warnings": warnings},
+        {GraphReplayBackend.role: GraphReplayBackend.attributes},
+    )
+    attn = BoundStep(merge, tree.version, binding.classes[ATTN_METADATA].build(object),
+                     binding.classes[ATTN_METADATA].methods[MERGE], _class_statements(tree, merge)[0],
+                     _recomputed_in_graph(tree, merge))
+    metadata_cls = binding.classes[METADATA].build(object)
+    backend_cls = binding.classes[merge.backend_class].build(GraphReplayBackend)
+    batch_size, bucket = 4, GraphBucket.DECODE_OR_IDLE
+    installed = []
+
+    def replay(captured_core: Any, fresh_core: Any) -> None:
+        captured = metadata_cls(core_attn_metadata=captured_core)
+        runner = backend_cls(cuda_graph_metadata_of_bucket_and_bs={bucket: {batch_size: captured}},
+                             forward_metadata=None)
+        runner.replay_cuda_graph_metadata_from(batch_size, metadata_cls(core_attn_metadata=fresh_core), bucket)
+        installed.append(runner.forward_metadata is captured)
+
+    return check_step(attn, replay), installed == [True]
