@@ -45,8 +45,11 @@ function (file: ``sglang/srt/...``)            releases    SWA store rows, CPU c
 ``cuda_graph_replay``                                     refresh checked here; 0.5.23 then
 (``layers/attention/deepseek_v4_backend.py``)             copies translated rows into the
                                                           captured ``swa_out_cache_loc`` in
-                                                          place. Needs ``_build_forward_
-                                                          metadata`` (GPU kernels): not bound.
+                                                          place. Not bound: the verdict turns
+                                                          on what ``_build_forward_metadata``
+                                                          (GPU kernels) leaves in the fresh
+                                                          ``swa_out_cache_loc``, which no
+                                                          stand-in can say honestly.
 ``replay_cuda_graph_metadata_from``            all         merges the replay's metadata into
 (same file; HIP from 0.5.13)                              the bucket's captured one with
                                                           ``copy_`` and installs it: bound, see
@@ -58,9 +61,15 @@ function (file: ``sglang/srt/...``)            releases    SWA store rows, CPU c
                                                           captured tensor back holding the new
                                                           rows: bound, see
                                                           :func:`check_early_verify_install`.
-``join_in_graph_metadata_prep``                0.5.23      waits on the forked metadata-prep
-(``model_executor/runner_utils/``                          stream; the wait is a CUDA stream
-``forked_metadata_prep.py``)                              event, with no CPU meaning: not bound.
+``join_in_graph_metadata_prep``                0.5.23      DSpark draft graphs: the first draft
+(``model_executor/runner_utils/``                          attention waits on the side stream
+``forked_metadata_prep.py``)                              that prepares its metadata (SWA rows
+                                                          included) before it stores KV. The
+                                                          wait is a CUDA event on the current
+                                                          stream, with no CPU meaning: not
+                                                          bound (a GPU check would race a
+                                                          delayed side-stream write against
+                                                          the store).
 ============================================  ==========  ==================================
 
 :data:`UNBOUND` holds the rows not bound; a test holds each cited function to the releases
@@ -140,8 +149,8 @@ class Unbound:
 
 UNBOUND = (
     Unbound("prepare_forward_metadata_for_breakable_cuda_graph_replay", CUDA_BACKEND_FILE, "0.5.13",
-            "builds the fresh metadata with _build_forward_metadata, whose kernels need a GPU; "
-            "the refresh it calls is bound"),
+            "what _build_forward_metadata (GPU kernels) leaves in the fresh swa_out_cache_loc "
+            "decides the verdict; the refresh it calls is bound"),
     Unbound("join_in_graph_metadata_prep", FORKED_PREP_FILE, "0.5.23",
             "its effect is a CUDA stream wait, which has no CPU meaning"),
 )
