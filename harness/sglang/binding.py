@@ -274,13 +274,14 @@ def _global_names(node: ast.FunctionDef) -> set[str]:
 
 
 def _dataclass_fields(node: ast.ClassDef) -> tuple[str, ...]:
-    return tuple(
+    # a field declared twice is one field, at its first place (0.5.22's DSV4Metadata does so)
+    return tuple(dict.fromkeys(
         statement.target.id
         for statement in node.body
         if isinstance(statement, ast.AnnAssign)
         and isinstance(statement.target, ast.Name)
         and "ClassVar" not in ast.unparse(statement.annotation)
-    )
+    ))
 
 
 # ---- import mode ---------------------------------------------------------------------------
