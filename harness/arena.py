@@ -48,7 +48,7 @@ class Arena:
         sizes = [source.numel() for source in sources]
         placed = self._block((key, sources[0].dtype), sum(sizes))[: sum(sizes)]
         placed.copy_(torch.cat(sources) if len(sources) > 1 else sources[0])
-        return list(placed.split(sizes))
+        return list(placed.split_with_sizes(sizes))
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A block of exactly ``numel`` elements, allocated at the first call for ``key``."""
