@@ -14,6 +14,8 @@ import torch
 from harness import SUBJECT_API_VERSION, RunResult, Subject, SubjectError, Truth, run_scenario
 from harness.builtin import PoolStartLayer, Uncached, UncachedRing
 from harness.diagnosis import Divergence
+from harness import executor
+from harness.devices import HostTimeline
 from harness.executor import check_subject
 from reference import Scenario
 from strategies.examples import EXAMPLES
@@ -660,3 +662,27 @@ def test_a_mutation_after_the_last_store_still_happens():
     assert run_scenario(_SeesFirstLocs, scenario).passed
     seen = _SeesFirstLocs.seen
     assert seen[0] == seen[1] and seen[2] != seen[1]
+
+
+# ---- answers checked once the device settles -------------------------------------------
+
+
+class _WrongAtSecondForwardLayer0(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        rows = self.right(batch)
+        return rows + 1 if batch.forward_id == 2 and layer_id == 0 else rows
+
+
+class _SettledAfterTheCalls(HostTimeline):
+    """The host timeline, answers checked after each step's calls, as on a GPU."""
+
+    deferred = True
+
+
+def test_an_answer_checked_after_the_device_settles_names_its_own_call(monkeypatch):
+    immediate = _diverges(_WrongAtSecondForwardLayer0)
+    monkeypatch.setattr(executor, "timeline_for", lambda device, delay_cycles=0: _SettledAfterTheCalls(device))
+    settled = _diverges(_WrongAtSecondForwardLayer0)
+    assert settled.layer_id == immediate.layer_id == 0
+    assert settled.call == immediate.call
+    assert settled.sentence == immediate.sentence
