@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 
@@ -263,9 +263,15 @@ class _Run:
         check every answer. On the host an answer is checked as it returns, before the next
         call could overwrite it; on a device, once the streams have settled, in call order
         (the answers are what the streams read)."""
-        truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
-        deferred = self.timeline.deferred
-        queued: list[tuple[int, int, Any, int]] = []
+        answers = self._answers(plan, step, batches, store, calls)
+        if self.timeline.deferred:
+            answers = list(answers)
+            self.timeline.settle()
+        self._check_answers(plan, step, answers)
+
+    def _answers(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
+                 calls: tuple[tuple[int, int], ...]) -> Iterator[tuple[int, int, Any, int]]:
+        """Each call's answer, the call made when the previous answer has been taken."""
         guarded = self.guard.call
         for mb, layer_id in calls:
             self.call += 1
@@ -273,14 +279,7 @@ class _Run:
                 out = guarded("swa_write_location", store, batches[mb], layer_id)
             except SubjectFailure as failure:
                 raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
-            if deferred:
-                queued.append((mb, layer_id, out, self.call - 1))
-            else:
-                self._check(plan, step, mb, layer_id, out, truths)
-        if queued:
-            self.timeline.settle()
-            for mb, layer_id, out, call in queued:
-                self._check(plan, step, mb, layer_id, out, truths, call)
+            yield mb, layer_id, out, self.call - 1
 
     def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
                         step_inputs: tuple[StepInputs, ...], store) -> None:
@@ -326,16 +325,19 @@ class _Run:
         if any(worker.is_alive() for worker in workers):
             failure = SubjectFailure("timeout", f"micro-batch threads did not finish within {budget:g} s")
             raise self._failed(_Where(plan), failure)
-        taken = [0] * count
-        truths: list[torch.Tensor | None] = [None] * count
-        for mb in entered:
-            index = taken[mb]
-            taken[mb] += 1
-            answer = answers[mb][index]
-            self.call += 1
-            if isinstance(answer, SubjectFailure):
-                raise self._failed(_Where(plan, 0, mb, layers[mb][index]), answer)
-            self._check(plan, 0, mb, layers[mb][index], answer, truths)
+
+        def in_call_order() -> Iterator[tuple[int, int, Any, int]]:
+            taken = [0] * count
+            for mb in entered:
+                index = taken[mb]
+                taken[mb] += 1
+                answer = answers[mb][index]
+                self.call += 1
+                if isinstance(answer, SubjectFailure):
+                    raise self._failed(_Where(plan, 0, mb, layers[mb][index]), answer)
+                yield mb, layers[mb][index], answer, self.call - 1
+
+        self._check_answers(plan, 0, in_call_order())
 
     def _graph_forward(self, plan: ForwardPlan) -> None:
         key = (plan.model, plan.graph_batch_size, plan.calls)
@@ -358,9 +360,8 @@ class _Run:
             self._invoke(_Where(plan), "init_replay_metadata", subject.init_replay_metadata, static)
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
-        truths: list[torch.Tensor | None] = [None]
-        for (mb, layer_id), sink in zip(plan.calls, sinks):
-            self._check(plan, 0, mb, layer_id, sink, truths)
+        replay = self.call - 1
+        self._check_answers(plan, 0, ((mb, layer_id, sink, replay) for (mb, layer_id), sink in zip(plan.calls, sinks)))
 
     def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor]]:
         """Capture one batch size as the decode graph runner does: metadata for capture once,
@@ -418,32 +419,34 @@ class _Run:
 
     # ---- checking ----------------------------------------------------------------------
 
-    def _check(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, out: Any,
-               truths: list[torch.Tensor | None], call: int | None = None) -> None:
-        """Check one answer against the reference's rows for its micro-batch, computed at its
-        first answer in ``truths`` (kept by the caller while the engine state stands still).
-        ``call``: the answer's call, when it is not the latest."""
-        expected = truths[mb]
-        if expected is None:
-            expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
-        self.checks += 1
-        matched = (
-            type(out) is torch.Tensor
-            and out.dtype is torch.int32
-            and self.on_device(out)
-            and torch.equal(out, expected)  # equal sizes included
-        )
-        if not matched or self.on_store is not None:
-            self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
+    def _check_answers(self, plan: ForwardPlan, step: int, answers: Iterable[tuple[int, int, Any, int]]) -> None:
+        """Check each (micro-batch, layer, answer, call index) of one draft step against the
+        reference's rows for its micro-batch, computed at its first answer: the engine state
+        stands still while ``answers`` are made."""
+        truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
+        on_device, every_store = self.on_device, self.on_store is not None
+        for mb, layer_id, out, call in answers:
+            expected = truths[mb]
+            if expected is None:
+                expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
+            self.checks += 1
+            matched = (
+                type(out) is torch.Tensor
+                and out.dtype is torch.int32
+                and on_device(out)
+                and torch.equal(out, expected)  # equal sizes included
+            )
+            if not matched or every_store:
+                self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
 
-    def _truth(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, call: int | None) -> torch.Tensor:
+    def _truth(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, call: int) -> torch.Tensor:
         inputs = plan.steps[step][mb]
         expected = self.state.expected(plan.model, inputs, self.truth)
         self.history.record_answer(self._site(_Where(plan, step, mb, layer_id), call), expected[: inputs.num_live])
         return expected.to(self.device)
 
     def _verdict(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, out: Any,
-                 expected: torch.Tensor, matched: bool, call: int | None) -> None:
+                 expected: torch.Tensor, matched: bool, call: int) -> None:
         """What a store the fast comparison did not settle comes to: its divergence (None
         again for a tensor subclass that holds the right rows), shown to ``on_store``."""
         divergence = None
