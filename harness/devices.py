@@ -27,8 +27,12 @@ class HostTimeline:
     def side_stream(self) -> None:
         return None
 
+    def consumed(self, store: Callable[[Any, int], Any]) -> Callable[[Any, int], Any]:
+        """``store`` with its answer read as a store kernel reads it: on the host, itself."""
+        return store
+
     def on_streams(self, store: Callable[[Any, int], Any]) -> Callable[[Any, int], Any]:
-        """``store`` as the engine calls it for a batch: on the host, itself."""
+        """``store`` consumed on the batch's stream: on the host, itself."""
         return store
 
     def begin_forward(self) -> None:
@@ -61,15 +65,20 @@ class GpuStreams(HostTimeline):
     def side_stream(self) -> torch.cuda.Stream:
         return self._side
 
-    def on_streams(self, store: Callable[[Any, int], Any]) -> Callable[[Any, int], Any]:
-        """``store`` run on the batch's stream, its answer read there as a store kernel would
-        read it: the read is part of the call, so a race the sanitizer sees there is the
+    def consumed(self, store: Callable[[Any, int], Any]) -> Callable[[Any, int], Any]:
+        """``store`` whose answer is read where the call runs, as a store kernel would read
+        it: the read is part of the call, so a race the sanitizer sees there is the
         subject's."""
         consume = self.consume
+        return lambda batch, layer_id: consume(store(batch, layer_id))
+
+    def on_streams(self, store: Callable[[Any, int], Any]) -> Callable[[Any, int], Any]:
+        """``store`` consumed on the batch's stream."""
+        consumed = self.consumed(store)
 
         def on_batch_stream(batch, layer_id: int) -> Any:
             with torch.cuda.stream(batch.stream):
-                return consume(store(batch, layer_id))
+                return consumed(batch, layer_id)
 
         return on_batch_stream
 

@@ -244,7 +244,7 @@ class _Run:
                     batch.draft_step = step
                 timeline.begin_forward()  # the step's new inputs were copied on the current stream
             if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and mutation is None:
-                self._threaded_calls(plan, batches, step_inputs, store)
+                self._threaded_calls(plan, batches, step_inputs, timeline.consumed(subject.swa_write_location))
                 continue
             # the mutation lands before the call it counts to
             cut = mutation.after_calls - step * len(calls) if mutation is not None else -1
