@@ -664,6 +664,22 @@ def test_a_mutation_after_the_last_store_still_happens():
     assert seen[0] == seen[1] and seen[2] != seen[1]
 
 
+class _OneBufferRightOnlyAtTheLastLayer(_Correct):
+    """Returns the same tensor at every layer, wrong at layer 0 and put right at layer 1."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = self.right(batch)
+        if getattr(self, "buffer", None) is None or self.buffer.shape != rows.shape:
+            self.buffer = torch.empty_like(rows)
+        self.buffer.copy_(rows + 1 if layer_id == 0 else rows)
+        return self.buffer
+
+
+def test_an_answer_is_checked_when_it_returns_not_after_the_subject_rewrote_its_buffer():
+    d = _diverges(_OneBufferRightOnlyAtTheLastLayer)
+    assert (d.forward, d.layer_id, d.kind) == (1, 0, "wrong_rows")
+
+
 # ---- answers checked once the device settles -------------------------------------------
 
 
