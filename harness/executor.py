@@ -430,12 +430,15 @@ class _Run:
             if expected is None:
                 expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
             self.checks += 1
-            matched = (
-                type(out) is torch.Tensor
-                and out.dtype is torch.int32
-                and on_device(out)
-                and torch.equal(out, expected)  # equal sizes included
-            )
+            try:
+                matched = (
+                    type(out) is torch.Tensor
+                    and out.dtype is torch.int32
+                    and on_device(out)
+                    and torch.equal(out, expected)  # equal sizes included
+                )
+            except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
+                matched = False
             if not matched or every_store:
                 self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
 
@@ -464,6 +467,9 @@ class _Run:
         where = f"At {site.describe()}, swa_write_location"
         if not isinstance(out, torch.Tensor):
             return site.divergence(dx.NON_TENSOR, f"{where} returned {type(out).__name__}, not a tensor.")
+        if out.is_nested or out.layout is not torch.strided:
+            layout = "nested" if out.is_nested else str(out.layout).removeprefix("torch.")
+            return site.divergence(dx.NON_TENSOR, f"{where} returned a {layout} tensor, not a dense one.")
         if not self.on_device(out):
             return site.divergence(
                 dx.WRONG_DEVICE, f"{where} returned a tensor on {out.device}, not on {self.device}."

@@ -264,6 +264,24 @@ def test_a_non_tensor_answer_is_a_non_tensor_divergence():
     assert d.sentence == "At forward 1 (decode), layer 0, swa_write_location returned list, not a tensor."
 
 
+class _ReturnsSparse(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return self.right(batch).to_sparse()
+
+
+class _ReturnsNested(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return torch.nested.nested_tensor([self.right(batch)])
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("subject, layout", [(_ReturnsSparse, "sparse_coo"), (_ReturnsNested, "nested")])
+def test_an_answer_that_is_not_a_dense_tensor_is_a_non_tensor_divergence(subject, layout):
+    d = _diverges(subject)
+    assert d.kind == "non_tensor"
+    assert d.sentence == f"At forward 1 (decode), layer 0, swa_write_location returned a {layout} tensor, not a dense one."
+
+
 def test_a_float_answer_with_nan_is_a_wrong_dtype_divergence_mentioning_nan():
     d = _diverges(_ReturnsNaN)
     assert d.kind == "wrong_dtype"
