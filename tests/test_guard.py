@@ -190,10 +190,11 @@ def test_a_guard_entered_after_the_watchdog_went_to_sleep_still_times_out():
 
 def test_quick_calls_adding_up_to_more_than_the_timeout_are_never_interrupted():
     # each call is timed on its own, not the stretch of calls the watchdog sees in flight
-    with CallGuard(0.1) as guard:
-        end = time.monotonic() + 0.5
+    timeout = 0.3
+    with CallGuard(timeout) as guard:
+        start = time.monotonic()
         calls = 0
-        while time.monotonic() < end:
-            guard.call("quick", _spin, 0.002)
+        while time.monotonic() - start < 4 * timeout:
+            assert guard.call("quick", _spin, 0.001) == "done"
             calls += 1
-    assert calls > 50
+    assert calls > 4
