@@ -41,19 +41,14 @@ class Arena:
         self._retired: list[torch.Tensor] = []  # grown-out-of blocks, kept so no address is reused
 
     def place(self, key: Hashable, sources: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Copies of ``sources`` (one dtype) laid out one after the other in block ``key``."""
+        """Copies of the 1-D ``sources`` (one dtype) laid out one after the other in block
+        ``key``, written with one copy (one transfer to a device)."""
         if not sources:
             return []
-        dtype = sources[0].dtype
-        block = self._block((key, dtype), sum(source.numel() for source in sources))
-        views, offset = [], 0
-        for source in sources:
-            n = source.numel()
-            view = block[offset:offset + n].view(source.shape)
-            view.copy_(source)
-            views.append(view)
-            offset += n
-        return views
+        sizes = [source.numel() for source in sources]
+        placed = self._block((key, sources[0].dtype), sum(sizes))[: sum(sizes)]
+        placed.copy_(torch.cat(sources) if len(sources) > 1 else sources[0])
+        return list(placed.split_with_sizes(sizes))
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A block of exactly ``numel`` elements, allocated at the first call for ``key``."""

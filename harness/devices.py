@@ -9,8 +9,7 @@ on that stream), and answers are checked after the device has settled.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -28,17 +27,19 @@ class HostTimeline:
     def side_stream(self) -> None:
         return None
 
-    def on(self, stream) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
+    def consumed(self, store: Callable[[Any, int], Any]) -> Callable[[Any, int], Any]:
+        """``store`` with its answer read as a store kernel reads it: on the host, itself."""
+        return store
+
+    def on_streams(self, store: Callable[[Any, int], Any]) -> Callable[[Any, int], Any]:
+        """``store`` consumed on the batch's stream: on the host, itself."""
+        return store
 
     def begin_forward(self) -> None:
         pass
 
     def delay_side_stream(self) -> None:
         pass
-
-    def consume(self, out: Any) -> Any:
-        return out
 
     def settle(self) -> None:
         pass
@@ -64,8 +65,22 @@ class GpuStreams(HostTimeline):
     def side_stream(self) -> torch.cuda.Stream:
         return self._side
 
-    def on(self, stream) -> contextlib.AbstractContextManager:
-        return torch.cuda.stream(stream)
+    def consumed(self, store: Callable[[Any, int], Any]) -> Callable[[Any, int], Any]:
+        """``store`` whose answer is read where the call runs, as a store kernel would read
+        it: the read is part of the call, so a race the sanitizer sees there is the
+        subject's."""
+        consume = self.consume
+        return lambda batch, layer_id: consume(store(batch, layer_id))
+
+    def on_streams(self, store: Callable[[Any, int], Any]) -> Callable[[Any, int], Any]:
+        """``store`` consumed on the batch's stream."""
+        consumed = self.consumed(store)
+
+        def on_batch_stream(batch, layer_id: int) -> Any:
+            with torch.cuda.stream(batch.stream):
+                return consumed(batch, layer_id)
+
+        return on_batch_stream
 
     def begin_forward(self) -> None:
         # inputs were copied on the current stream: every stream of the forward starts after

@@ -9,12 +9,13 @@ invalid scenario raises (:class:`reference.ScenarioError`).
 
 from __future__ import annotations
 
+import operator
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 
@@ -161,7 +162,7 @@ class _Run:
         self.config = scenario.config
         self.device = device
         if device.type == "cpu":
-            self.on_device = lambda t: t.is_cpu
+            self.on_device = operator.attrgetter("is_cpu")
         else:
             index = device.index if device.index is not None else torch.cuda.current_device()
             self.on_device = lambda t: t.device.type == device.type and t.get_device() == index
@@ -184,8 +185,6 @@ class _Run:
         self.next_forward_id = 0
         self.checks = 0
         self.call = 0
-        self.memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.memo_version = -1
         self.first_divergence: dx.Divergence | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -234,12 +233,8 @@ class _Run:
             for mb, batch in enumerate(batches):
                 where = _Where(plan, micro_batch=mb)
                 self._invoke(where, "init_forward_metadata", subject.init_forward_metadata, batch)
-        done = 0
-        pending: list[tuple[_Where, StepInputs, Any]] = []
-        call, store = self.guard.call, subject.swa_write_location
-        if timeline.deferred:
-            # the read is part of the call: a race the sanitizer sees there is the subject's
-            store = lambda batch, layer_id: timeline.consume(subject.swa_write_location(batch, layer_id))  # noqa: E731
+        store = timeline.on_streams(subject.swa_write_location)
+        calls, mutation = plan.calls, event.mutation
         for step, step_inputs in enumerate(plan.steps):
             if step:
                 for batch, tensors, inputs in zip(batches, step_tensors[step], step_inputs):
@@ -248,37 +243,43 @@ class _Run:
                     batch.seq_lens_cpu = inputs.seq_lens.clone()
                     batch.draft_step = step
                 timeline.begin_forward()  # the step's new inputs were copied on the current stream
-            if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and event.mutation is None:
-                self._threaded_calls(plan, batches, step_inputs, store)
+            if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and mutation is None:
+                self._threaded_calls(plan, batches, step_inputs, timeline.consumed(subject.swa_write_location))
                 continue
-            for mb, layer_id in plan.calls:
-                if event.mutation is not None and done == event.mutation.after_calls:
-                    self._check_all(pending)
-                    self._mutate(plan)
-                where = _Where(plan, step, mb, layer_id)
-                self.call += 1
-                batch = batches[mb]
-                try:
-                    with timeline.on(batch.stream):
-                        out = call("swa_write_location", store, batch, layer_id)
-                except SubjectFailure as failure:
-                    raise self._failed(where, failure) from None
-                if timeline.deferred:
-                    pending.append((where, step_inputs[mb], out))
-                else:
-                    self._check(where, step_inputs[mb], out)
-                done += 1
-            self._check_all(pending)
-        if event.mutation is not None and done == event.mutation.after_calls:
+            # the mutation lands before the call it counts to
+            cut = mutation.after_calls - step * len(calls) if mutation is not None else -1
+            if 0 <= cut < len(calls):
+                self._store_calls(plan, step, batches, store, calls[:cut])
+                self._mutate(plan)
+                self._store_calls(plan, step, batches, store, calls[cut:])
+            else:
+                self._store_calls(plan, step, batches, store, calls)
+        if mutation is not None and mutation.after_calls == len(calls) * len(plan.steps):
             self._mutate(plan)  # after the last store: it shows in the next forward
 
-    def _check_all(self, pending: list) -> None:
-        """Check answers whose reads were queued on device streams, in call order."""
-        if pending:
+    def _store_calls(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
+                     calls: tuple[tuple[int, int], ...]) -> None:
+        """Make ``calls`` of one draft step, during which the engine state stands still, and
+        check every answer. On the host an answer is checked as it returns, before the next
+        call could overwrite it; on a device, once the streams have settled, in call order
+        (the answers are what the streams read)."""
+        answers = self._answers(plan, step, batches, store, calls)
+        if self.timeline.deferred:
+            answers = list(answers)
             self.timeline.settle()
-            for where, inputs, out in pending:
-                self._check(where, inputs, out)
-            pending.clear()
+        self._check_answers(plan, step, answers)
+
+    def _answers(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
+                 calls: tuple[tuple[int, int], ...]) -> Iterator[tuple[int, int, Any, int]]:
+        """Each call's answer, the call made when the previous answer has been taken."""
+        guarded = self.guard.call
+        for mb, layer_id in calls:
+            self.call += 1
+            try:
+                out = guarded("swa_write_location", store, batches[mb], layer_id)
+            except SubjectFailure as failure:
+                raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
+            yield mb, layer_id, out, self.call - 1
 
     def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
                         step_inputs: tuple[StepInputs, ...], store) -> None:
@@ -324,16 +325,19 @@ class _Run:
         if any(worker.is_alive() for worker in workers):
             failure = SubjectFailure("timeout", f"micro-batch threads did not finish within {budget:g} s")
             raise self._failed(_Where(plan), failure)
-        taken = [0] * count
-        for mb in entered:
-            index = taken[mb]
-            taken[mb] += 1
-            answer = answers[mb][index]
-            where = _Where(plan, 0, mb, layers[mb][index])
-            self.call += 1
-            if isinstance(answer, SubjectFailure):
-                raise self._failed(where, answer)
-            self._check(where, step_inputs[mb], answer)
+
+        def in_call_order() -> Iterator[tuple[int, int, Any, int]]:
+            taken = [0] * count
+            for mb in entered:
+                index = taken[mb]
+                taken[mb] += 1
+                answer = answers[mb][index]
+                self.call += 1
+                if isinstance(answer, SubjectFailure):
+                    raise self._failed(_Where(plan, 0, mb, layers[mb][index]), answer)
+                yield mb, layers[mb][index], answer, self.call - 1
+
+        self._check_answers(plan, 0, in_call_order())
 
     def _graph_forward(self, plan: ForwardPlan) -> None:
         key = (plan.model, plan.graph_batch_size, plan.calls)
@@ -356,8 +360,8 @@ class _Run:
             self._invoke(_Where(plan), "init_replay_metadata", subject.init_replay_metadata, static)
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
-        for (mb, layer_id), sink in zip(plan.calls, sinks):
-            self._check(_Where(plan, 0, mb, layer_id), inputs, sink)
+        replay = self.call - 1
+        self._check_answers(plan, 0, ((mb, layer_id, sink, replay) for (mb, layer_id), sink in zip(plan.calls, sinks)))
 
     def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor]]:
         """Capture one batch size as the decode graph runner does: metadata for capture once,
@@ -415,31 +419,45 @@ class _Run:
 
     # ---- checking ----------------------------------------------------------------------
 
-    def _check(self, where: "_Where", inputs: StepInputs, out: Any) -> None:
-        if self.memo_version != self.state.version:
-            self.memo.clear()
-            self.memo_version = self.state.version
-        key = (where.step, where.micro_batch)
-        cached = self.memo.get(key)
-        if cached is None:
-            expected = self.state.expected(where.plan.model, inputs, self.truth)
-            cached = (expected, expected.to(self.device))
-            self.memo[key] = cached
-            self.history.record_answer(self._site(where), expected[: inputs.num_live])
-        expected, expected_on_device = cached
-        self.checks += 1
-        if (
-            type(out) is torch.Tensor
-            and out.dtype == torch.int32
-            and self.on_device(out)
-            and out.shape == expected.shape
-            and torch.equal(out, expected_on_device)
-        ):
-            divergence = None
-        else:  # None again for a tensor subclass that holds the right rows
-            divergence = self._diagnose(self._site(where), where.plan.model, inputs, out, expected)
+    def _check_answers(self, plan: ForwardPlan, step: int, answers: Iterable[tuple[int, int, Any, int]]) -> None:
+        """Check each (micro-batch, layer, answer, call index) of one draft step against the
+        reference's rows for its micro-batch, computed at its first answer: the engine state
+        stands still while ``answers`` are made."""
+        truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
+        on_device, every_store = self.on_device, self.on_store is not None
+        for mb, layer_id, out, call in answers:
+            expected = truths[mb]
+            if expected is None:
+                expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
+            self.checks += 1
+            try:
+                matched = (
+                    type(out) is torch.Tensor
+                    and out.dtype is torch.int32
+                    and on_device(out)
+                    and torch.equal(out, expected)  # equal sizes included
+                )
+            except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
+                matched = False
+            if not matched or every_store:
+                self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
+
+    def _truth(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, call: int) -> torch.Tensor:
+        inputs = plan.steps[step][mb]
+        expected = self.state.expected(plan.model, inputs, self.truth)
+        self.history.record_answer(self._site(_Where(plan, step, mb, layer_id), call), expected[: inputs.num_live])
+        return expected.to(self.device)
+
+    def _verdict(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, out: Any,
+                 expected: torch.Tensor, matched: bool, call: int) -> None:
+        """What a store the fast comparison did not settle comes to: its divergence (None
+        again for a tensor subclass that holds the right rows), shown to ``on_store``."""
+        divergence = None
+        if not matched:
+            site = self._site(_Where(plan, step, mb, layer_id), call)
+            divergence = self._diagnose(site, plan.model, plan.steps[step][mb], out, expected.cpu())
         if self.on_store is not None:
-            self.on_store(StoreOutcome(self.forward, where.step, where.micro_batch, where.layer_id, divergence))
+            self.on_store(StoreOutcome(self.forward, step, mb, layer_id, divergence))
         if divergence is not None:
             if not self.keep_going:
                 raise _Stop(divergence)
@@ -449,6 +467,9 @@ class _Run:
         where = f"At {site.describe()}, swa_write_location"
         if not isinstance(out, torch.Tensor):
             return site.divergence(dx.NON_TENSOR, f"{where} returned {type(out).__name__}, not a tensor.")
+        if out.is_nested or out.layout is not torch.strided:
+            layout = "nested" if out.is_nested else str(out.layout).removeprefix("torch.")
+            return site.divergence(dx.NON_TENSOR, f"{where} returned a {layout} tensor, not a dense one.")
         if not self.on_device(out):
             return site.divergence(
                 dx.WRONG_DEVICE, f"{where} returned a tensor on {out.device}, not on {self.device}."
@@ -547,16 +568,21 @@ class _Run:
             self.history.registrations.append(self.forward)
         for model, truth in self.state.mappings.items():
             old = self.snapshots.get(model)
-            if old is not None and not torch.equal(old, truth):
-                label = "the previously registered mapping" if registered else f"the mapping before {what}"
-                self.history.record_old_mapping(model, label, old)
-            self.snapshots[model] = truth.clone()
+            changed = old is None or not torch.equal(old, truth)
+            if changed:
+                if old is not None:
+                    label = "the previously registered mapping" if registered else f"the mapping before {what}"
+                    self.history.record_old_mapping(model, label, old)
+                self.snapshots[model] = truth.clone()
             if registered:
                 # a rebuilt pool's mapping is allocated while the old one is still registered
                 (self.mappings[model],) = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
                 self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
-            elif not torch.equal(self.mappings[model].cpu(), truth):
+            elif changed or not torch.equal(self.mappings[model].cpu(), truth):
+                # the registered tensor held the old values (unless the subject wrote into
+                # it, which is put right here too); written only when values differ, as a
+                # subject may key a cache on its in-place version
                 self.mappings[model].copy_(truth)
 
     def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs, tensors: dict[str, torch.Tensor]) -> ForwardBatch:
@@ -603,7 +629,8 @@ class _Run:
         self.next_forward_id += 1
         return self.next_forward_id
 
-    def _site(self, where: "_Where") -> dx.Site:
+    def _site(self, where: "_Where", call: int | None = None) -> dx.Site:
+        """``call``: the call's index, when it is not the latest call."""
         plan = where.plan
         return dx.Site(
             forward=self.forward,
@@ -613,7 +640,7 @@ class _Run:
             draft_step=where.step,
             micro_batch=where.micro_batch,
             layer_id=where.layer_id,
-            call=self.call - 1,  # calls are counted as they start
+            call=self.call - 1 if call is None else call,  # calls are counted as they start
             num_draft_steps=len(plan.steps) if plan else 1,
             num_micro_batches=plan.num_micro_batches if plan else 1,
         )

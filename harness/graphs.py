@@ -63,28 +63,43 @@ class RecordedGraph:
 
     def __init__(self) -> None:
         self._ops: list[tuple[Any, tuple, dict, Any]] = []
+        # per recorded op, the outputs replay writes back: (position among the op's
+        # flattened outputs, the captured tensor), worked out once when capture ends
+        self._writes: list[tuple[Any, tuple, dict, bool, list[tuple[int, torch.Tensor]]]] = []
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
         with _Recorder(self._ops):
             yield
+        self._writes = [(func, args, kwargs, *_written_outputs(func, recorded)) for func, args, kwargs, recorded in self._ops]
 
     def replay(self) -> None:
-        for func, args, kwargs, recorded in self._ops:
+        for func, args, kwargs, single, writes in self._writes:
             fresh = func(*args, **kwargs)
-            returns = func._schema.returns
-            recorded_flat, _ = tree_flatten(recorded)
-            fresh_flat, _ = tree_flatten(fresh)
-            for i, (old, new) in enumerate(zip(recorded_flat, fresh_flat)):
-                aliases_input = i < len(returns) and returns[i].alias_info is not None
-                if not isinstance(old, torch.Tensor) or aliases_input:
-                    continue
+            if not writes:
+                continue
+            fresh_flat = (fresh,) if single else tree_flatten(fresh)[0]
+            for i, old in writes:
+                new = fresh_flat[i]
                 if old.shape != new.shape:
                     raise GraphCaptureError(
                         f"{func._schema.name} produced shape {tuple(new.shape)} at replay, "
                         f"{tuple(old.shape)} at capture"
                     )
                 old.copy_(new)
+
+
+def _written_outputs(func, recorded: Any) -> tuple[bool, list[tuple[int, torch.Tensor]]]:
+    """Whether ``func`` returns one tensor, and its outputs a replay writes back into the
+    captured tensors: every tensor output except those that alias an input (an in-place or
+    view op's result is the input, which the op itself updates)."""
+    returns = func._schema.returns
+    recorded_flat, _ = tree_flatten(recorded)
+    writes = [
+        (i, old) for i, old in enumerate(recorded_flat)
+        if isinstance(old, torch.Tensor) and not (i < len(returns) and returns[i].alias_info is not None)
+    ]
+    return isinstance(recorded, torch.Tensor), writes
 
 
 class CudaGraph:

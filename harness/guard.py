@@ -1,14 +1,16 @@
 """Calling code under test without letting it crash or hang the harness.
 
-Arming a timer per call would cost more than a cheap subject call, so a watchdog thread
-polls the deadline of the call in flight instead; a call only stores three attributes. One
-watchdog serves the whole process (starting a thread per guard, that is per scenario, cost
-a few percent of a fuzzing run): it watches the innermost guard entered on the main thread.
-An overrun call is interrupted with a real SIGALRM, which also breaks blocking sleeps. The
-handler raises only if the call that overran is still the one in flight, so a late signal
-can never hit the next call; a call that swallows the alarm is re-alarmed every timeout
-period and reported as timed out when it finally returns. Signals reach the main thread only: a guard entered on
-another thread converts exceptions but leaves hangs to its caller (join with a timeout).
+Arming a timer per call would cost more than a cheap subject call, and so would reading a
+clock: a call only bumps its serial number and marks itself in flight. A watchdog thread
+polls instead, and a call whose serial it has seen in flight, unchanged, for the timeout is
+overrun. One watchdog serves the whole process (starting a thread per guard, that is per
+scenario, cost a few percent of a fuzzing run): it watches the innermost guard entered on
+the main thread. An overrun call is interrupted with a real SIGALRM, which also breaks
+blocking sleeps. The handler raises only if the call that overran is still the one in
+flight, so a late signal can never hit the next call; a call that swallows the alarm is
+re-alarmed every timeout period and reported as timed out when it finally returns. Signals
+reach the main thread only: a guard entered on another thread converts exceptions but
+leaves hangs to its caller (join with a timeout).
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ class CallGuard:
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self._serial = 0
-        self._deadline = 0.0
         self._in_call = False
         self._fired_serial = -1
         self._watched = False
+        # the watchdog's view: the call it last saw in flight, and when it first saw it
+        self._seen_serial = -1
+        self._seen_at = 0.0
 
     def __enter__(self) -> "CallGuard":
         if threading.current_thread() is threading.main_thread():
@@ -64,9 +68,7 @@ class CallGuard:
             signal.signal(signal.SIGALRM, self._previous_handler)
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        self._serial += 1
-        serial = self._serial
-        self._deadline = monotonic() + self.timeout_s
+        self._serial = serial = self._serial + 1
         self._in_call = True
         try:
             result = fn(*args)
@@ -85,14 +87,23 @@ class CallGuard:
             raise SubjectTimeout()
 
     def poll_s(self) -> float:
-        return min(0.05, self.timeout_s / 4)
+        # a call is first seen up to one poll after it started and found overrun up to one
+        # poll after its timeout: it is interrupted within a quarter timeout past it
+        return min(0.05, self.timeout_s / 8)
 
     def alarm_if_overrun(self, main_thread: int) -> None:
         serial = self._serial
-        if self._in_call and monotonic() > self._deadline:
+        if not self._in_call:
+            self._seen_serial = -1
+            return
+        now = monotonic()
+        if serial != self._seen_serial:
+            # timed from here, never from before the call began: no call is cut short
+            self._seen_serial, self._seen_at = serial, now
+        elif now - self._seen_at > self.timeout_s:
             # again every timeout period, in case the subject swallowed the last alarm
             self._fired_serial = serial
-            self._deadline = monotonic() + self.timeout_s
+            self._seen_at = now
             signal.pthread_kill(main_thread, signal.SIGALRM)
 
 

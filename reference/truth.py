@@ -41,18 +41,21 @@ def translate_pool(mapping: torch.Tensor, out_cache_loc: torch.Tensor) -> torch.
     table = mapping.to(device="cpu", dtype=torch.int64)
     if loc.numel() == 0:
         return torch.empty(0, dtype=torch.int32)
-    bad = (loc < 0) | (loc >= table.numel())
-    if bool(bad.any()):
-        first = int(loc[bad][0])
+    # few operations, each read on the host once: the reference runs once per forward
+    lowest, highest = (int(bound) for bound in torch.aminmax(loc))
+    if lowest < 0 or highest >= table.numel():
+        first = int(loc[(loc < 0) | (loc >= table.numel())][0])
         raise TruthError(f"out_cache_loc {first} is outside the full pool [0, {table.numel()})")
-    if table.numel() and int(table[DUMMY_SLOT]) != DUMMY_SLOT:
+    if int(table[DUMMY_SLOT]) != DUMMY_SLOT:
         raise TruthError(f"mapping[0] is {int(table[DUMMY_SLOT])}: the dummy full slot must map to the dummy SWA slot 0")
-    swa = table[loc]
-    unmapped = (loc != DUMMY_SLOT) & (swa == DUMMY_SLOT)
-    if bool(unmapped.any()):
-        first = int(loc[unmapped][0])
+    swa = table.index_select(0, loc)
+    # the dummy location translates to the dummy slot (checked above), so a live location
+    # that translates to it too is the only way to have fewer non-dummy slots than locations
+    if int(torch.count_nonzero(swa)) != int(torch.count_nonzero(loc)):
+        first = int(loc[(loc != DUMMY_SLOT) & (swa == DUMMY_SLOT)][0])
         raise TruthError(f"live full slot {first} has no SWA slot (mapping[{first}] == 0)")
-    if int(swa.min()) < 0 or int(swa.max()) > INT32_MAX:
+    lowest, highest = (int(bound) for bound in torch.aminmax(swa))
+    if lowest < 0 or highest > INT32_MAX:
         raise TruthError("SWA slot does not fit in int32")
     return swa.to(torch.int32)
 
@@ -75,7 +78,8 @@ def ring_rows(
         raise TruthError(f"{num_req_slots} request slots x ring {ring} overflows int32 rows")
     if slots.numel() == 0:
         return torch.empty(0, dtype=torch.int32)
-    if int(slots.min()) < 0 or int(slots.max()) >= num_req_slots:
+    lowest, highest = (int(bound) for bound in torch.aminmax(slots))
+    if lowest < 0 or highest >= num_req_slots:
         raise TruthError(f"request slot outside [0, {num_req_slots})")
     if int(pos.min()) < 0:
         raise TruthError("negative position")

@@ -14,6 +14,8 @@ import torch
 from harness import SUBJECT_API_VERSION, RunResult, Subject, SubjectError, Truth, run_scenario
 from harness.builtin import PoolStartLayer, Uncached, UncachedRing
 from harness.diagnosis import Divergence
+from harness import executor
+from harness.devices import HostTimeline
 from harness.executor import check_subject
 from reference import Scenario
 from strategies.examples import EXAMPLES
@@ -260,6 +262,24 @@ def test_a_non_tensor_answer_is_a_non_tensor_divergence():
     d = _diverges(_ReturnsList)
     assert d.kind == "non_tensor"
     assert d.sentence == "At forward 1 (decode), layer 0, swa_write_location returned list, not a tensor."
+
+
+class _ReturnsSparse(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return self.right(batch).to_sparse()
+
+
+class _ReturnsNested(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        return torch.nested.nested_tensor([self.right(batch)])
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("subject, layout", [(_ReturnsSparse, "sparse_coo"), (_ReturnsNested, "nested")])
+def test_an_answer_that_is_not_a_dense_tensor_is_a_non_tensor_divergence(subject, layout):
+    d = _diverges(subject)
+    assert d.kind == "non_tensor"
+    assert d.sentence == f"At forward 1 (decode), layer 0, swa_write_location returned a {layout} tensor, not a dense one."
 
 
 def test_a_float_answer_with_nan_is_a_wrong_dtype_divergence_mentioning_nan():
@@ -660,3 +680,43 @@ def test_a_mutation_after_the_last_store_still_happens():
     assert run_scenario(_SeesFirstLocs, scenario).passed
     seen = _SeesFirstLocs.seen
     assert seen[0] == seen[1] and seen[2] != seen[1]
+
+
+class _OneBufferRightOnlyAtTheLastLayer(_Correct):
+    """Returns the same tensor at every layer, wrong at layer 0 and put right at layer 1."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = self.right(batch)
+        if getattr(self, "buffer", None) is None or self.buffer.shape != rows.shape:
+            self.buffer = torch.empty_like(rows)
+        self.buffer.copy_(rows + 1 if layer_id == 0 else rows)
+        return self.buffer
+
+
+def test_an_answer_is_checked_when_it_returns_not_after_the_subject_rewrote_its_buffer():
+    d = _diverges(_OneBufferRightOnlyAtTheLastLayer)
+    assert (d.forward, d.layer_id, d.kind) == (1, 0, "wrong_rows")
+
+
+# ---- answers checked once the device settles -------------------------------------------
+
+
+class _WrongAtSecondForwardLayer0(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        rows = self.right(batch)
+        return rows + 1 if batch.forward_id == 2 and layer_id == 0 else rows
+
+
+class _SettledAfterTheCalls(HostTimeline):
+    """The host timeline, answers checked after each step's calls, as on a GPU."""
+
+    deferred = True
+
+
+def test_an_answer_checked_after_the_device_settles_names_its_own_call(monkeypatch):
+    immediate = _diverges(_WrongAtSecondForwardLayer0)
+    monkeypatch.setattr(executor, "timeline_for", lambda device, delay_cycles=0: _SettledAfterTheCalls(device))
+    settled = _diverges(_WrongAtSecondForwardLayer0)
+    assert settled.layer_id == immediate.layer_id == 0
+    assert settled.call == immediate.call
+    assert settled.sentence == immediate.sentence

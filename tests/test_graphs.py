@@ -190,3 +190,15 @@ def test_two_graphs_replay_independently():
     assert (a.tolist(), b.tolist()) == ([11], [3])
     second.replay()
     assert b.tolist() == [12]
+
+
+def test_replay_writes_back_every_output_of_an_op_with_several():
+    x = _t(3, 9, 4)
+    graph = RecordedGraph()
+    with graph.capture():
+        low, high = torch.aminmax(x)
+        values, indices = x.sort()
+    x.copy_(_t(8, 1, 5))
+    graph.replay()
+    assert (low.item(), high.item()) == (1, 8)
+    assert (values.tolist(), indices.tolist()) == ([1, 5, 8], [1, 2, 0])

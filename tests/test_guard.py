@@ -186,3 +186,15 @@ def test_a_guard_entered_after_the_watchdog_went_to_sleep_still_times_out():
     with CallGuard(0.2) as guard:
         with pytest.raises(SubjectFailure, match="did not return within 0.2 s"):
             guard.call("swa_write_location", lambda: time.sleep(30))
+
+
+def test_quick_calls_adding_up_to_more_than_the_timeout_are_never_interrupted():
+    # each call is timed on its own, not the stretch of calls the watchdog sees in flight
+    timeout = 0.3
+    with CallGuard(timeout) as guard:
+        start = time.monotonic()
+        calls = 0
+        while time.monotonic() - start < 4 * timeout:
+            assert guard.call("quick", _spin, 0.001) == "done"
+            calls += 1
+    assert calls > 4
