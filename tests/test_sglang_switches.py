@@ -32,6 +32,7 @@ from harness.sglang.matrix import (
     render,
 )
 from harness.sglang.configure import configured
+from harness.sglang.runner_steps import Verdict
 from harness.sglang.reachability import (
     EVERY_SCENARIO,
     PROBLEMS,
@@ -413,8 +414,15 @@ def _matrix(overrides=None) -> Matrix:
                    ProducerCheck("expand_z", reason="sglang 0.5.17 wheel (source mode): HipBackend has no expand_z")],
         "0.5.19": [ProducerCheck("expand_x", "HipBackend", 48)],
     }
+    steps = {
+        "0.5.17": [Verdict("HIP UnifiedKvMetadata.copy_", ("swa_loc is reference-assigned: the captured graph "
+                                                             "keeps the previous rows",)),
+                   Verdict("CUDA DSV4AttnMetadata.copy_"),
+                   Verdict("_install_early_verify_metadata", absent="no such method")],
+        "0.5.19": [Verdict("CUDA DSV4AttnMetadata.copy_")],
+    }
     return Matrix(["0.5.17", "0.5.19"], [cell, late], {}, "ci", 10, 0, 1.0, overrides=overrides or {},
-                  producers=producers)
+                  producers=producers, runner_steps=steps)
 
 
 def _row(text: str, heading_key: str, version: str) -> dict[str, str]:
@@ -462,6 +470,16 @@ def test_the_report_has_a_producer_column_per_release_naming_the_wrong_and_the_a
     assert row["`expand_z`"] == "absent: HipBackend has no expand_z"
     later = _row(text, "producers", "0.5.19")
     assert later["producers"] == "all right (1 of 3 present)" and later["`attach_y`"] == "not named"
+
+
+def test_the_report_has_a_graph_runner_step_column_per_release_naming_the_stale_row():
+    text = render(_matrix(), Path("/tmp/sglang-matrix.md"))
+    row = _row(text, "`CUDA DSV4AttnMetadata.copy_`", "0.5.17")
+    assert row["`HIP UnifiedKvMetadata.copy_`"].startswith("**stale**: swa_loc is reference-assigned")
+    assert row["`CUDA DSV4AttnMetadata.copy_`"] == "kept"
+    assert row["`_install_early_verify_metadata`"] == "absent"
+    later = _row(text, "`CUDA DSV4AttnMetadata.copy_`", "0.5.19")
+    assert later["`HIP UnifiedKvMetadata.copy_`"] == "absent" and later["`CUDA DSV4AttnMetadata.copy_`"] == "kept"
 
 
 def test_the_report_names_the_switch_settings_of_a_run_that_overrides_them():

@@ -65,7 +65,7 @@ from ..fuzz import fuzz
 from ..registry import SubjectInfo
 from ..replay import Replay, write_replay
 from ..reports import write_atomically
-from . import locate, provenance
+from . import locate, provenance, runner_steps
 from .binding import BindError
 from .configure import configured
 from .producers import Batch, bind_producers, check
@@ -165,6 +165,7 @@ class Matrix:
     revision: str = ""
     overrides: dict[str, bool] = field(default_factory=dict)  # --switch NAME=0|1
     producers: dict[str, list[ProducerCheck]] = field(default_factory=dict)  # version -> checks
+    runner_steps: dict[str, list[runner_steps.Verdict]] = field(default_factory=dict)  # version -> steps
 
 
 def run_matrix(
@@ -179,6 +180,7 @@ def run_matrix(
     unavailable: dict[str, str] = {}
     sources: dict[str, str] = {}
     producers: dict[str, list[ProducerCheck]] = {}
+    steps: dict[str, list[runner_steps.Verdict]] = {}
     for version in versions:
         try:
             tree = locate.wheel(version, cache)
@@ -189,6 +191,7 @@ def run_matrix(
         sources[version] = provenance.sglang_digest(tree)
         switches = settings_for(version, overrides)
         producers[version] = check_producers(tree, seed)
+        steps[version] = runner_steps.verdicts(tree)
         for target in TARGETS:
             try:
                 info = configured(target.info(tree, "source", name=f"{target.subject_name}@{version}"),
@@ -205,7 +208,7 @@ def run_matrix(
             log(f"{version} {target.name}: " + ", ".join(f"{k} {v}" for k, v in cell.runs.items()))
             cells.append(cell)
     return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started,
-                  sources, revision, overrides, producers)
+                  sources, revision, overrides, producers, steps)
 
 
 def concerning(target: Target, switches: SwitchSettings) -> dict[str, bool]:
@@ -586,6 +589,14 @@ def render(matrix: Matrix, report_path: Path) -> str:
               "prefill) and compared with `reference/truth.py`: **right**, **wrong** (the first wrong row "
               "and its batch), or **absent** (why the release lacks it).", "",
               *_producers_table(matrix)]
+    lines += ["", "## Graph runner steps by release", "",
+              "SGLang's own steps that carry freshly built metadata into a captured graph's objects "
+              "(`harness/sglang/runner_steps.py`: breakable-graph refresh, the metadata classes' `copy_`, "
+              "`replay_cuda_graph_metadata_from`, the early target-verify install), run on CPU tensors: "
+              "**kept** when every SWA store row ends at the captured address with the new rows (or the "
+              "recorded graph refills it), **stale** naming the field the graph would read old rows from, "
+              "or **absent**. `python -m harness.sglang.runner_steps VERSION` prints each step's fields.", "",
+              *_runner_steps_table(matrix)]
     lines += ["", "## Engine switches by release", "",
               "Defaults read from each release (`harness/sglang/switches.py`); a route that needs a "
               "switch set against its default makes a divergence *reachable off-default*.", "",
@@ -668,6 +679,23 @@ def _question_table(items: tuple[Question, ...], versions: list[str], marks: dic
             if found:
                 text += "; divergences " + ", ".join(f"[#{n}](#d{n})" for n in found)
             cells.append(text)
+        rows.append(f"| {version} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _runner_steps_table(matrix: Matrix) -> list[str]:
+    """Release x runner step, in the order :func:`runner_steps.verdicts` checks them."""
+    names: list[str] = []
+    for verdicts in matrix.runner_steps.values():
+        names += [v.step for v in verdicts if v.step not in names]
+    rows = ["| release | " + " | ".join(f"`{n}`" for n in names) + " |", "| --- |" + " --- |" * len(names)]
+    for version, verdicts in matrix.runner_steps.items():
+        by_step = {v.step: v for v in verdicts}
+        cells = []
+        for name in names:
+            item = by_step.get(name)
+            cells.append("absent" if item is None or item.absent else
+                         "**stale**: " + "; ".join(item.findings) if item.findings else "kept")
         rows.append(f"| {version} | " + " | ".join(cells) + " |")
     return rows
 

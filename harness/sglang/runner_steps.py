@@ -293,21 +293,62 @@ def check_step(bound: BoundStep, run: Callable[[Any, Any], None] | None = None) 
     return StepReport(tuple(copied), tuple(assigned), tuple(untouched), tuple(findings))
 
 
-def describe(tree: SourceTree) -> list[str]:
-    """One line per step of ``tree``: the fields it copies and assigns, the store-row fields
-    the graph refills, and its findings (or why it is absent)."""
+KEPT = "store rows at the captured address"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One step of one release: ``findings`` empty when the SWA store rows end at the
+    captured address; ``absent`` the reason where the release lacks the step."""
+
+    step: str
+    findings: tuple[str, ...] = ()
+    detail: str = ""  # what the step did to the fields, for a reader checking by hand
+    absent: str = ""
+
+
+def verdicts(tree: SourceTree) -> list[Verdict]:
+    """Every step of the runner's sequence checked here, for ``tree``, in a fixed order: the
+    table's steps, each backend's full replay, then the early target-verify install."""
     found, absent = bind_steps(tree)
-    lines = []
+    out = []
     for bound in found:
         report = check_step(bound)
         refilled = sorted(bound.recomputed_in_graph & set(bound.fields))
-        verdict = "; ".join(report.findings) or "store rows at the captured address"
-        lines.append(
-            f"{bound.step.name}: copied {', '.join(report.copied) or '-'}; assigned "
-            f"{', '.join(report.assigned) or '-'}; refilled in graph {', '.join(refilled) or '-'}: {verdict}"
-        )
-    lines += [f"{name}: absent ({why})" for name, why in absent.items()]
-    return lines
+        out.append(Verdict(bound.step.name, report.findings,
+                           f"copied {', '.join(report.copied) or '-'}; assigned {', '.join(report.assigned) or '-'}; "
+                           f"refilled in graph {', '.join(refilled) or '-'}"))
+    out += [Verdict(name, absent=why) for name, why in absent.items()]
+    for backend in ("CUDA", "HIP"):
+        name = f"{backend} {GRAPH_REPLAY}"
+        try:
+            report, on_captured = check_graph_replay(tree, backend)
+        except BindError as exc:
+            out.append(Verdict(name, absent=str(exc)))
+            continue
+        problems = report.findings + (() if on_captured else ("the backend runs on the fresh metadata, "
+                                                              "not the captured one",))
+        out.append(Verdict(name, problems, f"assigned {', '.join(report.assigned) or '-'}"))
+    try:
+        early = check_early_verify_install(tree)
+    except BindError as exc:
+        out.append(Verdict(EARLY_VERIFY_INSTALL, absent=str(exc)))
+    else:
+        problems = tuple(text for ok, text in (
+            (early.kept_address, "swa_out_cache_loc is not the captured tensor after the install"),
+            (early.rows_match, "the captured swa_out_cache_loc does not hold the new translated rows"),
+            (early.installed_captured, "the backend runs on the fresh metadata, not the captured one"),
+        ) if not ok)
+        out.append(Verdict(EARLY_VERIFY_INSTALL, problems))
+    return out
+
+
+def describe(tree: SourceTree) -> list[str]:
+    """One line per step of ``tree``: what it did to the fields, and its findings (or why it
+    is absent)."""
+    return [f"{v.step}: absent ({v.absent})" if v.absent else
+            f"{v.step}: {v.detail + ': ' if v.detail else ''}{'; '.join(v.findings) or KEPT}"
+            for v in verdicts(tree)]
 
 
 def function_releases(trees: dict[str, SourceTree], path: str, function: str) -> tuple[str, ...]:
@@ -414,16 +455,6 @@ def check_early_verify_install(tree: SourceTree) -> EarlyVerifyReport:
     )
 
 
-if __name__ == "__main__":
-    import sys
-
-    from .locate import wheel
-
-    for version in sys.argv[1:]:
-        print(f"== sglang {version}")
-        print("\n".join(describe(wheel(version))))
-
-
 # ---- the full graph replay's metadata merge ----------------------------------------------------
 
 
@@ -467,3 +498,13 @@ def check_graph_replay(tree: SourceTree, backend: str) -> tuple[StepReport, bool
         installed.append(runner.forward_metadata is captured)
 
     return check_step(attn, replay), installed == [True]
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .locate import wheel
+
+    for version in sys.argv[1:]:
+        print(f"== sglang {version}")
+        print("\n".join(describe(wheel(version))))
