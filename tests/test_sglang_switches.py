@@ -158,7 +158,8 @@ def test_the_pool_driver_follows_the_translation_cache_switch():
     assert driver_attributes("unified-metadata-merge", settings_for("0.5.17", {PREP: False})) == {}
 
 
-def test_the_pool_cache_problem_disappears_with_the_translation_cache_switched_off():
+def _pool_cache_run(overrides: dict[str, bool] | None = None):
+    """The 0.5.12 pool cache target on a stage whose first SWA layer is not its start layer."""
     try:
         tree = locate.wheel("0.5.12")
     except locate.SglangUnavailable as exc:
@@ -166,11 +167,13 @@ def test_the_pool_cache_problem_disappears_with_the_translation_cache_switched_o
     from harness.executor import run_scenario
 
     item = target("pool-fused-store")
-    example = EXAMPLES["first-swa-layer-not-start"]
-    cached = configured(item.info(tree, "source"), item, settings_for("0.5.12"))
-    uncached = configured(item.info(tree, "source"), item, settings_for("0.5.12", {CACHE: False}))
-    assert not run_scenario(cached.subject, example).passed
-    assert run_scenario(uncached.subject, example).passed
+    subject = configured(item.info(tree, "source"), item, settings_for("0.5.12", overrides)).subject
+    return run_scenario(subject, EXAMPLES["first-swa-layer-not-start"])
+
+
+def test_the_pool_cache_problem_disappears_with_the_translation_cache_switched_off():
+    assert not _pool_cache_run().passed
+    assert _pool_cache_run({CACHE: False}).passed
 
 
 # ---- replay files record the switches ------------------------------------------------------------
@@ -237,18 +240,10 @@ def test_a_replay_file_records_the_engine_switches_its_run_used(tmp_path: Path):
 
 def _pool_cache_replay(tmp_path: Path, engine_switches: dict[str, bool] | None) -> Path:
     """A replay file of the 0.5.12 pool cache's stale first SWA layer, found at the defaults."""
-    try:
-        tree = locate.wheel("0.5.12")
-    except locate.SglangUnavailable as exc:
-        pytest.skip(f"no sglang 0.5.12 wheel: {exc}")
-    from harness.executor import run_scenario
-
-    item = target("pool-fused-store")
-    example = EXAMPLES["first-swa-layer-not-start"]
-    found = run_scenario(configured(item.info(tree, "source"), item, settings_for("0.5.12")).subject, example)
+    found = _pool_cache_run()
     assert found.divergence is not None
-    replay = Replay("sglang:pool-fused-store@0.5.12", "realistic", example, found.divergence,
-                    engine_switches=engine_switches)
+    replay = Replay("sglang:pool-fused-store@0.5.12", "realistic", EXAMPLES["first-swa-layer-not-start"],
+                    found.divergence, engine_switches=engine_switches)
     return write_replay(replay, tmp_path)
 
 
