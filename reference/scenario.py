@@ -125,7 +125,7 @@ def _bool(data: dict, key: str, where: str, default: bool) -> bool:
 
 def _int_list(data: dict, key: str, where: str, default: Any, minimum: int = 0):
     value = data.get(key, default)
-    if value is None:
+    if value is None and default is None:  # elsewhere null is refused, as _int refuses it
         return None
     if not isinstance(value, (list, tuple)):
         raise _fail(f"{where}.{key}", f"expected a list of integers, got {abbreviate(value)}")

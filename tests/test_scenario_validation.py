@@ -225,6 +225,12 @@ def test_impossible_forward_shapes_are_rejected_naming_the_field(event, field):
     _rejects(field, events=[_TWO, event])
 
 
+@pytest.mark.parametrize("name", ["requests", "tokens", "skip_layers"])
+def test_a_null_list_field_that_has_a_list_default_is_rejected_naming_it(name):
+    error = _rejects(f"events[1].{name}", events=[_TWO, {**_forward(mode="extend", tokens=[1, 1]), name: None}])
+    assert "expected a list of integers, got None" in str(error)
+
+
 def test_graph_with_micro_batches_is_rejected():
     error = _rejects("events[1].graph", events=[_TWO, _forward(micro_batches=2, graph=True)])
     assert "single micro-batch" in str(error)
