@@ -323,12 +323,18 @@ def fuzz(
         last_progress[0] = elapsed()
         on_progress(Progress(result.examples, elapsed(), budget_s, len(coverage), 1 if failures else 0))
 
+    stores_in_example = [0]
+
     def before_example() -> None:
+        stores_in_example[0] = 0
         if budget_s is not None and elapsed() >= budget_s:
             raise _BudgetSpent
 
     def within_budget(_store: StoreOutcome) -> None:
-        before_example()
+        stores_in_example[0] += 1
+        if elapsed() >= budget_s:
+            result.checks += stores_in_example[0]  # compared, though the example is cut short
+            raise _BudgetSpent
 
     def on_example(scenario: Scenario, features: list[str], outcome: RunResult) -> None:
         result.examples += 1
