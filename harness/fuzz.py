@@ -26,7 +26,7 @@ from strategies.scenarios import PROFILES, REALISTIC, weakest_profile
 from .database import open_database
 from .diagnosis import Divergence
 from .devices import timeline_for
-from .executor import DEFAULT_TIMEOUT_S, RunResult, check_device, run_scenario
+from .executor import DEFAULT_TIMEOUT_S, RunResult, StoreOutcome, check_device, run_scenario
 from .graphs import load_capture_machinery
 from .registry import SubjectInfo
 
@@ -204,6 +204,7 @@ def scenario_test(
     long_horizon: bool = False,
     exclude: frozenset[str] = frozenset(),
     before_example: Callable[[], None] | None = None,
+    on_store: Callable[[StoreOutcome], None] | None = None,
     on_example: Callable[[Scenario, list[str], RunResult], None] | None = None,
 ) -> Callable[[], None]:
     """A Hypothesis test of ``info``'s subject on scenarios of ``profile``: a plain ``@given``
@@ -215,11 +216,12 @@ def scenario_test(
     the profile, so every runner of one subject (the CLI, pytest, HypoFuzz) replays the
     failures the others saved. ``on_example(scenario, features, outcome)`` sees every
     example; a diverging scenario has its threaded call orders pinned (see
-    :func:`pin_schedules`). ``before_example()`` runs first in every example (a budget check
-    raises there). ``long_horizon`` draws long runs of plain decode forwards. ``exclude``
-    names lifecycle features never drawn (an engine configuration without them); under the
-    realistic profile, so are those the subject's ``realistic_exclusions`` names (the
-    features its engine release does not take).
+    :func:`pin_schedules`). ``before_example()`` runs first in every example and
+    ``on_store`` sees every checked store (a budget check raises there). ``long_horizon``
+    draws long runs of plain decode forwards. ``exclude`` names lifecycle features never
+    drawn (an engine configuration without them); under the realistic profile, so are
+    those the subject's ``realistic_exclusions`` names (the features its engine release
+    does not take).
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
@@ -233,7 +235,7 @@ def scenario_test(
         for feature in features:
             hypothesis.event(feature)
         outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads,
-                               stream_delay_cycles=stream_delay_cycles)
+                               stream_delay_cycles=stream_delay_cycles, on_store=on_store)
         if not outcome.passed:
             scenario = pin_schedules(scenario, outcome.schedules)
         if on_example is not None:
@@ -276,8 +278,9 @@ def fuzz(
     """Search for a divergence of ``info``'s subject; shrink and return the first found.
 
     Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
-    seconds have passed: the budget is checked before every example, shrinking included, so
-    a run overruns it by at most one example. A divergence whose shrinking the budget cut
+    seconds have passed: the budget is checked before every example and after every checked
+    store, shrinking included, so a run overruns it by at most one call of the subject (an
+    example may hold thousands). A divergence whose shrinking the budget cut
     short is returned as shrunk so far, with ``shrink_complete`` false. With a budget and no
     ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
@@ -330,8 +333,17 @@ def fuzz(
         last_progress[0] = elapsed()
         on_progress(Progress(result.examples, elapsed(), budget_s, len(coverage), 1 if failures else 0))
 
+    stores_in_example = [0]
+
     def before_example() -> None:
+        stores_in_example[0] = 0
         if budget_s is not None and elapsed() >= budget_s:
+            raise _BudgetSpent
+
+    def within_budget(_store: StoreOutcome) -> None:
+        stores_in_example[0] += 1
+        if elapsed() >= budget_s:
+            result.checks += stores_in_example[0]  # compared, though the example is cut short
             raise _BudgetSpent
 
     def on_example(scenario: Scenario, features: list[str], outcome: RunResult) -> None:
@@ -366,7 +378,8 @@ def fuzz(
     while result.examples < limit and (budget_s is None or elapsed() < budget_s):
         test = scenario_test(info, profile, device=device, timeout_s=timeout_s, threads=threads,
                              stream_delay_cycles=stream_delay_cycles, long_horizon=long_horizon, exclude=exclude,
-                             before_example=before_example, on_example=on_example)
+                             before_example=before_example, on_example=on_example,
+                             on_store=within_budget if budget_s is not None else None)
         if seed is not None:
             test = hypothesis.seed(seed + run * seed_stride)(test)
         # applied after the seed, which would otherwise turn the database off

@@ -5,19 +5,23 @@ listed in :data:`REALISTIC_FEATURES` with the fact of the domain brief that just
 ``adversarial`` draws everything the harness can express, including event orders no engine
 produces today, so that a cache designed against tomorrow's scheduler is checked too.
 
-Shrinking: events are a flat sequence, numbers are small integers drawn with small
-alternatives first, and every optional feature is a boolean whose ``False`` is the plain
-case, so a failure shrinks toward few forwards, few layers and few requests. Requests are
-admitted in one count before the first forward and by state events between forwards only,
-so the count shrinks to the requests the failure needs (two admissions before the first
-forward would need one raised while the other is dropped, which shrinking never does).
+Shrinking: numbers are small integers drawn with small alternatives first, and every
+optional feature is a boolean whose ``False`` is the plain case, so a failure shrinks toward
+few forwards, few layers and few requests. Each forward's span holds the spans of the
+forwards after it, so the shrinker can delete any one of them. Requests are admitted in one
+count before the first forward and by state events between forwards only, so the count
+shrinks to the requests the failure needs (two admissions before the first forward would
+need one raised while the other is dropped, which shrinking never does).
 
-Long horizons (``long_horizon=True``, for nightly runs): before each interesting forward a
-scenario may hold a run of plain decode forwards of every live request, up to
-:data:`MAX_LONG_RUN` such forwards in all, so state that goes stale only after hundreds of forwards (a step counter that
-wraps at 256, a ring of per-step buffers) is reached. A run is one boolean and one count
-in Hypothesis's choices: shrinking drops it or shortens it as a single integer, to the
-fewest forwards that still reproduce.
+Runs: a scenario may hold one run of plain decode forwards of every live request, up to
+:data:`MAX_RUN` of them (:data:`MAX_LONG_RUN` with ``long_horizon=True``, for nightly runs,
+so that state which goes stale only after hundreds of forwards, a step counter that wraps at
+256 or a ring of per-step buffers, is reached). A serving engine spends most of its forwards
+so, and a run checks every layer of its batch in every forward for the price of three
+choices in Hypothesis's choice sequence: a switch, a length and the interesting forward it
+comes before. They are the first choices of a scenario, so the shrinker's first attempt
+drops a run the failure does not need, and otherwise shortens it as a single integer, to
+the fewest forwards that still reproduce.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from functools import lru_cache
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from reference import LimitExceeded, Scenario
+from reference import EngineConfig, Event, LimitExceeded, Mutation, Scenario
 
-MAX_FORWARDS = 6
+MAX_FORWARDS = 6  # interesting forwards, runs left out
+# Plain decode forwards in a default scenario's run: well short of an 8-bit step counter's
+# period, so the state that only long horizons reach stays theirs.
+MAX_RUN = 64
 # Plain decode forwards per long-horizon scenario: twice an 8-bit step counter's period, so a
 # counter or table that wraps at 256 goes stale wherever the runs start.
 MAX_LONG_RUN = 512
@@ -79,17 +86,30 @@ def _small_or(lo: int, small: int, large: int) -> st.SearchStrategy[int]:
 
 
 _PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
+# a few layers (where failures shrink to) in one stage of three, tens as in a DeepSeek-V4
+# stage in the others: every forward checks each of them
+_STAGE_LAYERS = st.one_of(st.integers(1, 3), st.integers(1, 64), st.integers(16, 64))
 _GRAPH_SIZE_SETS = st.sets(st.sampled_from([1, 2, 4, 8, 16, 64, 256]), min_size=1)
 
 
 @dataclass
 class _Sim:
-    """Just enough engine bookkeeping to draw only valid events and size the pools."""
+    """Just enough engine bookkeeping to draw only valid events and size the pools, with
+    the configuration the forwards are drawn for."""
 
+    adversarial: bool
+    speculative: bool
+    num_draft_tokens: int
+    stage: tuple[int, ...]
+    swa_layers: frozenset[int]
+    run: int  # plain decodes not yet placed
+    run_before: int  # the interesting forward they come before
     live: list[int] = field(default_factory=list)
     lengths: dict[int, int] = field(default_factory=dict)
     next_id: int = 0
     peak_live: int = 0
+    # drawn when the first forward asks for a graph: an engine that replays none captures none
+    graph_sizes: tuple[int, ...] = ()
 
     def admit(self, count: int) -> None:
         for _ in range(count):
@@ -101,7 +121,7 @@ class _Sim:
 
 def scenarios(profile: str = REALISTIC, long_horizon: bool = False) -> st.SearchStrategy[Scenario]:
     """Valid scenarios of the given profile (the reference never rejects one); with
-    ``long_horizon``, runs of plain decode forwards between the interesting ones."""
+    ``long_horizon``, runs of plain decode forwards long enough to wrap a step counter."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
     return _scenarios(profile == ADVERSARIAL, long_horizon)
@@ -113,76 +133,53 @@ def scenarios(profile: str = REALISTIC, long_horizon: bool = False) -> st.Search
 @st.composite
 def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
 
+    # The run of plain decodes comes first and in a fixed shape (switch, length, place), the
+    # switch a sampled index rather than a boolean: the shrinker's first pass lowers small
+    # indices in order, so a failure that does not need the run loses it on the first
+    # attempt, and every later attempt runs the short scenario.
+    run_on = draw(_RUN_SWITCH)
+    run_length = draw(_run_lengths(MAX_LONG_RUN if long_horizon else MAX_RUN))
+    run_before = draw(_RUN_PLACES)
     start_layer = draw(_small_or(0, 1, 60))
-    num_layers = draw(_small_or(1, 3, 64))
-    stage = list(range(start_layer, start_layer + num_layers))
-    non_swa = draw(_layer_sets(tuple(stage), max_size=num_layers - 1))
-    swa_layers = [layer for layer in stage if layer not in non_swa]
+    num_layers = draw(_STAGE_LAYERS)
+    stage = tuple(range(start_layer, start_layer + num_layers))
+    # DeepSeek-V4 stores SWA keys in every layer; a hybrid model leaves some layers out
+    non_swa = draw(_layer_sets(stage, max_size=num_layers - 1)) if draw(st.booleans()) else []
+    swa_layers = frozenset(stage) - frozenset(non_swa)
     sliding_window = draw(_small_or(1, 8, 128))
     speculative = draw(st.booleans())
     num_draft_tokens = draw(st.integers(2, 4)) if speculative else 1
     draft_model = speculative and draw(st.booleans())
     full_page = draw(_PAGE_SIZES)
     swa_page = draw(_PAGE_SIZES)
-    graph_sizes = sorted(draw(_GRAPH_SIZE_SETS))
-
-    sim = _Sim()
-    events: list[dict] = []
+    sim = _Sim(adversarial, speculative, num_draft_tokens, stage, swa_layers,
+               run=run_length if run_on else 0, run_before=run_before)
     sim.admit(draw(_small_or(1, 2, 256)))
-    events.append({"op": "admit", "count": len(sim.live)})
-
-    plain_budget = MAX_LONG_RUN
-    state_ops = ["admit", "finish", "clear"] + (["register_mapping", "relocate"] if adversarial else [])
-    # a continue-flag per forward (as st.lists draws) lets the shrinker delete any forward
-    for index in range(MAX_FORWARDS):
-        if index and not draw(st.booleans()):
-            break
-        if long_horizon and sim.live and plain_budget and draw(st.booleans()):
-            count = draw(st.integers(1, plain_budget))
-            plain_budget -= count
-            events.extend(_plain_decodes(sim, count))
-        if index and draw(st.booleans()):
-            op = draw(st.sampled_from(state_ops))
-            if op == "admit" or not sim.live:
-                count = draw(st.integers(1, 4))
-                sim.admit(count)
-                events.append({"op": "admit", "count": count})
-            elif op == "finish":
-                rid = draw(st.sampled_from(sim.live))
-                sim.live.remove(rid)
-                events.append({"op": "finish", "request": rid})
-            elif op == "clear":
-                sim.live.clear()
-                events.append({"op": "clear"})
-            elif op == "register_mapping":
-                events.append({"op": "register_mapping", "shuffle": draw(st.integers(0, 3))})
-            else:
-                events.append({"op": "relocate", "request": draw(st.sampled_from(sim.live))})
-        events.append(draw(_forwards(
-            sim, adversarial, speculative, num_draft_tokens, stage, swa_layers, graph_sizes,
-        )))
+    events = [Event(op="admit", count=len(sim.live))] + draw(_forwards_from(sim, 0))
 
     longest = max(sim.lengths.values(), default=0)
     full_pages = sum(-(-n // full_page) for n in sim.lengths.values()) + 1
     swa_pages = sum(-(-n // swa_page) for n in sim.lengths.values()) + 2 + -(-longest // swa_page)
     num_req_slots = sim.peak_live + 1 + draw(_small_or(0, 2, max(0, 4095 - sim.peak_live)))
-    config = {
-        "start_layer": start_layer,
-        "end_layer": start_layer + num_layers,
-        "non_swa_layers": sorted(non_swa),
-        "sliding_window": sliding_window,
-        "speculative": speculative,
-        "num_draft_tokens": num_draft_tokens,
-        "num_req_slots": num_req_slots,
-        "full_page_size": full_page,
-        "swa_page_size": swa_page,
-        "full_pool_size": max(2, full_pages) * full_page,
-        "swa_pool_size": max(2, swa_pages) * swa_page,
-        "draft_model": draft_model,
-        "graph_batch_sizes": graph_sizes,
-    }
+    # built as the values they are: the strategy draws valid scenarios by construction, and
+    # parsing them as JSON again would cost more than the draws
     try:
-        return Scenario.from_dict({"config": config, "events": events})
+        config = EngineConfig(
+            start_layer=start_layer,
+            end_layer=start_layer + num_layers,
+            non_swa_layers=tuple(sorted(non_swa)),
+            sliding_window=sliding_window,
+            speculative=speculative,
+            num_draft_tokens=num_draft_tokens,
+            num_req_slots=num_req_slots,
+            full_page_size=full_page,
+            swa_page_size=swa_page,
+            full_pool_size=max(2, full_pages) * full_page,
+            swa_pool_size=max(2, swa_pages) * swa_page,
+            draft_model=draft_model,
+            graph_batch_sizes=sim.graph_sizes,
+        ).validate()
+        return Scenario(config, tuple(events))
     except LimitExceeded:
         # many requests over a long horizon can add up past what one scenario may cost
         # (reference.LIMITS); such a draw is no input at all, as a replay file that big is not
@@ -215,75 +212,140 @@ def _layer_lists(stage: tuple[int, ...]) -> st.SearchStrategy[list[int]]:
 
 @lru_cache(maxsize=1024)
 def _token_counts(high: int, requests: int) -> st.SearchStrategy[list[int]]:
-    return st.lists(st.integers(1, high), min_size=requests, max_size=requests)
+    """Token counts of a ragged batch, drawn as a pattern its requests repeat: any counts
+    at all where the pattern is as long as the batch, and a few draws for a batch of
+    hundreds (one count per request would cost a draw per request)."""
+    return st.lists(st.integers(1, high), min_size=1, max_size=requests)
 
 
-def _plain_decodes(sim: _Sim, count: int) -> list[dict]:
-    """``count`` decode forwards of every live request, with no feature switched on."""
+_RUN_SWITCH = st.sampled_from((False, True, True, True))  # three scenarios in four hold a run
+_RUN_PLACES = st.integers(0, MAX_FORWARDS - 1)  # the interesting forward a run comes before
+
+
+@lru_cache(maxsize=None)
+def _run_lengths(budget: int) -> st.SearchStrategy[int]:
+    return st.integers(1, budget)
+
+
+def _plain_decodes(sim: _Sim) -> list[Event]:
+    """The run: decode forwards of every live request with no feature switched on (none
+    while no request is live)."""
+    count, sim.run = sim.run, 0
+    if not sim.live:
+        return []
     for rid in sim.live:
         sim.lengths[rid] += count
-    forward = {"op": "forward", "mode": "decode", "requests": list(sim.live)}
-    return [dict(forward) for _ in range(count)]
+    return [Event(op="forward", mode="decode", requests=tuple(sim.live))] * count
 
 
 @st.composite
-def _forwards(draw, sim: _Sim, adversarial: bool, speculative: bool, num_draft_tokens: int,
-              stage: list[int], swa_layers: list[int], graph_sizes: list[int]) -> dict:
+def _forwards_from(draw, sim: _Sim, index: int) -> list[Event]:
+    """Forward ``index`` and all after it, the run before the one of its place or else
+    before the last, so that every interesting forward may meet the state a run leaves.
+
+    Each forward's span holds the next one's, so the shrinker deletes any forward, the
+    first included, with the state event after it, by putting the span of the forwards
+    after it in its place (Hypothesis replaces a span with a nested span of the same
+    label); deleting single choices drops only forwards of at most five."""
+    more = draw(st.booleans()) and index + 1 < MAX_FORWARDS
+    events = _plain_decodes(sim) if sim.run and (index == sim.run_before or not more) else []
+    events.append(draw(_forwards(sim)))
+    if more:
+        if draw(st.booleans()):
+            events.append(_state_event(draw, sim))
+        events.extend(draw(_forwards_from(sim, index + 1)))
+    return events
+
+
+def _state_event(draw, sim: _Sim) -> Event:
+    ops = ("admit", "finish", "clear") + (("register_mapping", "relocate") if sim.adversarial else ())
+    op = draw(_one_of_values(ops))
+    if op == "admit" or not sim.live:
+        count = draw(st.integers(1, 4))
+        sim.admit(count)
+        return Event(op="admit", count=count)
+    if op == "finish":
+        rid = draw(st.sampled_from(sim.live))
+        sim.live.remove(rid)
+        return Event(op="finish", request=rid)
+    if op == "clear":
+        sim.live.clear()
+        return Event(op="clear")
+    if op == "register_mapping":
+        return Event(op="register_mapping", shuffle=draw(st.integers(0, 3)))
+    return Event(op="relocate", request=draw(st.sampled_from(sim.live)))
+
+
+@st.composite
+def _forwards(draw, sim: _Sim) -> Event:
+    adversarial, speculative, num_draft_tokens = sim.adversarial, sim.speculative, sim.num_draft_tokens
+    stage, swa_layers = sim.stage, sim.swa_layers
     modes = ("decode", "extend") + (("verify", "draft", "draft_extend") if speculative else ())
     mode = draw(_one_of_values(modes + ("idle",))) if sim.live else "idle"
-    event: dict = {"op": "forward", "mode": mode}
-    requests = [] if mode == "idle" else draw(_batches(tuple(sim.live)))
-    event["requests"] = requests
+    # the scheduler runs every live request, in admission order, unless a subset is drawn
+    if mode == "idle":
+        requests: tuple[int, ...] = ()
+    elif draw(st.booleans()):
+        requests = tuple(draw(_batches(tuple(sim.live))))
+    else:
+        requests = tuple(sim.live)
+    tokens: tuple[int, ...] = ()
     if mode in ("extend", "draft_extend"):
         high = num_draft_tokens if mode == "draft_extend" else 8
-        event["tokens"] = draw(_token_counts(high, len(requests)))
+        pattern = draw(_token_counts(high, len(requests)))
+        tokens = tuple(pattern[i % len(pattern)] for i in range(len(requests)))
     steps = 1
     if mode == "draft":
         # a chain drafter runs its configured num_draft_tokens - 1 steps every draft forward
         steps = draw(st.integers(1, 4)) if adversarial else max(1, num_draft_tokens - 1)
-        if steps > 1:
-            event["steps"] = steps
     per_request = {"decode": 1, "draft": steps, "verify": num_draft_tokens, "idle": 0}
     for i, rid in enumerate(requests):
-        sim.lengths[rid] += event["tokens"][i] if "tokens" in event else per_request[mode]
+        sim.lengths[rid] += tokens[i] if tokens else per_request[mode]
 
     live_tokens = len(requests) if mode == "decode" else 0
+    graph, pad = False, 0
     if mode in ("decode", "idle") and draw(st.booleans()):
+        if not sim.graph_sizes:
+            sim.graph_sizes = tuple(sorted(draw(_GRAPH_SIZE_SETS)))
         pad = draw(st.integers(0, 4)) if mode == "idle" else 0
-        if max(live_tokens, pad) <= graph_sizes[-1]:
-            event["graph"] = True
-            if pad:
-                event["pad"] = pad
+        graph = max(live_tokens, pad) <= sim.graph_sizes[-1]
+        pad = pad if graph else 0
     elif mode == "idle":
-        event["pad"] = draw(st.integers(0, 4))
+        pad = draw(st.integers(0, 4))
 
+    micro_batches = 1
     max_mbs = min(len(requests), 3 if adversarial else 2)
-    if not event.get("graph") and max_mbs > 1 and draw(st.booleans()):
-        event["micro_batches"] = draw(st.integers(2, max_mbs))
+    if not graph and max_mbs > 1 and draw(st.booleans()):
+        micro_batches = draw(st.integers(2, max_mbs))
 
+    skip_init, layers, skip_layers = False, None, ()
     if adversarial:
+        skip_init = draw(st.booleans())
         if draw(st.booleans()):
-            event["skip_init"] = True
+            layers = tuple(draw(_layer_lists(stage)))
         if draw(st.booleans()):
-            event["layers"] = draw(_layer_lists(tuple(stage)))
-        if draw(st.booleans()):
-            event["skip_layers"] = draw(_layer_sets(tuple(stage), min_size=1))
-    elif mode == "idle" and speculative and not event.get("graph"):
-        event["skip_init"] = True
+            skip_layers = tuple(draw(_layer_sets(stage, min_size=1)))
+    elif mode == "idle" and speculative and not graph:
+        skip_init = True
 
-    base = event.get("layers", stage)
-    schedule = [layer for layer in base if layer in swa_layers and layer not in event.get("skip_layers", ())]
-    mbs = event.get("micro_batches", 1)
-    if adversarial and mbs > 1 and schedule and draw(st.booleans()):
-        event["order"] = draw(st.permutations([mb for mb in range(mbs) for _ in schedule]))
-    if adversarial and not event.get("graph") and requests and draw(st.booleans()):
-        event["mutation"] = {
-            "after_calls": draw(st.integers(0, len(schedule) * mbs * steps)),
-            "op": draw(_one_of_values(("relocate", "register_mapping"))),
-            "request": draw(_one_of_values(tuple(sim.live))),
-            "shuffle": draw(st.integers(0, 3)),
-        }
-    return event
+    schedule = [layer for layer in (stage if layers is None else layers)
+                if layer in swa_layers and layer not in skip_layers]
+    order = None
+    if adversarial and micro_batches > 1 and schedule and draw(st.booleans()):
+        order = tuple(draw(st.permutations([mb for mb in range(micro_batches) for _ in schedule])))
+    mutation = None
+    if adversarial and not graph and requests and draw(st.booleans()):
+        mutation = Mutation(
+            after_calls=draw(st.integers(0, len(schedule) * micro_batches * steps)),
+            op=draw(_one_of_values(("relocate", "register_mapping"))),
+            request=draw(_one_of_values(tuple(sim.live))),
+            shuffle=draw(st.integers(0, 3)),
+        )
+    return Event(
+        op="forward", mode=mode, requests=requests, tokens=tokens, steps=steps,
+        micro_batches=micro_batches, order=order, layers=layers, skip_layers=skip_layers,
+        skip_init=skip_init, graph=graph, pad=pad, mutation=mutation,
+    )
 
 
 def adversarial_reasons(scenario: Scenario) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def test_merge_reports_writes_one_summary_junit_and_html_page(capsys, tmp_path, 
     assert len(suites) == 2
     assert sorted(suite.failures for suite in suites) == [0, 1]
     page = (out / "report.html").read_text()
-    assert found["diagnosis"]["sentence"] in page and '<table class="grid">' in page
+    assert html.escape(found["diagnosis"]["sentence"]) in page and '<table class="grid">' in page
     merged = json.loads((out / "report.json").read_text())
     assert merged["verdict"] == "divergence"
     assert merged["examples"] == found["examples"] + json.loads((clean / "report.json").read_text())["examples"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from random import Random
+
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 
 from harness import run_scenario
 from harness.builtin import Uncached
@@ -12,7 +14,7 @@ from strategies.examples import EXAMPLES
 from strategies.exhaustive import enumerate_scenarios
 from strategies.features import ALL_FEATURES, features_of
 from strategies.scenarios import (
-    ADVERSARIAL, MAX_FORWARDS, PROFILES, REALISTIC, adversarial_reasons, scenarios, weakest_profile,
+    ADVERSARIAL, MAX_FORWARDS, MAX_RUN, PROFILES, REALISTIC, adversarial_reasons, scenarios, weakest_profile,
 )
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -63,6 +65,33 @@ def test_long_horizon_scenarios_are_valid_realistic_and_reach_past_an_8_bit_coun
     check()
     assert max(forwards_per_scenario) > 256
     assert min(forwards_per_scenario) <= MAX_FORWARDS  # a scenario without a run stays short
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_default_scenarios_hold_runs_of_plain_decodes_short_of_a_step_counter_wrap(profile):
+    forwards_per_scenario = []
+
+    @settings(FAST, max_examples=100, derandomize=True)
+    @given(scenarios(profile))
+    def check(scenario):
+        forwards_per_scenario.append(sum(e.op == "forward" for e in scenario.events))
+
+    check()
+    assert max(forwards_per_scenario) > MAX_FORWARDS  # a run: many forwards for a few choices
+    assert max(forwards_per_scenario) <= MAX_FORWARDS + MAX_RUN < 256
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("seed", [3, 5])
+def test_shrinking_deletes_every_forward_the_failure_does_not_need(profile, seed):
+    # a forward is more choices than Hypothesis deletes one by one: the forwards before a
+    # failing one go only because each forward's span holds the spans after it
+    def multi_step_draft(scenario):
+        return any(e.op == "forward" and e.steps > 1 for e in scenario.events)
+
+    found = find(scenarios(profile), multi_step_draft, random=Random(seed),
+                 settings=settings(FAST, database=None, max_examples=10**4))
+    assert sum(e.op == "forward" for e in found.events) == 1, found.to_dict()["events"]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
