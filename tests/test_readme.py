@@ -27,8 +27,11 @@ def test_readme_adapter_example_is_found_to_diverge():
     exec(compile(block, "README.md", "exec"), namespace)
     info = SubjectInfo("readme-example", namespace["MetadataCachedTranslation"], expected="diverges")
     result = fuzz(info, settings="ci", max_examples=1000)
-    assert result.divergence is not None
-    assert result.divergence.source["kind"] in ("graph_capture", "earlier_step", "earlier_forward")
+    found = result.divergence
+    assert found is not None
+    # the three ways the README names: graph replay, multi-step draft, an idle forward without init
+    stale = (found.source or {}).get("kind") in ("graph_capture", "earlier_step", "earlier_forward")
+    assert stale or (found.kind == "raised" and found.mode == "idle"), found.sentence
 
 
 def test_readme_lists_every_builtin_subject():

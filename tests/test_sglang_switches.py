@@ -521,7 +521,7 @@ def test_the_matrix_finds_the_assign_listed_rows_only_with_in_graph_prep_off_and
         pytest.skip("needs the sglang 0.5.17 wheel in the cache")
     from harness.sglang.matrix import SWITCHED_COLUMN, run_matrix
 
-    matrix = run_matrix(["0.5.17"], max_examples=40, replay_dir=tmp_path)
+    matrix = run_matrix(["0.5.17"], max_examples=150, replay_dir=tmp_path)
     (merge,) = [c for c in matrix.cells if c.target.name == "unified-metadata-merge"]
     assert "no graph_replay" in merge.runs["realistic"]
     assert not [f for f in merge.findings if f.column == "realistic"]
