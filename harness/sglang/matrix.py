@@ -595,7 +595,10 @@ def render(matrix: Matrix, report_path: Path) -> str:
               "`replay_cuda_graph_metadata_from`, the early target-verify install), run on CPU tensors: "
               "**kept** when every SWA store row ends at the captured address with the new rows (or the "
               "recorded graph refills it), **stale** naming the field the graph would read old rows from, "
-              "or **absent**. `python -m harness.sglang.runner_steps VERSION` prints each step's fields.", "",
+              "or **absent**. Each step is judged on its own: whether a release's runner takes it on a "
+              "path that reaches a store is the problem table's question (a stale `UnifiedKvMetadata.copy_` "
+              "is the `assign-listed-ring-rows` problem, whose cited paths decide). "
+              "`python -m harness.sglang.runner_steps VERSION` prints each step's fields.", "",
               *_runner_steps_table(matrix)]
     lines += ["", "## Engine switches by release", "",
               "Defaults read from each release (`harness/sglang/switches.py`); a route that needs a "
