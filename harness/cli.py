@@ -120,8 +120,7 @@ def _add_sglang_options(parser: argparse.ArgumentParser) -> None:
 
 def _apply_sglang_options(args: argparse.Namespace) -> None:
     # through the environment, so that worker processes bind the same code
-    from .sglang import MODE_ENV, SOURCE_ENV, SWITCHES_ENV
-    from .sglang.switches import parse_override
+    from .sglang import MODE_ENV, SOURCE_ENV, SWITCHES_ENV, switch_overrides
 
     for value, name in ((getattr(args, "sglang_source", None), SOURCE_ENV),
                         (getattr(args, "sglang_mode", None), MODE_ENV)):
@@ -133,12 +132,9 @@ def _apply_sglang_options(args: argparse.Namespace) -> None:
         if subject and not subject.startswith("sglang:"):
             raise UsageError(f"--sglang-switch sets SGLang's engine switches; {subject!r} is not an "
                              "sglang:<target> subject")
-        for text in switches:
-            try:
-                parse_override(text)
-            except ValueError as exc:
-                raise UsageError(f"--sglang-switch: {exc}") from None
-        os.environ[SWITCHES_ENV] = ",".join(switches)
+        joined = ",".join(switches)
+        switch_overrides(joined)  # read as the workers will read it; a bad one is refused here
+        os.environ[SWITCHES_ENV] = joined
 
 
 def _add_device(parser: argparse.ArgumentParser, default: str | None = "cpu") -> None:

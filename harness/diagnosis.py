@@ -153,8 +153,9 @@ class History:
         self.captures.append((forward, rows, num_live))
 
     def record_old_mapping(self, model: str, label: str, mapping: torch.Tensor) -> None:
+        """Keep ``mapping``, which the caller hands over and never writes again."""
         kept = self.old_mappings.setdefault(model, [])
-        kept.append((label, mapping.clone()))
+        kept.append((label, mapping))
         del kept[:-4]
 
     def _earlier_answers(self, site: Site) -> tuple[list[tuple[Source, torch.Tensor]], list[tuple[Source, torch.Tensor]]]:

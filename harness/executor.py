@@ -572,7 +572,7 @@ class _Run:
             if changed:
                 if old is not None:
                     label = "the previously registered mapping" if registered else f"the mapping before {what}"
-                    self.history.record_old_mapping(model, label, old)
+                    self.history.record_old_mapping(model, label, old)  # replaced below, never written
                 self.snapshots[model] = truth.clone()
             if registered:
                 # a rebuilt pool's mapping is allocated while the old one is still registered

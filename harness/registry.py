@@ -137,8 +137,7 @@ def resolve_subject(spec: str, allow_import: bool = True,
     if spec.startswith("sglang:"):  # before module:attr, since "sglang" is a module too
         from . import sglang  # harness.sglang imports this module
 
-        switches = {**(engine_switches or {}), **sglang.switch_overrides()}
-        return sglang.resolve(spec, switches=switches)
+        return sglang.resolve(spec, switches=engine_switches)
     if ":" not in spec:
         raise SubjectError(
             f"unknown subject {show(spec)}; built-in subjects are {', '.join(subject_names())}, "

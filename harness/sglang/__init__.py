@@ -62,8 +62,9 @@ def switch_overrides(text: str | None = None) -> dict[str, bool]:
 def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: str | None = None,
                 switches: Mapping[str, bool] | None = None) -> SubjectInfo:
     """``item`` bound from ``tree``, run with its release's default engine switches except
-    ``switches`` (default: :func:`switch_overrides` of the environment)."""
-    overrides = switch_overrides() if switches is None else dict(switches)
+    ``switches`` and, over those, the environment's (:func:`switch_overrides`: the command
+    line's ``--sglang-switch``)."""
+    overrides = {**(switches or {}), **switch_overrides()}
     if overrides and tree.version not in RELEASES:
         raise BindError(f"engine switches ({', '.join(overrides)}) are set per release, and {tree.label} "
                         "is not a release read here: bind a release (sglang:<target>@<version>)")

@@ -86,7 +86,7 @@ from typing import Any, Callable
 
 import torch
 
-from .binding import BindError, BoundClass, ClassCode, FunctionCode, bind
+from .binding import BindError, Binding, BoundClass, ClassCode, FunctionCode, bind
 from .drivers import StandIn
 from .locate import SourceTree, release_key
 from .real_classes import RealClass
@@ -207,16 +207,17 @@ def _class_statements(tree: SourceTree, step: Step) -> tuple[dict[str, str], dic
     return fields, constants
 
 
+# SGLang's helpers every metadata copy_ and refresh calls, and their standard-library names
+# (nothing of SGLang's is replaced)
+_METADATA_HELPERS = (FunctionCode(METADATA_HELPERS_FILE, "copy_metadata"),
+                     FunctionCode(METADATA_HELPERS_FILE, "maybe_copy_inplace"))
+_HELPER_NAMES = {"fields": dataclasses.fields, "warnings": warnings}
+
+
 def bind_step(tree: SourceTree, step: Step) -> BoundStep:
     """``step`` as ``tree`` has it; :class:`BindError` says why not."""
-    binding = bind(
-        tree,
-        (FunctionCode(METADATA_HELPERS_FILE, "copy_metadata"), FunctionCode(METADATA_HELPERS_FILE, "maybe_copy_inplace"),
-         ClassCode(step.path, step.class_name, (step.method,), dataclass_fields=True)),
-        # copy_metadata's own standard-library names; nothing of SGLang's is replaced
-        {"fields": dataclasses.fields, "warnings": warnings},
-        {},
-    )
+    binding = bind(tree, (*_METADATA_HELPERS, ClassCode(step.path, step.class_name, (step.method,), dataclass_fields=True)),
+                   _HELPER_NAMES, {})
     bound: BoundClass = binding.classes[step.class_name]
     cls = bound.build(object)
     fields, constants = _class_statements(tree, step)
@@ -363,6 +364,27 @@ def function_releases(trees: dict[str, SourceTree], path: str, function: str) ->
     return tuple(found)
 
 
+def _bind_with_merges(tree: SourceTree, backend: str, method: str, stand_in: type[StandIn], *, refilled: bool,
+                      **names: Any) -> tuple[Binding, BoundStep]:
+    """``backend``'s ``method`` (a backend step that merges metadata) bound beside both metadata
+    classes' real ``copy_``, and the attention metadata's ``copy_`` as a step to classify
+    (``refilled``: the store-row fields the recorded graph refills are exempt)."""
+    merge = next(s for s in STEPS if s.backend == backend and s.class_name == ATTN_METADATA and s.method == MERGE)
+    binding = bind(
+        tree,
+        (*_METADATA_HELPERS,
+         ClassCode(merge.path, ATTN_METADATA, (MERGE,), dataclass_fields=True),
+         ClassCode(merge.path, METADATA, (MERGE,), dataclass_fields=True),
+         ClassCode(merge.path, merge.backend_class, (method,), role=stand_in.role)),
+        {**_HELPER_NAMES, **names},
+        {stand_in.role: stand_in.attributes},
+    )
+    attn = BoundStep(merge, tree.version, binding.classes[ATTN_METADATA].build(object),
+                     binding.classes[ATTN_METADATA].methods[MERGE], _class_statements(tree, merge)[0],
+                     _recomputed_in_graph(tree, merge) if refilled else frozenset())
+    return binding, attn
+
+
 # ---- the 0.5.23 early target-verify install ---------------------------------------------------
 
 
@@ -413,19 +435,9 @@ def check_early_verify_install(tree: SourceTree) -> EarlyVerifyReport:
     target-verify graph's metadata with a fresh build from its real ``copy_``, and reports
     whether the SWA write rows end at the captured address. :class:`BindError` where the
     release lacks it."""
-    binding = bind(
-        tree,
-        (FunctionCode(METADATA_HELPERS_FILE, "copy_metadata"), FunctionCode(METADATA_HELPERS_FILE, "maybe_copy_inplace"),
-         ClassCode(CUDA_BACKEND_FILE, ATTN_METADATA, (MERGE,), dataclass_fields=True),
-         ClassCode(CUDA_BACKEND_FILE, METADATA, (MERGE,), dataclass_fields=True),
-         ClassCode(CUDA_BACKEND_FILE, CUDA_BACKEND, (EARLY_VERIFY_INSTALL,), role=EarlyVerifyBackend.role)),
-        {"fields": dataclasses.fields, "warnings": warnings, "_GraphBucket": GraphBucket},
-        {EarlyVerifyBackend.role: EarlyVerifyBackend.attributes},
-    )
-    merge = next(s for s in STEPS if s.backend == "CUDA" and s.class_name == ATTN_METADATA and s.method == MERGE)
-    attn = BoundStep(merge, tree.version, binding.classes[ATTN_METADATA].build(object),
-                     binding.classes[ATTN_METADATA].methods[MERGE],
-                     _class_statements(tree, merge)[0], frozenset())
+    # the install itself puts the SWA rows back: nothing is left to the graph to refill
+    binding, attn = _bind_with_merges(tree, "CUDA", EARLY_VERIFY_INSTALL, EarlyVerifyBackend, refilled=False,
+                                      _GraphBucket=GraphBucket)
     captured_core, fresh_core = _instances(attn)
     fresh_core.swa_out_cache_loc = None  # the full build leaves the SWA rows to the install
     metadata_cls = binding.classes[METADATA].build(object)
@@ -472,21 +484,9 @@ def check_graph_replay(tree: SourceTree, backend: str) -> tuple[StepReport, bool
     of ``tree`` with a full ``DSV4Metadata`` for a bucket captured before, over the real
     ``copy_`` of both metadata classes. Returns the attention metadata's classification and
     whether the backend then runs on the captured object."""
-    merge = next(s for s in STEPS if s.backend == backend and s.class_name == ATTN_METADATA and s.method == MERGE)
-    binding = bind(
-        tree,
-        (FunctionCode(METADATA_HELPERS_FILE, "copy_metadata"), FunctionCode(METADATA_HELPERS_FILE, "maybe_copy_inplace"),
-         ClassCode(merge.path, ATTN_METADATA, (MERGE,), dataclass_fields=True),
-         ClassCode(merge.path, METADATA, (MERGE,), dataclass_fields=True),
-         ClassCode(merge.path, merge.backend_class, (GRAPH_REPLAY,), role=GraphReplayBackend.role)),
-        {"fields": dataclasses.fields, "warnings": warnings},
-        {GraphReplayBackend.role: GraphReplayBackend.attributes},
-    )
-    attn = BoundStep(merge, tree.version, binding.classes[ATTN_METADATA].build(object),
-                     binding.classes[ATTN_METADATA].methods[MERGE], _class_statements(tree, merge)[0],
-                     _recomputed_in_graph(tree, merge))
+    binding, attn = _bind_with_merges(tree, backend, GRAPH_REPLAY, GraphReplayBackend, refilled=True)
     metadata_cls = binding.classes[METADATA].build(object)
-    backend_cls = binding.classes[merge.backend_class].build(GraphReplayBackend)
+    backend_cls = binding.classes[attn.step.backend_class].build(GraphReplayBackend)
     batch_size, bucket = 4, GraphBucket.DECODE_OR_IDLE
     installed = []
 
