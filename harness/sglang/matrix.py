@@ -65,7 +65,7 @@ from ..fuzz import fuzz
 from ..registry import SubjectInfo
 from ..replay import Replay, write_replay
 from ..reports import write_atomically
-from . import locate, provenance, runner_steps
+from . import locate, provenance, runner_steps, switch_overrides
 from .binding import BindError
 from .configure import configured
 from .producers import Batch, bind_producers, check
@@ -82,7 +82,7 @@ from .reachability import (
     needed_settings,
     question,
 )
-from .switches import SwitchSettings, defaults_table, parse_override, settings_for, switch
+from .switches import SwitchSettings, defaults_table, settings_for, switch
 from .targets import TARGETS, Target
 
 EXAMPLES_COLUMN = "examples"
@@ -788,13 +788,10 @@ def main(argv: list[str] | None = None) -> int:
                         "each release's own defaults")
     args = parser.parse_args(argv)
     versions = [v.strip() for v in args.versions.split(",") if v.strip()]
-    overrides: dict[str, bool] = {}
-    for text in args.switch:
-        try:
-            name, value = parse_override(text)
-        except ValueError as exc:
-            parser.error(str(exc))  # exits 2
-        overrides[name] = value
+    try:
+        overrides = switch_overrides(",".join(args.switch))
+    except BindError as exc:
+        parser.error(str(exc))  # exits 2
     matrix = run_matrix(
         versions, settings=args.settings, max_examples=args.max_examples, seed=args.seed,
         cache=args.cache, replay_dir=args.replay_dir, overrides=overrides,
