@@ -26,7 +26,7 @@ from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, Forw
 from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
-from .guard import CallGuard, SubjectFailure, failure_of
+from .guard import CallGuard, SubjectFailure, SubjectTimeout, failure_of
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -263,11 +263,12 @@ class _Run:
         check every answer. On the host an answer is checked as it returns, before the next
         call could overwrite it; on a device, once the streams have settled, in call order
         (the answers are what the streams read)."""
-        answers = self._answers(plan, step, batches, store, calls)
         if self.timeline.deferred:
-            answers = list(answers)
+            answers = list(self._answers(plan, step, batches, store, calls))
             self.timeline.settle()
-        self._check_answers(plan, step, answers)
+            self._check_answers(plan, step, answers)
+        else:
+            self._call_and_check(plan, step, batches, store, calls)
 
     def _answers(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
                  calls: tuple[tuple[int, int], ...]) -> Iterator[tuple[int, int, Any, int]]:
@@ -280,6 +281,49 @@ class _Run:
             except SubjectFailure as failure:
                 raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
             yield mb, layer_id, out, self.call - 1
+
+    def _call_and_check(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
+                        calls: tuple[tuple[int, int], ...]) -> None:
+        """:meth:`_check_answers` with the calls made in the same loop, each answer checked
+        before the next call: the host's path, where a call costs about as much as its check.
+        The guard is marked in flight once for the calls (and cleared while a store that the
+        fast comparison did not settle is judged); each call still has its own serial, so a
+        hang or exception is attributed to it."""
+        guard, on_device, every_store, right = self.guard, self.on_device, self.on_store is not None, _right
+        truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
+        first, checks, serial = self.call, self.checks, guard.serial
+        before = serial
+        guard.in_call = True
+        try:
+            for call, (mb, layer_id) in enumerate(calls, first):
+                guard.serial = serial = serial + 1
+                try:
+                    out = store(batches[mb], layer_id)
+                    if guard.fired_serial == serial:  # the subject swallowed the alarm
+                        raise SubjectTimeout()
+                except (SubjectTimeout, Exception) as exc:
+                    raise guard.failure("swa_write_location", exc) from None
+                expected = truths[mb]
+                if expected is None:
+                    guard.in_call = False
+                    expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
+                    guard.in_call = True
+                matched = right(out, expected, on_device)
+                if not matched or every_store:
+                    guard.in_call = False
+                    self.call, self.checks = call + 1, checks + call + 1 - first
+                    self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
+                    guard.in_call = True
+        except (SubjectFailure, SubjectTimeout) as exc:
+            # the call that failed is the latest to start (an alarm may also land in its check)
+            started = guard.serial - before
+            self.call, self.checks = first + started, checks + started - 1
+            failure = exc if isinstance(exc, SubjectFailure) else guard.failure("swa_write_location", exc)
+            mb, layer_id = calls[started - 1]
+            raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
+        finally:
+            guard.in_call = False
+        self.call, self.checks = first + len(calls), checks + len(calls)
 
     def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
                         step_inputs: tuple[StepInputs, ...], store) -> None:
@@ -430,15 +474,7 @@ class _Run:
             if expected is None:
                 expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
             self.checks += 1
-            try:
-                matched = (
-                    type(out) is torch.Tensor
-                    and out.dtype is torch.int32
-                    and on_device(out)
-                    and torch.equal(out, expected)  # equal sizes included
-                )
-            except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
-                matched = False
+            matched = _right(out, expected, on_device)
             if not matched or every_store:
                 self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
 
@@ -654,6 +690,24 @@ class _Where(NamedTuple):
     micro_batch: int = 0
     layer_id: int | None = None
     model: str | None = None
+
+
+_equal = torch.Tensor.equal  # torch.equal less its module-function argument parsing
+
+
+def _right(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor], bool]) -> bool:
+    """The fast comparison: a plain int32 tensor on the device with the reference's rows;
+    anything else goes to the verdict, which says what is wrong or finds it right after all
+    (a tensor subclass)."""
+    try:
+        return (
+            type(out) is torch.Tensor
+            and out.dtype is torch.int32
+            and on_device(out)
+            and _equal(out, expected)  # equal sizes included
+        )
+    except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
+        return False
 
 
 def _source_dict(source: dx.Source) -> dict[str, Any]:
