@@ -33,6 +33,7 @@ SPECULATIVE_MODES = ("verify", "draft", "draft_extend")
 
 _INT = np.int64
 _NO_PAGES = np.zeros(0, dtype=_INT)
+_NO_BATCH: tuple[tuple[int, ...] | None, np.ndarray] = (None, _NO_PAGES)
 _MIN_SEGMENT = 32  # pages of a request slot's home segment: most requests never outgrow it
 
 
@@ -256,6 +257,7 @@ class EngineState:
         self.mappings = {m: torch.from_numpy(rows) for m, rows in self._rows.items()}
         self.requests: dict[int, _Request] = {}
         self._slot_of: dict[int, int] = {}
+        self._last_batch = _NO_BATCH  # (request ids, their slots) of the latest forward
         self._free_slots = _PageAllocator(c.num_req_slots, "request slots")
         # per request slot; a free slot has length 0, so whole-array passes skip it
         self._length = np.zeros(c.num_req_slots, dtype=_INT)
@@ -319,8 +321,7 @@ class EngineState:
         self.forwards_run += 1
         c = self.config
         if self._longest <= c.sliding_window:
-            self.version += 1
-            return
+            return  # no request ever outgrew the window: nothing changes
         length, evicted = self._length[:self._slot_limit], self._evicted[:self._slot_limit]
         leaving = np.maximum(evicted, length - c.sliding_window) - evicted
         if leaving.any():
@@ -340,7 +341,7 @@ class EngineState:
                 self.swa_pages[model].give_back(rows[full] if page_ends is None else rows[full[page_ends]] // page)
                 rows[full] = DUMMY_SLOT
             evicted[slots] = first + counts
-        self.version += 1
+            self.version += 1
 
     # ---- internals ---------------------------------------------------------------------
 
@@ -353,11 +354,18 @@ class EngineState:
         return ScenarioError(f"request {rid} is not live (live requests: {sorted(self.requests)})")
 
     def _slots(self, rids: tuple[int, ...]) -> np.ndarray:
-        """The request slots of ``rids``; the first that is not live is the error."""
+        """The request slots of ``rids``; the first that is not live is the error. A
+        request keeps its slot while it lives, so the slots of the last batch hold until a
+        request finishes (forwards mostly run the batch before them again)."""
+        last_rids, last_slots = self._last_batch
+        if rids == last_rids:
+            return last_slots
         try:
-            return np.fromiter(map(self._slot_of.__getitem__, rids), dtype=_INT, count=len(rids))
+            slots = np.fromiter(map(self._slot_of.__getitem__, rids), dtype=_INT, count=len(rids))
         except KeyError as missing:
             raise self._not_live(missing.args[0]) from None
+        self._last_batch = (rids, slots)
+        return slots
 
     def _admit(self, count: int) -> None:
         if count > self._free_slots.available:
@@ -419,6 +427,7 @@ class EngineState:
         del self._slot_of[request.rid]
 
     def _forget(self, slots) -> None:
+        self._last_batch = _NO_BATCH
         self._full_table.release(slots)
         for table in self._swa_tables.values():
             table.release(slots)
@@ -505,14 +514,17 @@ class EngineState:
                     padding = graph_batch_size - (live_end - live_start)
                 # padded request rows exist only where every row is one token (decode)
                 pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
+                req_slots = _padded(slots[start:end], DUMMY_SLOT, pad_requests)
+                prefix_lens = _padded(prefixes[step, start:end], 0, pad_requests)
                 step_inputs.append(StepInputs(
                     request_ids=tuple(event.requests[start:end]),
-                    req_slots=_padded(slots[start:end], DUMMY_SLOT, pad_requests),
+                    req_slots=req_slots,
                     token_counts=_padded(counts[start:end], 1, pad_requests),
-                    prefix_lens=_padded(prefixes[step, start:end], 0, pad_requests),
+                    prefix_lens=prefix_lens,
                     seq_lens=_padded(seq_lens[step, start:end], 1, pad_requests),
-                    token_slots=_padded(token_slots[live_start:live_end], DUMMY_SLOT, padding),
-                    positions=_padded(positions[step, live_start:live_end], 0, padding),
+                    # one token per request row: the token rows are the request rows
+                    token_slots=req_slots if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding),
+                    positions=prefix_lens if one_token_each else _padded(positions[step, live_start:live_end], 0, padding),
                     out_cache_loc=_padded(full[step, live_start:live_end], DUMMY_SLOT, padding),
                     num_live=live_end - live_start,
                 ))
