@@ -195,13 +195,6 @@ class _Run:
             spec = ModelSpec.of(c, model, self.device)
             where = _Where(model=model)
             self.subjects[model] = self._invoke(where, f"{self.subject_cls.__name__}(spec)", self.subject_cls, spec)
-            if c.graph_batch_sizes:
-                largest = max(c.graph_batch_sizes)
-                self.static_buffers[model] = {
-                    name: self.arena.buffer(("graph", model, name), largest, torch.int64) for name in STATIC_INPUTS
-                }
-                # the runner keeps a host copy of the lengths beside the device buffer
-                self.static_seq_lens_cpu[model] = torch.ones(largest, dtype=torch.int64)
         self._sync("setup")
 
     def events(self) -> None:
@@ -414,7 +407,7 @@ class _Run:
         reset to what capture at start-up would see."""
         size = plan.graph_batch_size
         subject = self.subjects[plan.model]
-        buffers = self.static_buffers[plan.model]
+        buffers = self._static_buffers(plan.model)
         for name, fill in STATIC_INPUTS.items():
             buffers[name][:size].fill_(fill)
         self.static_seq_lens_cpu[plan.model][:size].fill_(STATIC_INPUTS["seq_lens"])
@@ -455,6 +448,18 @@ class _Run:
             if sinks is not None:
                 # the consumer a store kernel would be: it reads the returned tensor by address
                 sinks[index].copy_(out)
+
+    def _static_buffers(self, model: str) -> dict[str, torch.Tensor]:
+        """The graph inputs of ``model``, allocated at its first capture (a scenario may
+        have graph sizes and never replay one)."""
+        if model not in self.static_buffers:
+            largest = max(self.config.graph_batch_sizes)
+            self.static_buffers[model] = {
+                name: self.arena.buffer(("graph", model, name), largest, torch.int64) for name in STATIC_INPUTS
+            }
+            # the runner keeps a host copy of the lengths beside the device buffer
+            self.static_seq_lens_cpu[model] = torch.ones(largest, dtype=torch.int64)
+        return self.static_buffers[model]
 
     def _mutate(self, plan: ForwardPlan) -> None:
         mutation = plan.event.mutation

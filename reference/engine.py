@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -189,8 +189,7 @@ class _Paging:
         return table.get(owners, self.page_nos) * self.page_size + self.offsets
 
 
-@dataclass(frozen=True)
-class _Request:
+class _Request(NamedTuple):
     """A live request; its length, window and pages are kept per request slot."""
 
     rid: int
@@ -245,7 +244,7 @@ class ForwardPlan:
 
 class EngineState:
     def __init__(self, config: EngineConfig):
-        self.config = config.validate()
+        self.config = _validated(config)
         c = config
         self.models = c.models
         self.full_pages = _PageAllocator(c.full_pool_size // c.full_page_size, "full KV pool")
@@ -371,11 +370,10 @@ class EngineState:
         if count > self._free_slots.available:
             raise ScenarioError(f"no free request slot ({self.config.num_req_slots - 1} in use)")
         slots = self._free_slots.take_lowest(count)
-        for slot in slots.tolist():
-            rid = self.next_request_id
-            self.next_request_id += 1
-            self.requests[rid] = _Request(rid, slot)
-            self._slot_of[rid] = slot
+        rids = range(self.next_request_id, self.next_request_id + count)
+        self.next_request_id += count
+        self.requests.update(zip(rids, map(_Request, rids, slots.tolist())))
+        self._slot_of.update(zip(rids, slots.tolist()))
         self._slot_limit = max(self._slot_limit, int(slots[-1]) + 1)
 
     def _tokens(self, slots: np.ndarray, first: np.ndarray, counts: np.ndarray):
@@ -607,6 +605,18 @@ class EngineState:
             calls.append((mb, schedule[position[mb]]))
             position[mb] += 1
         return tuple(calls)
+
+
+_last_validated: EngineConfig | None = None
+
+
+def _validated(config: EngineConfig) -> EngineConfig:
+    """``config``, validated once in a row: a run of scenarios mostly shares one, and a
+    frozen config cannot change after its validation."""
+    global _last_validated
+    if config is not _last_validated:
+        _last_validated = config.validate()
+    return config
 
 
 def replay_events(state: EngineState, events) -> Iterator[ForwardPlan]:
