@@ -390,7 +390,7 @@ class _Run:
         ):
             getattr(static, name).copy_(values)
         static.forward_id = self._new_forward_id()
-        static.mode = ForwardMode(plan.event.mode)
+        static.mode = _MODES[plan.event.mode]
         static.num_live_tokens = inputs.num_live
         subject = self.subjects[plan.model]
         if not plan.event.skip_init:
@@ -629,7 +629,7 @@ class _Run:
     def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs, tensors: dict[str, torch.Tensor]) -> ForwardBatch:
         return ForwardBatch(
             forward_id=self._new_forward_id(),
-            mode=ForwardMode(plan.event.mode),
+            mode=_MODES[plan.event.mode],
             micro_batch=mb,
             backend=self._backend(plan.model, mb),
             num_live_tokens=inputs.num_live,
@@ -647,21 +647,17 @@ class _Run:
         multi-step draft's locations at once."""
         count = self.eager_forwards.get(plan.model, 0)
         self.eager_forwards[plan.model] = count + 1
-        names, sources = [], []
-        for step, step_inputs in enumerate(plan.steps):
-            for mb, inputs in enumerate(step_inputs):
-                fields = {"positions": inputs.positions, "out_cache_loc": inputs.out_cache_loc,
-                          "seq_lens": inputs.seq_lens, "extend_prefix_lens": inputs.prefix_lens}
-                if step == 0:
-                    fields = {"req_pool_indices": inputs.req_slots, "extend_seq_lens": inputs.token_counts, **fields}
-                for name, tensor in fields.items():
-                    names.append((step, mb, name))
-                    sources.append(tensor)
-        placed = self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources)
-        out: list[list[dict[str, torch.Tensor]]] = [[{} for _ in step_inputs] for step_inputs in plan.steps]
-        for (step, mb, name), tensor in zip(names, placed):
-            out[step][mb][name] = tensor
-        return out
+        sources = [
+            getattr(inputs, field)
+            for step, step_inputs in enumerate(plan.steps)
+            for inputs in step_inputs
+            for field in (_FIRST_STEP_INPUTS if step == 0 else _LATER_STEP_INPUTS).values()
+        ]
+        placed = iter(self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources))
+        return [
+            [dict(zip(_FIRST_STEP_INPUTS if step == 0 else _LATER_STEP_INPUTS, placed)) for _ in step_inputs]
+            for step, step_inputs in enumerate(plan.steps)
+        ]
 
     def _backend(self, model: str, mb: int) -> SimpleNamespace:
         return self.backends.setdefault((model, mb), SimpleNamespace())
@@ -685,6 +681,17 @@ class _Run:
             num_draft_steps=len(plan.steps) if plan else 1,
             num_micro_batches=plan.num_micro_batches if plan else 1,
         )
+
+
+_MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
+
+# batch field -> StepInputs field, in the order one micro-batch's inputs are laid out; every
+# step's locations, positions and lengths are new, the requests and their token counts are not
+_LATER_STEP_INPUTS = {
+    "positions": "positions", "out_cache_loc": "out_cache_loc", "seq_lens": "seq_lens",
+    "extend_prefix_lens": "prefix_lens",
+}
+_FIRST_STEP_INPUTS = {"req_pool_indices": "req_slots", "extend_seq_lens": "token_counts", **_LATER_STEP_INPUTS}
 
 
 class _Where(NamedTuple):

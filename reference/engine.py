@@ -254,8 +254,7 @@ class EngineState:
         # each mapping tensor shares its memory with an array the model writes in place
         self._rows = {m: np.zeros(c.full_pool_size, dtype=_INT) for m in c.models}
         self.mappings = {m: torch.from_numpy(rows) for m, rows in self._rows.items()}
-        self.requests: dict[int, _Request] = {}
-        self._slot_of: dict[int, int] = {}
+        self._slot_of: dict[int, int] = {}  # live request id -> its slot, in admission order
         self._last_batch = _NO_BATCH  # (request ids, their slots) of the latest forward
         self._free_slots = _PageAllocator(c.num_req_slots, "request slots")
         # per request slot; a free slot has length 0, so whole-array passes skip it
@@ -271,6 +270,11 @@ class EngineState:
         self.forwards_run = 0
         self._schedules: dict[tuple, tuple[tuple[int, int], ...]] = {}
 
+    @property
+    def requests(self) -> dict[int, _Request]:
+        """The live requests by id, in admission order."""
+        return {rid: _Request(rid, slot) for rid, slot in self._slot_of.items()}
+
     # ---- truth -------------------------------------------------------------------------
 
     def expected(self, model: str, inputs: StepInputs, truth: str) -> torch.Tensor:
@@ -285,7 +289,7 @@ class EngineState:
             mapping = self.mappings[model]
             return set(mapping[mapping != DUMMY_SLOT].tolist())
         ring = self.config.ring
-        return {row for r in self.requests.values() for row in range(r.slot * ring, (r.slot + 1) * ring)}
+        return {row for slot in self._slot_of.values() for row in range(slot * ring, (slot + 1) * ring)}
 
     # ---- events ------------------------------------------------------------------------
 
@@ -345,12 +349,12 @@ class EngineState:
     # ---- internals ---------------------------------------------------------------------
 
     def _live(self, rid: int) -> _Request:
-        if rid not in self.requests:
+        if rid not in self._slot_of:
             raise self._not_live(rid)
-        return self.requests[rid]
+        return _Request(rid, self._slot_of[rid])
 
     def _not_live(self, rid: int) -> ScenarioError:
-        return ScenarioError(f"request {rid} is not live (live requests: {sorted(self.requests)})")
+        return ScenarioError(f"request {rid} is not live (live requests: {sorted(self._slot_of)})")
 
     def _slots(self, rids: tuple[int, ...]) -> np.ndarray:
         """The request slots of ``rids``; the first that is not live is the error. A
@@ -372,7 +376,6 @@ class EngineState:
         slots = self._free_slots.take_lowest(count)
         rids = range(self.next_request_id, self.next_request_id + count)
         self.next_request_id += count
-        self.requests.update(zip(rids, map(_Request, rids, slots.tolist())))
         self._slot_of.update(zip(rids, slots.tolist()))
         self._slot_limit = max(self._slot_limit, int(slots[-1]) + 1)
 
@@ -421,7 +424,6 @@ class EngineState:
         full_pages = -(-int(self._length[request.slot]) // self.config.full_page_size)
         self.full_pages.give_back(self._full_table.get(request.slot, np.arange(full_pages)))
         self._forget(slots)
-        del self.requests[request.rid]
         del self._slot_of[request.rid]
 
     def _forget(self, slots) -> None:
@@ -436,7 +438,6 @@ class EngineState:
     def _clear(self) -> None:
         """Every request finishes: every page and slot is free again and nothing is mapped."""
         self._forget(np.array(list(self._slot_of.values()), dtype=_INT))
-        self.requests.clear()
         self._slot_of.clear()
         self.full_pages.reset()
         for model in self.models:
@@ -456,7 +457,7 @@ class EngineState:
 
     def _register(self, shuffle: int) -> None:
         rng = random.Random(shuffle)
-        slots = np.array([r.slot for r in self.requests.values()], dtype=_INT)  # in admission order
+        slots = np.array(list(self._slot_of.values()), dtype=_INT)  # in admission order
         first, stop = self._held_swa_pages(slots)
         counts = stop - first
         owners, page_nos = np.repeat(slots, counts), _ragged_arange(first, counts)
