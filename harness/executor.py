@@ -161,7 +161,8 @@ class _Run:
         self.scenario = scenario
         self.config = scenario.config
         self.device = device
-        if device.type == "cpu":
+        self.on_host = device.type == "cpu"
+        if self.on_host:
             self.on_device = operator.attrgetter("is_cpu")
         else:
             index = device.index if device.index is not None else torch.cuda.current_device()
@@ -486,8 +487,10 @@ class _Run:
     def _truth(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, call: int) -> torch.Tensor:
         inputs = plan.steps[step][mb]
         expected = self.state.expected(plan.model, inputs, self.truth)
-        self.history.record_answer(self._site(_Where(plan, step, mb, layer_id), call), expected[: inputs.num_live])
-        return expected.to(self.device)
+        n = inputs.num_live
+        self.history.record_answer(self._site(_Where(plan, step, mb, layer_id), call),
+                                   expected if n == expected.shape[0] else expected[:n])
+        return expected if self.on_host else expected.to(self.device)
 
     def _verdict(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, out: Any,
                  expected: torch.Tensor, matched: bool, call: int) -> None:
