@@ -18,6 +18,7 @@ step inputs).
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
@@ -244,7 +245,8 @@ class ForwardPlan:
 
 class EngineState:
     def __init__(self, config: EngineConfig):
-        self.config = _validated(config)
+        _validate(config)
+        self.config = config
         c = config
         self.models = c.models
         self.full_pages = _PageAllocator(c.full_pool_size // c.full_page_size, "full KV pool")
@@ -608,16 +610,11 @@ class EngineState:
         return tuple(calls)
 
 
-_last_validated: EngineConfig | None = None
-
-
-def _validated(config: EngineConfig) -> EngineConfig:
-    """``config``, validated once in a row: a run of scenarios mostly shares one, and a
-    frozen config cannot change after its validation."""
-    global _last_validated
-    if config is not _last_validated:
-        _last_validated = config.validate()
-    return config
+@functools.lru_cache(maxsize=256)
+def _validate(config: EngineConfig) -> None:
+    """Validate ``config`` once: scenarios of a run mostly share a few configs, and a
+    frozen config's values cannot change (an invalid one raises again every time)."""
+    config.validate()
 
 
 def replay_events(state: EngineState, events) -> Iterator[ForwardPlan]:
