@@ -208,8 +208,8 @@ class StepInputs:
     ``num_draft_tokens`` themselves). Padded request rows have length 1 and no prefix, as
     the graph runner fills them.
 
-    The tensors are a record: read them, never write them (those of one plan may share
-    memory).
+    The tensors are a record: read them, never write them (those of one plan, and the
+    request slots of consecutive plans, may share memory).
     """
 
     request_ids: tuple[int, ...]
@@ -369,7 +369,7 @@ class EngineState:
             slots = np.fromiter(map(self._slot_of.__getitem__, rids), dtype=_INT, count=len(rids))
         except KeyError as missing:
             raise self._not_live(missing.args[0]) from None
-        self._last_batch = (rids, slots)
+        self._last_batch = (tuple(rids), slots)
         return slots
 
     def _admit(self, count: int) -> None:
