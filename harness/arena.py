@@ -46,12 +46,16 @@ class Arena:
         ``key``, written with one copy (one transfer to a device)."""
         if not sources:
             return []
+        if len(sources) == 1:
+            (source,) = sources
+            placed = self._block((key, source.dtype), source.numel())[: source.numel()]
+            return [placed.copy_(source)]
         sizes = [source.numel() for source in sources]
         placed = self._block((key, sources[0].dtype), sum(sizes))[: sum(sizes)]
-        if len(sources) > 1 and self._on_host:  # sources are host tensors: joined in place
+        if self._on_host:  # sources are host tensors: joined in place
             torch.cat(sources, out=placed)
         else:
-            placed.copy_(torch.cat(sources) if len(sources) > 1 else sources[0])
+            placed.copy_(torch.cat(sources))
         return list(placed.split_with_sizes(sizes))
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype) -> torch.Tensor:
