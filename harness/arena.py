@@ -37,6 +37,7 @@ _MIN_BLOCK = 64
 class Arena:
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._on_host = device.type == "cpu"
         self._blocks: dict[tuple[Hashable, torch.dtype], torch.Tensor] = {}
         self._retired: list[torch.Tensor] = []  # grown-out-of blocks, kept so no address is reused
 
@@ -45,9 +46,16 @@ class Arena:
         ``key``, written with one copy (one transfer to a device)."""
         if not sources:
             return []
+        if len(sources) == 1:
+            (source,) = sources
+            placed = self._block((key, source.dtype), source.numel())[: source.numel()]
+            return [placed.copy_(source)]
         sizes = [source.numel() for source in sources]
         placed = self._block((key, sources[0].dtype), sum(sizes))[: sum(sizes)]
-        placed.copy_(torch.cat(sources) if len(sources) > 1 else sources[0])
+        if self._on_host:  # sources are host tensors: joined in place
+            torch.cat(sources, out=placed)
+        else:
+            placed.copy_(torch.cat(sources))
         return list(placed.split_with_sizes(sizes))
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype) -> torch.Tensor:

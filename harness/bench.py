@@ -129,15 +129,18 @@ def bench_executor(subjects=("uncached", "step-keyed", "step-keyed-capture"), si
     """``overhead`` is harness time over subject-alone time; ``us/answer`` is what the
     harness adds to each checked answer above the subject's own call (engine model,
     reference, comparison, lifecycle). ``checking`` leaves out the engine model, a cost any
-    driver of the lifecycle pays. The graph rows time the harness's lifecycle (one capture
-    with its warm-ups, then replays) and say whether the subject passes it. Returns, per
-    size and subject, subject-alone time over harness time (higher is better)."""
+    driver of the lifecycle pays; the run without forwards is the fixed cost of a scenario,
+    which small fuzzed scenarios mostly pay. The graph rows time the harness's lifecycle
+    (one capture with its warm-ups, then replays) and say whether the subject passes it.
+    Returns, per size and subject, subject-alone time over harness time (higher is better)."""
     ratios: dict[str, float] = {}
     for layers, batch in sizes:
         scenario = decode_scenario(layers=layers, batch=batch)
         engine = _best_of(lambda: _plan(scenario), repeats)
+        admitted = decode_scenario(layers=layers, batch=batch, forwards=0)
+        setup = _best_of(lambda: run_scenario(resolve_subject(subjects[0]).subject, admitted), repeats)
         out(f"executor: {layers}-layer stage, batch {batch}, 20 decode forwards, CPU")
-        out(f"engine model alone: {engine:.4f} s")
+        out(f"engine model alone: {engine:.4f} s; a run without forwards (setup, admission): {setup * 1e6:.0f} us")
         out(f"{'subject':20s} {'checks/s':>9s} {'harness s':>10s} {'alone s':>8s} {'overhead':>9s} "
             f"{'checking':>9s} {'us/answer':>10s}")
         for name in subjects:

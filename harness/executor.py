@@ -26,7 +26,7 @@ from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, Forw
 from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
-from .guard import CallGuard, SubjectFailure, failure_of
+from .guard import CallGuard, SubjectFailure, SubjectTimeout, failure_of
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -161,7 +161,8 @@ class _Run:
         self.scenario = scenario
         self.config = scenario.config
         self.device = device
-        if device.type == "cpu":
+        self.on_host = device.type == "cpu"
+        if self.on_host:
             self.on_device = operator.attrgetter("is_cpu")
         else:
             index = device.index if device.index is not None else torch.cuda.current_device()
@@ -195,13 +196,6 @@ class _Run:
             spec = ModelSpec.of(c, model, self.device)
             where = _Where(model=model)
             self.subjects[model] = self._invoke(where, f"{self.subject_cls.__name__}(spec)", self.subject_cls, spec)
-            if c.graph_batch_sizes:
-                largest = max(c.graph_batch_sizes)
-                self.static_buffers[model] = {
-                    name: self.arena.buffer(("graph", model, name), largest, torch.int64) for name in STATIC_INPUTS
-                }
-                # the runner keeps a host copy of the lengths beside the device buffer
-                self.static_seq_lens_cpu[model] = torch.ones(largest, dtype=torch.int64)
         self._sync("setup")
 
     def events(self) -> None:
@@ -263,11 +257,12 @@ class _Run:
         check every answer. On the host an answer is checked as it returns, before the next
         call could overwrite it; on a device, once the streams have settled, in call order
         (the answers are what the streams read)."""
-        answers = self._answers(plan, step, batches, store, calls)
         if self.timeline.deferred:
-            answers = list(answers)
+            answers = list(self._answers(plan, step, batches, store, calls))
             self.timeline.settle()
-        self._check_answers(plan, step, answers)
+            self._check_answers(plan, step, answers)
+        else:
+            self._call_and_check(plan, step, batches, store, calls)
 
     def _answers(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
                  calls: tuple[tuple[int, int], ...]) -> Iterator[tuple[int, int, Any, int]]:
@@ -280,6 +275,49 @@ class _Run:
             except SubjectFailure as failure:
                 raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
             yield mb, layer_id, out, self.call - 1
+
+    def _call_and_check(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
+                        calls: tuple[tuple[int, int], ...]) -> None:
+        """:meth:`_check_answers` with the calls made in the same loop, each answer checked
+        before the next call: the host's path, where a call costs about as much as its check.
+        The guard is marked in flight once for the calls (and cleared while a store that the
+        fast comparison did not settle is judged); each call still has its own serial, so a
+        hang or exception is attributed to it."""
+        guard, on_device, every_store, right = self.guard, self.on_device, self.on_store is not None, _right
+        truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
+        first, checks, serial = self.call, self.checks, guard.serial
+        before = serial
+        guard.in_call = True
+        try:
+            for call, (mb, layer_id) in enumerate(calls, first):
+                guard.serial = serial = serial + 1
+                try:
+                    out = store(batches[mb], layer_id)
+                    if guard.fired_serial == serial:  # the subject swallowed the alarm
+                        raise SubjectTimeout()
+                except (SubjectTimeout, Exception) as exc:
+                    raise guard.failure("swa_write_location", exc) from None
+                expected = truths[mb]
+                if expected is None:
+                    guard.in_call = False
+                    expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
+                    guard.in_call = True
+                matched = right(out, expected, on_device)
+                if not matched or every_store:
+                    guard.in_call = False
+                    self.call, self.checks = call + 1, checks + call + 1 - first
+                    self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
+                    guard.in_call = True
+        except (SubjectFailure, SubjectTimeout) as exc:
+            # the call that failed is the latest to start (an alarm may also land in its check)
+            started = guard.serial - before
+            self.call, self.checks = first + started, checks + started - 1
+            failure = exc if isinstance(exc, SubjectFailure) else guard.failure("swa_write_location", exc)
+            mb, layer_id = calls[started - 1]
+            raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
+        finally:
+            guard.in_call = False
+        self.call, self.checks = first + len(calls), checks + len(calls)
 
     def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
                         step_inputs: tuple[StepInputs, ...], store) -> None:
@@ -353,7 +391,7 @@ class _Run:
         ):
             getattr(static, name).copy_(values)
         static.forward_id = self._new_forward_id()
-        static.mode = ForwardMode(plan.event.mode)
+        static.mode = _MODES[plan.event.mode]
         static.num_live_tokens = inputs.num_live
         subject = self.subjects[plan.model]
         if not plan.event.skip_init:
@@ -370,7 +408,7 @@ class _Run:
         reset to what capture at start-up would see."""
         size = plan.graph_batch_size
         subject = self.subjects[plan.model]
-        buffers = self.static_buffers[plan.model]
+        buffers = self._static_buffers(plan.model)
         for name, fill in STATIC_INPUTS.items():
             buffers[name][:size].fill_(fill)
         self.static_seq_lens_cpu[plan.model][:size].fill_(STATIC_INPUTS["seq_lens"])
@@ -412,6 +450,18 @@ class _Run:
                 # the consumer a store kernel would be: it reads the returned tensor by address
                 sinks[index].copy_(out)
 
+    def _static_buffers(self, model: str) -> dict[str, torch.Tensor]:
+        """The graph inputs of ``model``, allocated at its first capture (a scenario may
+        have graph sizes and never replay one)."""
+        if model not in self.static_buffers:
+            largest = max(self.config.graph_batch_sizes)
+            self.static_buffers[model] = {
+                name: self.arena.buffer(("graph", model, name), largest, torch.int64) for name in STATIC_INPUTS
+            }
+            # the runner keeps a host copy of the lengths beside the device buffer
+            self.static_seq_lens_cpu[model] = torch.ones(largest, dtype=torch.int64)
+        return self.static_buffers[model]
+
     def _mutate(self, plan: ForwardPlan) -> None:
         mutation = plan.event.mutation
         self.state.apply(mutation, f"events[{plan.index}].mutation")
@@ -430,23 +480,17 @@ class _Run:
             if expected is None:
                 expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
             self.checks += 1
-            try:
-                matched = (
-                    type(out) is torch.Tensor
-                    and out.dtype is torch.int32
-                    and on_device(out)
-                    and torch.equal(out, expected)  # equal sizes included
-                )
-            except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
-                matched = False
+            matched = _right(out, expected, on_device)
             if not matched or every_store:
                 self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
 
     def _truth(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, call: int) -> torch.Tensor:
         inputs = plan.steps[step][mb]
         expected = self.state.expected(plan.model, inputs, self.truth)
-        self.history.record_answer(self._site(_Where(plan, step, mb, layer_id), call), expected[: inputs.num_live])
-        return expected.to(self.device)
+        n = inputs.num_live
+        self.history.record_answer(self._site(_Where(plan, step, mb, layer_id), call),
+                                   expected if n == expected.shape[0] else expected[:n])
+        return expected if self.on_host else expected.to(self.device)
 
     def _verdict(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, out: Any,
                  expected: torch.Tensor, matched: bool, call: int) -> None:
@@ -588,7 +632,7 @@ class _Run:
     def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs, tensors: dict[str, torch.Tensor]) -> ForwardBatch:
         return ForwardBatch(
             forward_id=self._new_forward_id(),
-            mode=ForwardMode(plan.event.mode),
+            mode=_MODES[plan.event.mode],
             micro_batch=mb,
             backend=self._backend(plan.model, mb),
             num_live_tokens=inputs.num_live,
@@ -606,21 +650,17 @@ class _Run:
         multi-step draft's locations at once."""
         count = self.eager_forwards.get(plan.model, 0)
         self.eager_forwards[plan.model] = count + 1
-        names, sources = [], []
-        for step, step_inputs in enumerate(plan.steps):
-            for mb, inputs in enumerate(step_inputs):
-                fields = {"positions": inputs.positions, "out_cache_loc": inputs.out_cache_loc,
-                          "seq_lens": inputs.seq_lens, "extend_prefix_lens": inputs.prefix_lens}
-                if step == 0:
-                    fields = {"req_pool_indices": inputs.req_slots, "extend_seq_lens": inputs.token_counts, **fields}
-                for name, tensor in fields.items():
-                    names.append((step, mb, name))
-                    sources.append(tensor)
-        placed = self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources)
-        out: list[list[dict[str, torch.Tensor]]] = [[{} for _ in step_inputs] for step_inputs in plan.steps]
-        for (step, mb, name), tensor in zip(names, placed):
-            out[step][mb][name] = tensor
-        return out
+        sources = [
+            getattr(inputs, field)
+            for step, step_inputs in enumerate(plan.steps)
+            for inputs in step_inputs
+            for field in (_FIRST_STEP_INPUTS if step == 0 else _LATER_STEP_INPUTS).values()
+        ]
+        placed = iter(self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources))
+        return [
+            [dict(zip(_FIRST_STEP_INPUTS if step == 0 else _LATER_STEP_INPUTS, placed)) for _ in step_inputs]
+            for step, step_inputs in enumerate(plan.steps)
+        ]
 
     def _backend(self, model: str, mb: int) -> SimpleNamespace:
         return self.backends.setdefault((model, mb), SimpleNamespace())
@@ -646,6 +686,17 @@ class _Run:
         )
 
 
+_MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
+
+# batch field -> StepInputs field, in the order one micro-batch's inputs are laid out; every
+# step's locations, positions and lengths are new, the requests and their token counts are not
+_LATER_STEP_INPUTS = {
+    "positions": "positions", "out_cache_loc": "out_cache_loc", "seq_lens": "seq_lens",
+    "extend_prefix_lens": "prefix_lens",
+}
+_FIRST_STEP_INPUTS = {"req_pool_indices": "req_slots", "extend_seq_lens": "token_counts", **_LATER_STEP_INPUTS}
+
+
 class _Where(NamedTuple):
     """Where a call happens; turned into a :class:`~harness.diagnosis.Site` only when needed."""
 
@@ -654,6 +705,24 @@ class _Where(NamedTuple):
     micro_batch: int = 0
     layer_id: int | None = None
     model: str | None = None
+
+
+_equal = torch.Tensor.equal  # torch.equal less its module-function argument parsing
+
+
+def _right(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor], bool]) -> bool:
+    """The fast comparison: a plain int32 tensor on the device with the reference's rows;
+    anything else goes to the verdict, which says what is wrong or finds it right after all
+    (a tensor subclass)."""
+    try:
+        return (
+            type(out) is torch.Tensor
+            and out.dtype is torch.int32
+            and on_device(out)
+            and _equal(out, expected)  # equal sizes included
+        )
+    except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
+        return False
 
 
 def _source_dict(source: dx.Source) -> dict[str, Any]:

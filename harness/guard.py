@@ -11,6 +11,13 @@ flight, so a late signal can never hit the next call; a call that swallows the a
 re-alarmed every timeout period and reported as timed out when it finally returns. Signals
 reach the main thread only: a guard entered on another thread converts exceptions but
 leaves hangs to its caller (join with a timeout).
+
+A caller that makes many cheap calls in a row may run them itself (:meth:`CallGuard.call`
+costs a Python frame and a ``try`` per call): it sets ``in_call`` once for the run of
+calls, bumps ``serial`` before each call, raises :class:`SubjectTimeout` after a call whose
+serial equals ``fired_serial`` (the subject swallowed the alarm), clears ``in_call`` while
+its own work between calls may be slow, and turns what a call raised into a failure with
+:meth:`CallGuard.failure`.
 """
 
 from __future__ import annotations
@@ -47,9 +54,9 @@ def failure_of(what: str, exc: BaseException) -> SubjectFailure:
 class CallGuard:
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
-        self._serial = 0
-        self._in_call = False
-        self._fired_serial = -1
+        self.serial = 0  # bumped as each call starts
+        self.in_call = False
+        self.fired_serial = -1  # the call the watchdog alarmed
         self._watched = False
         # the watchdog's view: the call it last saw in flight, and when it first saw it
         self._seen_serial = -1
@@ -68,22 +75,26 @@ class CallGuard:
             signal.signal(signal.SIGALRM, self._previous_handler)
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        self._serial = serial = self._serial + 1
-        self._in_call = True
+        self.serial = serial = self.serial + 1
+        self.in_call = True
         try:
             result = fn(*args)
-            if self._fired_serial == serial:  # the subject swallowed the alarm
+            if self.fired_serial == serial:  # the subject swallowed the alarm
                 raise SubjectTimeout()
             return result
-        except SubjectTimeout:
-            raise SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s") from None
-        except Exception as exc:  # noqa: BLE001 - any exception is the subject's divergence
-            raise failure_of(what, exc) from None
+        except (SubjectTimeout, Exception) as exc:
+            raise self.failure(what, exc) from None
         finally:
-            self._in_call = False
+            self.in_call = False
+
+    def failure(self, what: str, exc: BaseException) -> SubjectFailure:
+        """What a call's exception (or its :class:`SubjectTimeout`) comes to."""
+        if isinstance(exc, SubjectTimeout):
+            return SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s")
+        return failure_of(what, exc)
 
     def _on_alarm(self, signum, frame) -> None:
-        if self._in_call and self._serial == self._fired_serial:
+        if self.in_call and self.serial == self.fired_serial:
             raise SubjectTimeout()
 
     def poll_s(self) -> float:
@@ -92,8 +103,8 @@ class CallGuard:
         return min(0.05, self.timeout_s / 8)
 
     def alarm_if_overrun(self, main_thread: int) -> None:
-        serial = self._serial
-        if not self._in_call:
+        serial = self.serial
+        if not self.in_call:
             self._seen_serial = -1
             return
         now = monotonic()
@@ -102,7 +113,7 @@ class CallGuard:
             self._seen_serial, self._seen_at = serial, now
         elif now - self._seen_at > self.timeout_s:
             # again every timeout period, in case the subject swallowed the last alarm
-            self._fired_serial = serial
+            self.fired_serial = serial
             self._seen_at = now
             signal.pthread_kill(main_thread, signal.SIGALRM)
 

@@ -18,9 +18,10 @@ step inputs).
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ SPECULATIVE_MODES = ("verify", "draft", "draft_extend")
 
 _INT = np.int64
 _NO_PAGES = np.zeros(0, dtype=_INT)
+_NO_BATCH: tuple[tuple[int, ...] | None, np.ndarray] = (None, _NO_PAGES)
 _MIN_SEGMENT = 32  # pages of a request slot's home segment: most requests never outgrow it
 
 
@@ -188,8 +190,7 @@ class _Paging:
         return table.get(owners, self.page_nos) * self.page_size + self.offsets
 
 
-@dataclass(frozen=True)
-class _Request:
+class _Request(NamedTuple):
     """A live request; its length, window and pages are kept per request slot."""
 
     rid: int
@@ -207,8 +208,8 @@ class StepInputs:
     ``num_draft_tokens`` themselves). Padded request rows have length 1 and no prefix, as
     the graph runner fills them.
 
-    The tensors are a record: read them, never write them (those of one plan may share
-    memory).
+    The tensors are a record: read them, never write them (those of one plan, and the
+    request slots of consecutive plans, may share memory).
     """
 
     request_ids: tuple[int, ...]
@@ -244,7 +245,8 @@ class ForwardPlan:
 
 class EngineState:
     def __init__(self, config: EngineConfig):
-        self.config = config.validate()
+        _validate(config)
+        self.config = config
         c = config
         self.models = c.models
         self.full_pages = _PageAllocator(c.full_pool_size // c.full_page_size, "full KV pool")
@@ -254,8 +256,8 @@ class EngineState:
         # each mapping tensor shares its memory with an array the model writes in place
         self._rows = {m: np.zeros(c.full_pool_size, dtype=_INT) for m in c.models}
         self.mappings = {m: torch.from_numpy(rows) for m, rows in self._rows.items()}
-        self.requests: dict[int, _Request] = {}
-        self._slot_of: dict[int, int] = {}
+        self._slot_of: dict[int, int] = {}  # live request id -> its slot, in admission order
+        self._last_batch = _NO_BATCH  # (request ids, their slots) of the latest forward
         self._free_slots = _PageAllocator(c.num_req_slots, "request slots")
         # per request slot; a free slot has length 0, so whole-array passes skip it
         self._length = np.zeros(c.num_req_slots, dtype=_INT)
@@ -269,6 +271,11 @@ class EngineState:
         self.mapping_epoch = 0
         self.forwards_run = 0
         self._schedules: dict[tuple, tuple[tuple[int, int], ...]] = {}
+
+    @property
+    def requests(self) -> dict[int, _Request]:
+        """The live requests by id, in admission order."""
+        return {rid: _Request(rid, slot) for rid, slot in self._slot_of.items()}
 
     # ---- truth -------------------------------------------------------------------------
 
@@ -284,7 +291,7 @@ class EngineState:
             mapping = self.mappings[model]
             return set(mapping[mapping != DUMMY_SLOT].tolist())
         ring = self.config.ring
-        return {row for r in self.requests.values() for row in range(r.slot * ring, (r.slot + 1) * ring)}
+        return {row for slot in self._slot_of.values() for row in range(slot * ring, (slot + 1) * ring)}
 
     # ---- events ------------------------------------------------------------------------
 
@@ -319,8 +326,7 @@ class EngineState:
         self.forwards_run += 1
         c = self.config
         if self._longest <= c.sliding_window:
-            self.version += 1
-            return
+            return  # no request ever outgrew the window: nothing changes
         length, evicted = self._length[:self._slot_limit], self._evicted[:self._slot_limit]
         leaving = np.maximum(evicted, length - c.sliding_window) - evicted
         if leaving.any():
@@ -340,34 +346,39 @@ class EngineState:
                 self.swa_pages[model].give_back(rows[full] if page_ends is None else rows[full[page_ends]] // page)
                 rows[full] = DUMMY_SLOT
             evicted[slots] = first + counts
-        self.version += 1
+            self.version += 1
 
     # ---- internals ---------------------------------------------------------------------
 
     def _live(self, rid: int) -> _Request:
-        if rid not in self.requests:
+        if rid not in self._slot_of:
             raise self._not_live(rid)
-        return self.requests[rid]
+        return _Request(rid, self._slot_of[rid])
 
     def _not_live(self, rid: int) -> ScenarioError:
-        return ScenarioError(f"request {rid} is not live (live requests: {sorted(self.requests)})")
+        return ScenarioError(f"request {rid} is not live (live requests: {sorted(self._slot_of)})")
 
     def _slots(self, rids: tuple[int, ...]) -> np.ndarray:
-        """The request slots of ``rids``; the first that is not live is the error."""
+        """The request slots of ``rids``; the first that is not live is the error. A
+        request keeps its slot while it lives, so the slots of the last batch hold until a
+        request finishes (forwards mostly run the batch before them again)."""
+        last_rids, last_slots = self._last_batch
+        if rids == last_rids:
+            return last_slots
         try:
-            return np.fromiter(map(self._slot_of.__getitem__, rids), dtype=_INT, count=len(rids))
+            slots = np.fromiter(map(self._slot_of.__getitem__, rids), dtype=_INT, count=len(rids))
         except KeyError as missing:
             raise self._not_live(missing.args[0]) from None
+        self._last_batch = (tuple(rids), slots)
+        return slots
 
     def _admit(self, count: int) -> None:
         if count > self._free_slots.available:
             raise ScenarioError(f"no free request slot ({self.config.num_req_slots - 1} in use)")
         slots = self._free_slots.take_lowest(count)
-        for slot in slots.tolist():
-            rid = self.next_request_id
-            self.next_request_id += 1
-            self.requests[rid] = _Request(rid, slot)
-            self._slot_of[rid] = slot
+        rids = range(self.next_request_id, self.next_request_id + count)
+        self.next_request_id += count
+        self._slot_of.update(zip(rids, slots.tolist()))
         self._slot_limit = max(self._slot_limit, int(slots[-1]) + 1)
 
     def _tokens(self, slots: np.ndarray, first: np.ndarray, counts: np.ndarray):
@@ -415,10 +426,10 @@ class EngineState:
         full_pages = -(-int(self._length[request.slot]) // self.config.full_page_size)
         self.full_pages.give_back(self._full_table.get(request.slot, np.arange(full_pages)))
         self._forget(slots)
-        del self.requests[request.rid]
         del self._slot_of[request.rid]
 
     def _forget(self, slots) -> None:
+        self._last_batch = _NO_BATCH
         self._full_table.release(slots)
         for table in self._swa_tables.values():
             table.release(slots)
@@ -429,7 +440,6 @@ class EngineState:
     def _clear(self) -> None:
         """Every request finishes: every page and slot is free again and nothing is mapped."""
         self._forget(np.array(list(self._slot_of.values()), dtype=_INT))
-        self.requests.clear()
         self._slot_of.clear()
         self.full_pages.reset()
         for model in self.models:
@@ -449,7 +459,7 @@ class EngineState:
 
     def _register(self, shuffle: int) -> None:
         rng = random.Random(shuffle)
-        slots = np.array([r.slot for r in self.requests.values()], dtype=_INT)  # in admission order
+        slots = np.array(list(self._slot_of.values()), dtype=_INT)  # in admission order
         first, stop = self._held_swa_pages(slots)
         counts = stop - first
         owners, page_nos = np.repeat(slots, counts), _ragged_arange(first, counts)
@@ -505,14 +515,17 @@ class EngineState:
                     padding = graph_batch_size - (live_end - live_start)
                 # padded request rows exist only where every row is one token (decode)
                 pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
+                req_slots = _padded(slots[start:end], DUMMY_SLOT, pad_requests)
+                prefix_lens = _padded(prefixes[step, start:end], 0, pad_requests)
                 step_inputs.append(StepInputs(
                     request_ids=tuple(event.requests[start:end]),
-                    req_slots=_padded(slots[start:end], DUMMY_SLOT, pad_requests),
+                    req_slots=req_slots,
                     token_counts=_padded(counts[start:end], 1, pad_requests),
-                    prefix_lens=_padded(prefixes[step, start:end], 0, pad_requests),
+                    prefix_lens=prefix_lens,
                     seq_lens=_padded(seq_lens[step, start:end], 1, pad_requests),
-                    token_slots=_padded(token_slots[live_start:live_end], DUMMY_SLOT, padding),
-                    positions=_padded(positions[step, live_start:live_end], 0, padding),
+                    # one token per request row: the token rows are the request rows
+                    token_slots=req_slots if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding),
+                    positions=prefix_lens if one_token_each else _padded(positions[step, live_start:live_end], 0, padding),
                     out_cache_loc=_padded(full[step, live_start:live_end], DUMMY_SLOT, padding),
                     num_live=live_end - live_start,
                 ))
@@ -595,6 +608,13 @@ class EngineState:
             calls.append((mb, schedule[position[mb]]))
             position[mb] += 1
         return tuple(calls)
+
+
+@functools.lru_cache(maxsize=256)
+def _validate(config: EngineConfig) -> None:
+    """Validate ``config`` once: scenarios of a run mostly share a few configs, and a
+    frozen config's values cannot change (an invalid one raises again every time)."""
+    config.validate()
 
 
 def replay_events(state: EngineState, events) -> Iterator[ForwardPlan]:

@@ -37,18 +37,19 @@ def translate_pool(mapping: torch.Tensor, out_cache_loc: torch.Tensor) -> torch.
     Location 0 is the dummy full slot (padding) and translates to the dummy SWA slot; any
     other location must be mapped, since a live token without an SWA slot has nowhere to go.
     """
-    loc = out_cache_loc.to(device="cpu", dtype=torch.int64)
-    table = mapping.to(device="cpu", dtype=torch.int64)
+    loc = _host_int64(out_cache_loc)
+    table = _host_int64(mapping)
     if loc.numel() == 0:
         return torch.empty(0, dtype=torch.int32)
-    # few operations, each read on the host once: the reference runs once per forward
-    lowest, highest = (int(bound) for bound in torch.aminmax(loc))
-    if lowest < 0 or highest >= table.numel():
+    # few operations, each read on the host once: the reference runs once per forward and
+    # micro-batch, beside every checked answer
+    try:
+        swa = table.index_select(0, loc)
+    except IndexError:  # negative or past the end: say which
         first = int(loc[(loc < 0) | (loc >= table.numel())][0])
-        raise TruthError(f"out_cache_loc {first} is outside the full pool [0, {table.numel()})")
+        raise TruthError(f"out_cache_loc {first} is outside the full pool [0, {table.numel()})") from None
     if int(table[DUMMY_SLOT]) != DUMMY_SLOT:
         raise TruthError(f"mapping[0] is {int(table[DUMMY_SLOT])}: the dummy full slot must map to the dummy SWA slot 0")
-    swa = table.index_select(0, loc)
     # the dummy location translates to the dummy slot (checked above), so a live location
     # that translates to it too is the only way to have fewer non-dummy slots than locations
     if int(torch.count_nonzero(swa)) != int(torch.count_nonzero(loc)):
@@ -57,7 +58,14 @@ def translate_pool(mapping: torch.Tensor, out_cache_loc: torch.Tensor) -> torch.
     lowest, highest = (int(bound) for bound in torch.aminmax(swa))
     if lowest < 0 or highest > INT32_MAX:
         raise TruthError("SWA slot does not fit in int32")
-    return swa.to(torch.int32)
+    return swa.int()
+
+
+def _host_int64(values: torch.Tensor) -> torch.Tensor:
+    """``values`` as int64 on the host (itself when it is already)."""
+    if values.dtype is torch.int64 and values.is_cpu:
+        return values
+    return values.to(device="cpu", dtype=torch.int64)
 
 
 def ring_rows(
@@ -68,8 +76,8 @@ def ring_rows(
     ``req_slots`` holds one request slot per token (already expanded), so ragged batches
     need no guess about how many tokens each request has.
     """
-    slots = req_slots.to(device="cpu", dtype=torch.int64)
-    pos = positions.to(device="cpu", dtype=torch.int64)
+    slots = _host_int64(req_slots)
+    pos = _host_int64(positions)
     if slots.shape != pos.shape:
         raise TruthError(f"{slots.numel()} request slots for {pos.numel()} positions")
     if ring <= 0:
@@ -83,7 +91,7 @@ def ring_rows(
         raise TruthError(f"request slot outside [0, {num_req_slots})")
     if int(pos.min()) < 0:
         raise TruthError("negative position")
-    return (slots * ring + pos % ring).to(torch.int32)
+    return (slots * ring + pos % ring).int()
 
 
 def _per_request_counts(req_pool_indices: torch.Tensor, counts: torch.Tensor, what: str) -> list[int]:

@@ -205,6 +205,39 @@ def test_a_subject_hanging_in_init_forward_metadata_is_a_timeout():
     assert "init_forward_metadata did not return within 0.5 s" in d.sentence
 
 
+class _SleepsAtSecondForwardLayer1(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        if batch.forward_id == 2 and layer_id == 1:
+            time.sleep(30)
+        return self.right(batch)
+
+
+def test_a_subject_hanging_at_a_later_layer_times_out_at_that_call_with_the_answers_before_it_counted():
+    result = run_scenario(_SleepsAtSecondForwardLayer1, TWO_FORWARDS, timeout_s=QUICK)
+    d = result.divergence
+    assert d.kind == "timeout"
+    assert d.sentence == "At forward 2 (decode), layer 1, swa_write_location did not return within 0.5 s."
+    # __init__, register_mapping, then per forward a metadata init and two stores
+    assert (d.call, result.checks, result.forwards) == (7, 3, 2)
+
+
+def test_a_subject_raising_at_a_later_layer_names_that_call_with_the_answers_before_it_counted():
+    result = run_scenario(_RaisesAtSecondForwardLayer1, TWO_FORWARDS)
+    d = result.divergence
+    assert (d.kind, d.forward, d.layer_id) == ("raised", 2, 1)
+    assert (d.call, result.checks) == (7, 3)
+
+
+def test_calls_after_a_judged_store_keep_their_numbers():
+    seen = []
+    result = run_scenario(PoolStartLayer, EXAMPLES["first-swa-layer-not-start"], keep_going=True,
+                          on_store=lambda outcome: seen.append(outcome))
+    assert result.checks == len(seen)
+    stale = [o for o in seen if o.divergence is not None]
+    assert stale and result.divergence == stale[0].divergence
+    assert [o.divergence.call for o in stale] == sorted({o.divergence.call for o in stale})
+
+
 def test_the_run_after_a_timeout_is_not_interrupted_by_it():
     assert run_scenario(_Sleeps, TWO_FORWARDS, timeout_s=QUICK).divergence.kind == "timeout"
     end = time.monotonic() + 2 * QUICK
