@@ -10,6 +10,9 @@
   and max over several seeds on one CPU thread, the same including shrinking, and the
   largest shrunk scenario (forwards, layers, requests); examples per second for
   ``step-keyed-capture``.
+- ``cold``: ``swafuzz fuzz --json`` in a fresh process per seed for every diverging
+  built-in: the process's wall time, ``elapsed_s`` (search and shrinking, as the report
+  states it) and ``first_divergence_s``, median and max.
 - ``peer``: swafuzz beside a hand-written Hypothesis state machine on the same subject,
   interleaved: layer checks per second and time to the seed-000 bug, and their ratios
   (:mod:`harness.peer`).
@@ -21,7 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -225,10 +232,54 @@ def bench_fuzz(seeds: int = 10, out=print) -> None:
         out(f"step-keyed-capture {profile}: {result.examples / result.elapsed_s:.0f} examples/s")
 
 
+def _fuzz_in_fresh_process(name: str, profile: str, seed: int, report_dir: str) -> tuple[float, dict]:
+    """(wall seconds, the JSON report) of ``swafuzz fuzz`` run as a user runs it."""
+    command = [sys.executable, "-m", "harness", "fuzz", "--subject", name, "--profile", profile,
+               "--seed", str(seed), "--settings", "ci", "--max-examples", "2000", "--json",
+               "--report-dir", report_dir]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - started
+    try:
+        return wall, json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode} without a JSON report:\n"
+                           f"{done.stderr[-2000:]}") from None
+
+
+def bench_cold(seeds: int = 10, subjects: tuple[str, ...] | None = None, out=print) -> None:
+    """Per diverging built-in, over ``seeds`` fresh processes: wall time of the process,
+    ``elapsed_s`` of its report (the search with its shrinking, one-time imports before it)
+    and ``first_divergence_s``. The realistic profile is searched first; a seed it misses
+    is searched adversarially, as :func:`bench_fuzz` does."""
+    chosen = [info for info in BUILTIN_SUBJECTS if info.expected == DIVERGES and not info.subject.requires
+              and (subjects is None or info.name in subjects)]
+    out(f"cold: swafuzz fuzz --json in a fresh process, {seeds} seeds (ci settings, one thread), seconds")
+    out(f"{'subject':28s} {'found':>6s} {'first med':>9s} {'max':>6s} {'elapsed med':>11s} {'max':>6s} "
+        f"{'wall med':>8s} {'max':>6s}")
+    with tempfile.TemporaryDirectory(prefix="swafuzz-cold-") as report_dir:
+        for info in chosen:
+            walls, elapsed, first, found = [], [], [], 0
+            for seed in range(seeds):
+                for profile in ("realistic", "adversarial"):
+                    wall, report = _fuzz_in_fresh_process(info.name, profile, seed, report_dir)
+                    if report["verdict"] == "divergence":
+                        break
+                walls.append(wall)
+                elapsed.append(report["elapsed_s"])
+                if report["verdict"] == "divergence":
+                    found += 1
+                    first.append(report["first_divergence_s"])
+            seen = f"{statistics.median(first):9.2f} {max(first):6.2f}" if first else f"{'-':>9s} {'-':>6s}"
+            out(f"{info.name:28s} {found:3d}/{seeds:<2d} {seen} {statistics.median(elapsed):11.2f} "
+                f"{max(elapsed):6.2f} {statistics.median(walls):8.2f} {max(walls):6.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="swafuzz bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("executor", "fuzz", "peer", "device", "all"), default="all",
-                        help="all = executor, fuzz and peer; device runs on its own")
+    parser.add_argument("--suite", choices=("executor", "fuzz", "peer", "cold", "device", "all"), default="all",
+                        help="all = executor, fuzz and peer; cold (a process per seed) and device run on "
+                             "their own")
     parser.add_argument("--seeds", type=int, default=10, help="seeds per subject for the fuzz and peer suites")
     parser.add_argument("--device", default="cuda", help="device for the device suite (default cuda)")
     parser.add_argument("--json-out", metavar="PATH",
@@ -243,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         from .peer import bench_peer
 
         ratios.update({f"peer/{name}": ratio for name, ratio in bench_peer(seeds=args.seeds).items()})
+    if args.suite == "cold":
+        bench_cold(args.seeds)
     if args.suite == "device":
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             print("swafuzz bench: no GPU is visible to torch; use --device cpu for host numbers")

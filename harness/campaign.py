@@ -608,6 +608,7 @@ class Campaign:
             replays=result.replays, shrink_complete=result.shrink_complete,
             scope=result.scope.to_dict() if result.scope is not None else None,
             shard=shard, examples_to_divergence=result.examples_to_divergence,
+            first_divergence_s=result.first_divergence_s,
         )
         written = write_reports(report, self.report_dir)
         if report.divergence is not None:

@@ -155,6 +155,9 @@ class FuzzResult:
     scope: ScopeStatement | None = None
     # examples run up to the first divergence (1: the database's saved failure came back first)
     examples_to_divergence: int | None = None
+    # seconds from the start of the search until the divergence was first seen (elapsed_s
+    # adds the shrinking)
+    first_divergence_s: float | None = None
 
     @property
     def verdict(self) -> str:
@@ -354,6 +357,7 @@ def fuzz(
         if not outcome.passed:
             if not failures:
                 result.examples_to_divergence = result.examples
+                result.first_divergence_s = elapsed()
                 if on_divergence is not None:
                     on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage))
             failures.append((scenario, outcome.divergence))
@@ -433,7 +437,7 @@ def _found(result: FuzzResult, scenario: Scenario, divergence: Divergence, elaps
         examples=result.examples, elapsed_s=elapsed_s, divergence=divergence, checks=result.checks,
         scenario=scenario,
         weakest_profile=weakest_profile(scenario), seed=result.seed, coverage=dict(coverage),
-        examples_to_divergence=result.examples_to_divergence,
+        examples_to_divergence=result.examples_to_divergence, first_divergence_s=result.first_divergence_s,
     )
 
 

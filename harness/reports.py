@@ -95,6 +95,7 @@ class Report:
     scope: dict[str, Any] | None = None  # a clean exhaustive run: what its scope covers and leaves out
     shard: str | None = None  # "I/N" for one machine's part of a sharded campaign
     examples_to_divergence: int | None = None  # 1: a failure saved in the database came back first
+    first_divergence_s: float | None = None  # seconds until it was first seen; elapsed_s adds shrinking
     finished_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -146,6 +147,9 @@ class Report:
             out["replays"] = self.replays
             out["shrink_complete"] = self.shrink_complete
             out["examples_to_divergence"] = self.examples_to_divergence
+            out["first_divergence_s"] = (
+                round(self.first_divergence_s, 3) if self.first_divergence_s is not None else None
+            )
             out["scenario"] = self.scenario.to_dict() if self.scenario is not None else None
         return out
 

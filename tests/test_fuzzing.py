@@ -53,6 +53,8 @@ def test_fuzzer_finds_and_shrinks_each_diverging_builtin(info):
     assert forwards <= 2 and layers <= 3 and requests <= 2, result.scenario.to_dict()
     replay = run_scenario(info.subject, result.scenario)
     assert replay.divergence == result.divergence
+    # when it was first seen, before shrinking took the rest of the run
+    assert 0 < result.first_divergence_s <= result.elapsed_s
 
 
 @pytest.mark.parametrize("seed", [2, 4])
