@@ -18,10 +18,20 @@ Runs: a scenario may hold one run of plain decode forwards of every live request
 so that state which goes stale only after hundreds of forwards, a step counter that wraps at
 256 or a ring of per-step buffers, is reached). A serving engine spends most of its forwards
 so, and a run checks every layer of its batch in every forward for the price of three
-choices in Hypothesis's choice sequence: a switch, a length and the interesting forward it
-comes before. They are the first choices of a scenario, so the shrinker's first attempt
-drops a run the failure does not need, and otherwise shortens it as a single integer, to
-the fewest forwards that still reproduce.
+choices in Hypothesis's choice sequence: a branch index, a length and the interesting
+forward it comes before (one choice, the index, where there is none). They are the first
+choices of a scenario, so the shrinker's first attempt drops a run the failure does not
+need, and otherwise shortens it as a single integer, to the fewest forwards that still
+reproduce.
+
+Cost: the fuzzer's speed is layer checks per second, and a draw costs per choice and per
+strategy built, whatever it yields. So half of all stages are as deep as a DeepSeek-V4
+stage (43-64 layers, each checked by every forward), a branch is drawn as ``one_of`` draws
+it without the strategy ``one_of`` builds per draw (:func:`_either`), requests are drawn by
+their place among the live ones (the strategies depend on how many are live and are built
+once), and an adversarial interleaving is a few (micro-batch, count) chunks rather than a
+permutation of every store of a forward. Fewer choices also mean fewer shrink attempts:
+most of the time to a shrunk divergence is Hypothesis drawing the shrinker's candidates.
 """
 
 from __future__ import annotations
