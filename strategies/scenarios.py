@@ -110,7 +110,7 @@ def _small_or(lo: int, small: int, large: int) -> st.SearchStrategy[int]:
 
 _PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
 # a few layers (where failures shrink to) in one stage of four, tens in the others, and
-# half of all stages as deep as a DeepSeek-V4 stage (43-61 layers): every forward checks
+# half of all stages 43-64 layers deep, as a DeepSeek-V4 stage is: every forward checks
 # each of them. Every branch's values lie in the 1-64 branch, which the shrinker moves a
 # deep stage to before lowering it into the few-layer one.
 _STAGE_LAYERS = _either((st.integers(1, 3), st.integers(1, 64), st.integers(43, 64), st.integers(43, 64)))
