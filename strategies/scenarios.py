@@ -25,8 +25,8 @@ need, and otherwise shortens it as a single integer, to the fewest forwards that
 reproduce.
 
 Cost: the fuzzer's speed is layer checks per second, and a draw costs per choice and per
-strategy built, whatever it yields. So half of all stages are as deep as a DeepSeek-V4
-stage (43-64 layers, each checked by every forward), a branch is drawn as ``one_of`` draws
+strategy built, whatever it yields. So nearly half of all stages are as deep as a
+DeepSeek-V4 stage (43-64 layers, each checked by every forward), a branch is drawn as ``one_of`` draws
 it without the strategy ``one_of`` builds per draw (:func:`_either`), requests are drawn by
 their place among the live ones (the strategies depend on how many are live and are built
 once), and an adversarial interleaving is a few (micro-batch, count) chunks rather than a
@@ -110,10 +110,11 @@ def _small_or(lo: int, small: int, large: int) -> st.SearchStrategy[int]:
 
 _PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
 # a few layers (where failures shrink to) in one stage of four, tens in the others, and
-# half of all stages 43-64 layers deep, as a DeepSeek-V4 stage is: every forward checks
-# each of them. Every branch's values lie in the 1-64 branch, which the shrinker moves a
-# deep stage to before lowering it into the few-layer one.
-_STAGE_LAYERS = _either((st.integers(1, 3), st.integers(1, 64), st.integers(43, 64), st.integers(43, 64)))
+# nearly half of all stages 43-64 layers deep, as a DeepSeek-V4 stage is: every forward
+# checks each of them, so a deep stage makes checks cheap. Every branch's values lie in the
+# 1-64 branch, which the shrinker moves a deep stage to before lowering it into the
+# few-layer one.
+_STAGE_LAYERS = _either((st.integers(1, 3), st.integers(1, 64), st.integers(16, 64), st.integers(43, 64)))
 _GRAPH_SIZE_SETS = st.sets(st.sampled_from([1, 2, 4, 8, 16, 64, 256]), min_size=1)
 
 

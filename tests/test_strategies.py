@@ -196,7 +196,7 @@ def test_a_failure_that_needs_an_explicit_interleaving_shrinks_to_a_few_stores()
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_half_of_the_stages_are_as_deep_as_a_deepseek_v4_stage_and_some_are_a_few_layers(profile):
+def test_many_stages_are_as_deep_as_a_deepseek_v4_stage_and_some_are_a_few_layers(profile):
     # every forward checks each layer of its stage: deep stages are where checks come cheap
     depths = []
 
