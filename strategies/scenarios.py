@@ -18,10 +18,20 @@ Runs: a scenario may hold one run of plain decode forwards of every live request
 so that state which goes stale only after hundreds of forwards, a step counter that wraps at
 256 or a ring of per-step buffers, is reached). A serving engine spends most of its forwards
 so, and a run checks every layer of its batch in every forward for the price of three
-choices in Hypothesis's choice sequence: a switch, a length and the interesting forward it
-comes before. They are the first choices of a scenario, so the shrinker's first attempt
-drops a run the failure does not need, and otherwise shortens it as a single integer, to
-the fewest forwards that still reproduce.
+choices in Hypothesis's choice sequence: a branch index, a length and the interesting
+forward it comes before (one choice, the index, where there is none). They are the first
+choices of a scenario, so the shrinker's first attempt drops a run the failure does not
+need, and otherwise shortens it as a single integer, to the fewest forwards that still
+reproduce.
+
+Cost: the fuzzer's speed is layer checks per second, and a draw costs per choice and per
+strategy built, whatever it yields. So nearly half of all stages are as deep as a
+DeepSeek-V4 stage (43-64 layers, each checked by every forward), a branch is drawn as ``one_of`` draws
+it without the strategy ``one_of`` builds per draw (:func:`_either`), requests are drawn by
+their place among the live ones (the strategies depend on how many are live and are built
+once), and an adversarial interleaving is a few (micro-batch, count) chunks rather than a
+permutation of every store of a forward. Fewer choices also mean fewer shrink attempts:
+most of the time to a shrunk divergence is Hypothesis drawing the shrinker's candidates.
 """
 
 from __future__ import annotations
@@ -79,16 +89,32 @@ ADVERSARIAL_ONLY = (
 )
 
 
+@st.composite
+def _either(draw, branches: tuple[st.SearchStrategy, ...]):
+    """A value of one of ``branches``, each as likely, drawn as ``st.one_of`` draws it (an
+    index, then the branch's value) without the strategy ``one_of`` builds for every draw;
+    the shrinker moves a value to an earlier branch that holds it, then lowers it."""
+    return draw(branches[draw(_branch_index(len(branches)))])
+
+
+@lru_cache(maxsize=None)
+def _branch_index(count: int) -> st.SearchStrategy[int]:
+    return st.integers(0, count - 1)
+
+
 @lru_cache(maxsize=None)  # drawn from many times per scenario: built once per bounds
 def _small_or(lo: int, small: int, large: int) -> st.SearchStrategy[int]:
     """Mostly small values (good failures), sometimes up to DeepSeek-V4 scale."""
-    return st.one_of(st.integers(lo, small), st.integers(lo, large))
+    return _either((st.integers(lo, small), st.integers(lo, large)))
 
 
 _PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
-# a few layers (where failures shrink to) in one stage of three, tens as in a DeepSeek-V4
-# stage in the others: every forward checks each of them
-_STAGE_LAYERS = st.one_of(st.integers(1, 3), st.integers(1, 64), st.integers(16, 64))
+# a few layers (where failures shrink to) in one stage of four, tens in the others, and
+# nearly half of all stages 43-64 layers deep, as a DeepSeek-V4 stage is: every forward
+# checks each of them, so a deep stage makes checks cheap. Every branch's values lie in the
+# 1-64 branch, which the shrinker moves a deep stage to before lowering it into the
+# few-layer one.
+_STAGE_LAYERS = _either((st.integers(1, 3), st.integers(1, 64), st.integers(16, 64), st.integers(43, 64)))
 _GRAPH_SIZE_SETS = st.sets(st.sampled_from([1, 2, 4, 8, 16, 64, 256]), min_size=1)
 
 
@@ -133,13 +159,11 @@ def scenarios(profile: str = REALISTIC, long_horizon: bool = False) -> st.Search
 @st.composite
 def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
 
-    # The run of plain decodes comes first and in a fixed shape (switch, length, place), the
-    # switch a sampled index rather than a boolean: the shrinker's first pass lowers small
-    # indices in order, so a failure that does not need the run loses it on the first
-    # attempt, and every later attempt runs the short scenario.
-    run_on = draw(_RUN_SWITCH)
-    run_length = draw(_run_lengths(MAX_LONG_RUN if long_horizon else MAX_RUN))
-    run_before = draw(_RUN_PLACES)
+    # The run of plain decodes comes first, as the index of a branch and the branch's
+    # (length, place): the shrinker's first pass lowers small indices in order, so a failure
+    # that does not need the run loses it on the first attempt, and every later attempt runs
+    # the short scenario.
+    run_length, run_before = draw(_runs(MAX_LONG_RUN if long_horizon else MAX_RUN))
     start_layer = draw(_small_or(0, 1, 60))
     num_layers = draw(_STAGE_LAYERS)
     stage = tuple(range(start_layer, start_layer + num_layers))
@@ -153,7 +177,7 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
     full_page = draw(_PAGE_SIZES)
     swa_page = draw(_PAGE_SIZES)
     sim = _Sim(adversarial, speculative, num_draft_tokens, stage, swa_layers,
-               run=run_length if run_on else 0, run_before=run_before)
+               run=run_length, run_before=run_before)
     sim.admit(draw(_small_or(1, 2, 256)))
     events = [Event(op="admit", count=len(sim.live))] + draw(_forwards_from(sim, 0))
 
@@ -193,10 +217,22 @@ def _one_of_values(values: tuple) -> st.SearchStrategy:
     return st.sampled_from(values)
 
 
+# Requests are drawn by their place among the live ones: the strategies then depend on how
+# many are live, which repeats from draw to draw, not on their ids, which seldom do (a new
+# strategy costs a validation that outweighs the draw).
 @lru_cache(maxsize=1024)
-def _batches(live: tuple[int, ...]) -> st.SearchStrategy[list[int]]:
+def _places(count: int) -> st.SearchStrategy[int]:
+    return st.sampled_from(range(count))
+
+
+@lru_cache(maxsize=1024)
+def _batch_places(count: int) -> st.SearchStrategy[list[int]]:
     """The requests a forward schedules: any non-empty subset of the live ones, in any order."""
-    return st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True)
+    return st.lists(_places(count), min_size=1, max_size=count, unique=True)
+
+
+def _live_request(draw, sim: _Sim) -> int:
+    return sim.live[draw(_places(len(sim.live)))]
 
 
 @lru_cache(maxsize=1024)
@@ -218,13 +254,16 @@ def _token_counts(high: int, requests: int) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(1, high), min_size=1, max_size=requests)
 
 
-_RUN_SWITCH = st.sampled_from((False, True, True, True))  # three scenarios in four hold a run
 _RUN_PLACES = st.integers(0, MAX_FORWARDS - 1)  # the interesting forward a run comes before
 
 
 @lru_cache(maxsize=None)
-def _run_lengths(budget: int) -> st.SearchStrategy[int]:
-    return st.integers(1, budget)
+def _runs(budget: int) -> st.SearchStrategy[tuple[int, int]]:
+    """(length, place) of the run, (0, 0) for none, which one scenario in four holds. No run
+    is the first branch: one choice for the shrinker to reach, after which a scenario
+    carries no run choices at all."""
+    run = st.tuples(st.integers(1, budget), _RUN_PLACES)
+    return _either((st.just((0, 0)), run, run, run))
 
 
 def _plain_decodes(sim: _Sim) -> list[Event]:
@@ -265,7 +304,7 @@ def _state_event(draw, sim: _Sim) -> Event:
         sim.admit(count)
         return Event(op="admit", count=count)
     if op == "finish":
-        rid = draw(st.sampled_from(sim.live))
+        rid = _live_request(draw, sim)
         sim.live.remove(rid)
         return Event(op="finish", request=rid)
     if op == "clear":
@@ -273,7 +312,7 @@ def _state_event(draw, sim: _Sim) -> Event:
         return Event(op="clear")
     if op == "register_mapping":
         return Event(op="register_mapping", shuffle=draw(st.integers(0, 3)))
-    return Event(op="relocate", request=draw(st.sampled_from(sim.live)))
+    return Event(op="relocate", request=_live_request(draw, sim))
 
 
 @st.composite
@@ -286,7 +325,7 @@ def _forwards(draw, sim: _Sim) -> Event:
     if mode == "idle":
         requests: tuple[int, ...] = ()
     elif draw(st.booleans()):
-        requests = tuple(draw(_batches(tuple(sim.live))))
+        requests = tuple(sim.live[place] for place in draw(_batch_places(len(sim.live))))
     else:
         requests = tuple(sim.live)
     tokens: tuple[int, ...] = ()
@@ -332,13 +371,13 @@ def _forwards(draw, sim: _Sim) -> Event:
                 if layer in swa_layers and layer not in skip_layers]
     order = None
     if adversarial and micro_batches > 1 and schedule and draw(st.booleans()):
-        order = tuple(draw(st.permutations([mb for mb in range(micro_batches) for _ in schedule])))
+        order = _interleaving(draw(_order_chunks(micro_batches, len(schedule))), micro_batches, len(schedule))
     mutation = None
     if adversarial and not graph and requests and draw(st.booleans()):
         mutation = Mutation(
             after_calls=draw(st.integers(0, len(schedule) * micro_batches * steps)),
             op=draw(_one_of_values(("relocate", "register_mapping"))),
-            request=draw(_one_of_values(tuple(sim.live))),
+            request=_live_request(draw, sim),
             shuffle=draw(st.integers(0, 3)),
         )
     return Event(
@@ -346,6 +385,29 @@ def _forwards(draw, sim: _Sim) -> Event:
         micro_batches=micro_batches, order=order, layers=layers, skip_layers=skip_layers,
         skip_init=skip_init, graph=graph, pad=pad, mutation=mutation,
     )
+
+
+@lru_cache(maxsize=1024)
+def _order_chunks(micro_batches: int, stores: int) -> st.SearchStrategy[list[tuple[int, int]]]:
+    """An interleaving as a few (micro-batch, count) chunks: three choices per chunk instead
+    of one per store, and shrinking toward fewer chunks."""
+    return st.lists(st.tuples(st.integers(0, micro_batches - 1), st.integers(1, stores)), max_size=micro_batches * stores)
+
+
+def _interleaving(chunks: list[tuple[int, int]], micro_batches: int, stores: int) -> tuple[int, ...] | None:
+    """The store order the chunks spell: each runs up to ``count`` of its micro-batch's
+    remaining stores, what is left runs in turn as two-batch overlap does. Chunks of one
+    store each spell any interleaving; None where the order is the engine's own."""
+    left = [stores] * micro_batches
+    order: list[int] = []
+    for mb, count in chunks:
+        taken = min(count, left[mb])
+        order += [mb] * taken
+        left[mb] -= taken
+    for turn in range(stores):
+        order += [mb for mb in range(micro_batches) if left[mb] > turn]
+    default = [mb for _ in range(stores) for mb in range(micro_batches)]
+    return None if order == default else tuple(order)
 
 
 def adversarial_reasons(scenario: Scenario) -> list[str]:

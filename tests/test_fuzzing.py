@@ -335,3 +335,41 @@ def test_the_one_time_import_of_the_first_graph_capture_happens_before_the_clock
     probe = subprocess.run([sys.executable, "-c", _CLOCK_PROBE], capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "imported before the clock started"
+
+
+_GC_PROBE = """
+import gc, time
+import harness.fuzz as fuzz_module
+from harness.registry import resolve_subject
+
+class Clock:
+    started = False
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def monotonic(self):
+        Clock.started = True
+        return time.monotonic()
+
+real_collect = gc.collect
+unfrozen = []
+
+def collect(*args):
+    if Clock.started:
+        unfrozen.append(gc.get_freeze_count() == 0)
+    return real_collect(*args)
+
+gc.collect = collect
+fuzz_module.time = Clock()
+fuzz_module.fuzz(resolve_subject("uncached"), settings="ci", max_examples=1)
+print("full collections in the timed region:", len(unfrozen), "over an unfrozen heap:", sum(unfrozen))
+"""
+
+
+def test_hypothesis_first_full_collection_scans_no_object_that_existed_before_the_search():
+    # Hypothesis collects once at the first test of a process; over torch's heap that cost
+    # more than most searches take to find a bug
+    probe = subprocess.run([sys.executable, "-c", _GC_PROBE], capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "full collections in the timed region: 1 over an unfrozen heap: 0"

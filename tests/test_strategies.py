@@ -169,3 +169,42 @@ def test_each_profile_strategy_is_built_once_and_reused(profile):
     # a fuzz run asks for the strategy once per run of examples: rebuilding it would
     # re-validate every inner strategy
     assert scenarios(profile) is scenarios(profile)
+
+
+def test_chunks_spell_every_interleaving_and_none_means_two_batch_overlap():
+    from itertools import permutations
+
+    from strategies.scenarios import _interleaving
+
+    every = set(permutations([0, 0, 0, 1, 1, 1]))
+    spelled = {_interleaving([(mb, 1) for mb in order], 2, 3) for order in every}
+    assert spelled == every - {(0, 1, 0, 1, 0, 1)} | {None}
+    assert _interleaving([], 2, 3) is None  # the engine's own order: a realistic forward
+    # a chunk runs at most the stores its micro-batch has left; the rest run in turn
+    assert _interleaving([(1, 5), (0, 1)], 2, 3) == (1, 1, 1, 0, 0, 0)
+    assert _interleaving([(0, 2)], 3, 2) == (0, 0, 1, 2, 1, 2)
+
+
+def test_a_failure_that_needs_an_explicit_interleaving_shrinks_to_a_few_stores():
+    def interleaved(scenario):
+        return any(e.op == "forward" and e.order is not None for e in scenario.events)
+
+    found = find(scenarios(ADVERSARIAL), interleaved, random=Random(1),
+                 settings=settings(FAST, database=None, max_examples=10**4))
+    orders = [e.order for e in found.events if e.op == "forward" and e.order is not None]
+    assert len(orders) == 1 and len(orders[0]) <= 4, found.to_dict()["events"]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_many_stages_are_as_deep_as_a_deepseek_v4_stage_and_some_are_a_few_layers(profile):
+    # every forward checks each layer of its stage: deep stages are where checks come cheap
+    depths = []
+
+    @settings(FAST, max_examples=200, derandomize=True)
+    @given(scenarios(profile))
+    def check(scenario):
+        depths.append(scenario.config.end_layer - scenario.config.start_layer)
+
+    check()
+    assert sum(depth >= 43 for depth in depths) >= len(depths) / 3
+    assert sum(depth <= 3 for depth in depths) >= 0.15 * len(depths)
