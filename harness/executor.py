@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from time import monotonic
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
@@ -74,6 +75,15 @@ class StoreOutcome:
     divergence: dx.Divergence | None
 
 
+class DeadlinePassed(KeyboardInterrupt):
+    """A run's deadline passed. A KeyboardInterrupt, so that neither a subject's nor
+    Hypothesis's ``except Exception`` takes it for a failure: Hypothesis stops at once."""
+
+    def __init__(self, checks: int):
+        super().__init__(f"the deadline passed after {checks} checked stores")
+        self.checks = checks  # stores compared before it passed, the cut-short example's included
+
+
 class _Stop(Exception):
     def __init__(self, divergence: dx.Divergence):
         self.divergence = divergence
@@ -119,6 +129,7 @@ def run_scenario(
     stream_delay_cycles: int = 0,
     on_store: Callable[[StoreOutcome], None] | None = None,
     keep_going: bool = False,
+    deadline: float | None = None,
 ) -> RunResult:
     """Run ``scenario`` through ``subject`` and the reference; stop at the first divergence.
 
@@ -132,11 +143,15 @@ def run_scenario(
     ``on_store`` sees every checked store. ``keep_going`` keeps running after wrong values
     (rows, padding, dtype, length, device), so a report can draw every stale store; the
     result holds the first divergence. A subject that raises or hangs still ends the run.
+
+    ``deadline`` (a ``time.monotonic()`` reading): once it has passed, the run stops after
+    the subject call that passed it, graph warm-ups and captures included, by raising
+    :class:`DeadlinePassed` (where streams defer the checks, after the draft step's calls).
     """
     device = torch.device(device)
     check_device(check_subject(subject), device)
     timeline = timeline_for(device, stream_delay_cycles)
-    run = _Run(subject, scenario, device, timeout_s, threads, timeline, on_store, keep_going)
+    run = _Run(subject, scenario, device, timeout_s, threads, timeline, on_store, keep_going, deadline)
     with CallGuard(timeout_s) as guard:
         run.guard = guard
         try:
@@ -150,8 +165,9 @@ def run_scenario(
 class _Run:
     def __init__(self, subject_cls: type[Subject], scenario: Scenario, device: torch.device,
                  timeout_s: float, threads: bool, timeline: HostTimeline,
-                 on_store: Callable[[StoreOutcome], None] | None, keep_going: bool):
+                 on_store: Callable[[StoreOutcome], None] | None, keep_going: bool, deadline: float | None):
         self.subject_cls = subject_cls
+        self.deadline = deadline
         self.on_store = on_store
         self.keep_going = keep_going
         self.timeline = timeline
@@ -274,6 +290,7 @@ class _Run:
                 out = guarded("swa_write_location", store, batches[mb], layer_id)
             except SubjectFailure as failure:
                 raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
+            self._stop_if_past_deadline()
             yield mb, layer_id, out, self.call - 1
 
     def _call_and_check(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
@@ -284,6 +301,7 @@ class _Run:
         fast comparison did not settle is judged); each call still has its own serial, so a
         hang or exception is attributed to it."""
         guard, on_device, every_store, right = self.guard, self.on_device, self.on_store is not None, _right
+        deadline = self.deadline
         truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
         first, checks, serial = self.call, self.checks, guard.serial
         before = serial
@@ -308,6 +326,9 @@ class _Run:
                     self.call, self.checks = call + 1, checks + call + 1 - first
                     self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
                     guard.in_call = True
+                if deadline is not None and monotonic() >= deadline:
+                    self.call, self.checks = call + 1, checks + call + 1 - first
+                    raise DeadlinePassed(self.checks)
         except (SubjectFailure, SubjectTimeout) as exc:
             # the call that failed is the latest to start (an alarm may also land in its check)
             started = guard.serial - before
@@ -483,6 +504,7 @@ class _Run:
             matched = _right(out, expected, on_device)
             if not matched or every_store:
                 self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
+            self._stop_if_past_deadline()
 
     def _truth(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, call: int) -> torch.Tensor:
         inputs = plan.steps[step][mb]
@@ -583,9 +605,15 @@ class _Run:
     def _invoke(self, where: "_Where", what: str, fn, *args):
         self.call += 1
         try:
-            return self.guard.call(what, fn, *args)
+            result = self.guard.call(what, fn, *args)
         except SubjectFailure as failure:
             raise self._failed(where, failure) from None
+        self._stop_if_past_deadline()
+        return result
+
+    def _stop_if_past_deadline(self) -> None:
+        if self.deadline is not None and monotonic() >= self.deadline:
+            raise DeadlinePassed(self.checks)
 
     def _failed(self, where: "_Where", failure: SubjectFailure) -> _Stop:
         site = self._site(where)

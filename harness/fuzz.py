@@ -4,6 +4,7 @@ executor, shrinks the first divergence, and reports coverage."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import os
 import time
@@ -27,7 +28,7 @@ from strategies.scenarios import PROFILES, REALISTIC, weakest_profile
 from .database import open_database
 from .diagnosis import Divergence
 from .devices import timeline_for
-from .executor import DEFAULT_TIMEOUT_S, RunResult, StoreOutcome, check_device, run_scenario
+from .executor import DEFAULT_TIMEOUT_S, DeadlinePassed, RunResult, check_device, run_scenario
 from .graphs import load_capture_machinery
 from .registry import SubjectInfo
 
@@ -208,7 +209,7 @@ def scenario_test(
     long_horizon: bool = False,
     exclude: frozenset[str] = frozenset(),
     before_example: Callable[[], None] | None = None,
-    on_store: Callable[[StoreOutcome], None] | None = None,
+    deadline: float | None = None,
     on_example: Callable[[Scenario, list[str], RunResult], None] | None = None,
 ) -> Callable[[], None]:
     """A Hypothesis test of ``info``'s subject on scenarios of ``profile``: a plain ``@given``
@@ -220,8 +221,9 @@ def scenario_test(
     the profile, so every runner of one subject (the CLI, pytest, HypoFuzz) replays the
     failures the others saved. ``on_example(scenario, features, outcome)`` sees every
     example; a diverging scenario has its threaded call orders pinned (see
-    :func:`pin_schedules`). ``before_example()`` runs first in every example and
-    ``on_store`` sees every checked store (a budget check raises there). ``long_horizon``
+    :func:`pin_schedules`). ``before_example()`` runs first in every example; past
+    ``deadline`` (a ``time.monotonic()`` reading) an example stops after the subject call
+    that passed it, raising :class:`~harness.executor.DeadlinePassed`. ``long_horizon``
     draws long runs of plain decode forwards. ``exclude`` names lifecycle features never
     drawn (an engine configuration without them); under the realistic profile, so are
     those the subject's ``realistic_exclusions`` names (the features its engine release
@@ -239,7 +241,7 @@ def scenario_test(
         for feature in features:
             hypothesis.event(feature)
         outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads,
-                               stream_delay_cycles=stream_delay_cycles, on_store=on_store)
+                               stream_delay_cycles=stream_delay_cycles, deadline=deadline)
         if not outcome.passed:
             scenario = pin_schedules(scenario, outcome.schedules)
         if on_example is not None:
@@ -282,9 +284,9 @@ def fuzz(
     """Search for a divergence of ``info``'s subject; shrink and return the first found.
 
     Stops at the first divergence, after ``max_examples`` examples, or once ``budget_s``
-    seconds have passed: the budget is checked before every example and after every checked
-    store, shrinking included, so a run overruns it by at most one call of the subject (an
-    example may hold thousands). A divergence whose shrinking the budget cut
+    seconds have passed: the budget is checked before every example and after every call of
+    the subject (graph warm-ups and captures included), shrinking included, so a run
+    overruns it by at most one call (an example may hold thousands). A divergence whose shrinking the budget cut
     short is returned as shrunk so far, with ``shrink_complete`` false. With a budget and no
     ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
@@ -338,20 +340,10 @@ def fuzz(
         last_progress[0] = elapsed()
         on_progress(Progress(result.examples, elapsed(), budget_s, len(coverage), 1 if failures else 0))
 
-    stores_in_example = [0]
-
-    def before_example() -> None:
-        stores_in_example[0] = 0
-        if budget_s is not None and elapsed() >= budget_s:
-            raise _BudgetSpent
-
-    # read after every checked store: one clock read, no arithmetic
     deadline = started + budget_s if budget_s is not None else None
 
-    def within_budget(_store: StoreOutcome) -> None:
-        stores_in_example[0] += 1
-        if time.monotonic() >= deadline:
-            result.checks += stores_in_example[0]  # compared, though the example is cut short
+    def before_example() -> None:
+        if deadline is not None and time.monotonic() >= deadline:
             raise _BudgetSpent
 
     def on_example(scenario: Scenario, features: list[str], outcome: RunResult) -> None:
@@ -388,7 +380,7 @@ def fuzz(
         test = scenario_test(info, profile, device=device, timeout_s=timeout_s, threads=threads,
                              stream_delay_cycles=stream_delay_cycles, long_horizon=long_horizon, exclude=exclude,
                              before_example=before_example, on_example=on_example,
-                             on_store=within_budget if budget_s is not None else None)
+                             deadline=deadline)
         if seed is not None:
             test = hypothesis.seed(seed + run * seed_stride)(test)
         # applied after the seed, which would otherwise turn the database off
@@ -409,6 +401,9 @@ def fuzz(
                 test()
         except _BudgetSpent:
             break
+        except DeadlinePassed as cut:
+            result.checks += cut.checks  # compared, though the example was cut short
+            break
         except KeyboardInterrupt:
             # what was found and counted so far is the result, marked as cut short
             result.elapsed_s, result.coverage, result.interrupted = elapsed(), dict(coverage), True
@@ -425,6 +420,7 @@ def fuzz(
     return result
 
 
+@functools.cache  # once per process: what a later search adds stays collectable
 def _freeze_the_heap_so_far() -> None:
     """Collects once, then leaves what survives (torch, the imports) out of every later
     collection. Hypothesis runs a full collection at the first test of a process (to check

@@ -238,6 +238,45 @@ def test_calls_after_a_judged_store_keep_their_numbers():
     assert [o.divergence.call for o in stale] == sorted({o.divergence.call for o in stale})
 
 
+class _CountsCalls(Uncached):
+    calls = 0
+
+    def swa_write_location(self, batch, layer_id):
+        _CountsCalls.calls += 1
+        return super().swa_write_location(batch, layer_id)
+
+
+def _deep_decodes(graph: bool) -> Scenario:
+    forward = {"op": "forward", "requests": [0, 1], **({"graph": True} if graph else {})}
+    return Scenario.from_dict({
+        "config": {"end_layer": 20, "sliding_window": 8, "num_req_slots": 3, "full_pool_size": 16,
+                   "swa_pool_size": 16, "graph_batch_sizes": [2]},
+        "events": [{"op": "admit", "count": 2}, forward, forward],
+    })
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph warm-ups and capture"])
+def test_a_passed_deadline_stops_the_run_after_the_call_that_passed_it(graph):
+    _CountsCalls.calls = 0
+    with pytest.raises(executor.DeadlinePassed) as stopped:
+        run_scenario(_CountsCalls, _deep_decodes(graph), deadline=time.monotonic() + 1e-9)
+    # the subject's construction passes it: no store is called, none counted
+    assert (_CountsCalls.calls, stopped.value.checks) == (0, 0)
+
+
+def test_the_stores_checked_before_a_deadline_are_counted_when_it_passes():
+    class OutlastsTheDeadlineAtItsFifthStore(_CountsCalls):
+        def swa_write_location(self, batch, layer_id):
+            if _CountsCalls.calls == 4:
+                time.sleep(1.0)
+            return super().swa_write_location(batch, layer_id)
+
+    _CountsCalls.calls = 0
+    with pytest.raises(executor.DeadlinePassed) as stopped:
+        run_scenario(OutlastsTheDeadlineAtItsFifthStore, _deep_decodes(graph=False), deadline=time.monotonic() + 0.5)
+    assert (_CountsCalls.calls, stopped.value.checks) == (5, 5)
+
+
 def test_the_run_after_a_timeout_is_not_interrupted_by_it():
     assert run_scenario(_Sleeps, TWO_FORWARDS, timeout_s=QUICK).divergence.kind == "timeout"
     end = time.monotonic() + 2 * QUICK
