@@ -144,10 +144,12 @@ def run_scenario(
     (rows, padding, dtype, length, device), so a report can draw every stale store; the
     result holds the first divergence. A subject that raises or hangs still ends the run.
 
-    ``deadline`` (a ``time.monotonic()`` reading): once it has passed, the run stops after
-    the subject call that passed it, graph warm-ups and captures included, by raising
+    ``deadline`` (a ``time.monotonic()`` reading): once it has passed, the run does not
+    start, or stops after the subject call that passed it, graph warm-ups and captures included, by raising
     :class:`DeadlinePassed` (where streams defer the checks, after the draft step's calls).
     """
+    if deadline is not None and monotonic() >= deadline:
+        raise DeadlinePassed(0)
     device = torch.device(device)
     check_device(check_subject(subject), device)
     timeline = timeline_for(device, stream_delay_cycles)

@@ -208,7 +208,6 @@ def scenario_test(
     stream_delay_cycles: int = 0,
     long_horizon: bool = False,
     exclude: frozenset[str] = frozenset(),
-    before_example: Callable[[], None] | None = None,
     deadline: float | None = None,
     on_example: Callable[[Scenario, list[str], RunResult], None] | None = None,
 ) -> Callable[[], None]:
@@ -221,8 +220,8 @@ def scenario_test(
     the profile, so every runner of one subject (the CLI, pytest, HypoFuzz) replays the
     failures the others saved. ``on_example(scenario, features, outcome)`` sees every
     example; a diverging scenario has its threaded call orders pinned (see
-    :func:`pin_schedules`). ``before_example()`` runs first in every example; past
-    ``deadline`` (a ``time.monotonic()`` reading) an example stops after the subject call
+    :func:`pin_schedules`). Past ``deadline`` (a
+    ``time.monotonic()`` reading) an example does not start, or stops after the subject call
     that passed it, raising :class:`~harness.executor.DeadlinePassed`. ``long_horizon``
     draws long runs of plain decode forwards. ``exclude`` names lifecycle features never
     drawn (an engine configuration without them); under the realistic profile, so are
@@ -235,8 +234,6 @@ def scenario_test(
         exclude = frozenset(exclude) | getattr(info.subject, "realistic_exclusions", frozenset())
 
     def check(scenario: Scenario) -> None:
-        if before_example is not None:
-            before_example()
         features = features_of(scenario)
         for feature in features:
             hypothesis.event(feature)
@@ -254,11 +251,6 @@ def scenario_test(
     without = f":without-{'-'.join(sorted(exclude))}" if exclude else ""
     check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}{without}".encode()  # noqa: SLF001
     return given(scenarios_without(profile, exclude, long_horizon))(check)
-
-
-class _BudgetSpent(KeyboardInterrupt):
-    """Ends a Hypothesis run from inside an example. Hypothesis stops at once, without
-    recording the example as a failure or replaying it, only for a KeyboardInterrupt."""
 
 
 def fuzz(
@@ -342,10 +334,6 @@ def fuzz(
 
     deadline = started + budget_s if budget_s is not None else None
 
-    def before_example() -> None:
-        if deadline is not None and time.monotonic() >= deadline:
-            raise _BudgetSpent
-
     def on_example(scenario: Scenario, features: list[str], outcome: RunResult) -> None:
         result.examples += 1
         coverage.update(features)
@@ -379,7 +367,7 @@ def fuzz(
     while result.examples < limit and (budget_s is None or elapsed() < budget_s):
         test = scenario_test(info, profile, device=device, timeout_s=timeout_s, threads=threads,
                              stream_delay_cycles=stream_delay_cycles, long_horizon=long_horizon, exclude=exclude,
-                             before_example=before_example, on_example=on_example,
+                             on_example=on_example,
                              deadline=deadline)
         if seed is not None:
             test = hypothesis.seed(seed + run * seed_stride)(test)
@@ -399,8 +387,6 @@ def fuzz(
                 # a long-horizon failure's repr is large; nothing here prints it
                 warnings.filterwarnings("ignore", "Generating overly large repr", HypothesisWarning)
                 test()
-        except _BudgetSpent:
-            break
         except DeadlinePassed as cut:
             result.checks += cut.checks  # compared, though the example was cut short
             break
