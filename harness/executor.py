@@ -223,7 +223,7 @@ class _Run:
                 self.state.apply(event, where)
                 self._sync(f"event {index} ({event.op})")
                 continue
-            plan = self.state.plan_forward(event, index, where)
+            plan = self.state.plan_forward(event, index, where, self.scenario.events)
             self.forward += 1
             self._sync(f"the allocation for forward {self.forward}")
             if plan.graph_batch_size is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ _INT = np.int64
 _NO_PAGES = np.zeros(0, dtype=_INT)
 _NO_BATCH: tuple[tuple[int, ...] | None, np.ndarray] = (None, _NO_PAGES)
 _MIN_SEGMENT = 32  # pages of a request slot's home segment: most requests never outgrow it
+_MAX_BLOCK = 64  # forwards planned as one block (runs of plain forwards are mostly shorter)
 
 
 def _ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -243,6 +244,29 @@ class ForwardPlan:
         return len(self.steps[0])
 
 
+class _Block:
+    """Forwards of one event planned together: what they share, computed once, and their
+    allocation, applied forward by forward (:meth:`EngineState._next_of`)."""
+
+    def __init__(self, event: Event, index: int, model: str, slots: np.ndarray, counts: np.ndarray,
+                 live_tokens: int, graph_batch_size: int | None, calls: tuple[tuple[int, int], ...],
+                 prefixes: np.ndarray):
+        self.event, self.index, self.model, self.calls = event, index, model, calls
+        self.slots, self.counts, self.live_tokens = slots, counts, live_tokens
+        self.graph_batch_size = graph_batch_size
+        self.prefixes = prefixes  # [forward * step, request]
+        self.forwards = len(prefixes) // event.steps
+        self.one_token_each = live_tokens == len(slots)
+        self.token_ends = None if self.one_token_each else [0] + counts.cumsum().tolist()
+        self.chunks = _split(len(slots), event.micro_batches)
+        self.taken = 0  # forwards applied
+        # set by the allocation: [forward * step, token]; per token of a step
+        self.full: np.ndarray
+        self.swa: dict[str, np.ndarray] = {}
+        self.token_slots: np.ndarray
+        self.positions: np.ndarray
+
+
 class EngineState:
     def __init__(self, config: EngineConfig):
         _validate(config)
@@ -271,6 +295,7 @@ class EngineState:
         self.mapping_epoch = 0
         self.forwards_run = 0
         self._schedules: dict[tuple, tuple[tuple[int, int], ...]] = {}
+        self._block: _Block | None = None  # forwards planned and not yet applied
 
     @property
     def requests(self) -> dict[int, _Request]:
@@ -297,6 +322,8 @@ class EngineState:
 
     def apply(self, event: Event | Mutation, where: str) -> None:
         """Apply a non-forward event (or a mid-forward mutation)."""
+        if self._block is not None:
+            raise RuntimeError(f"{where}: applied while forwards of a planned block are left")
         try:
             if event.op == "admit":
                 self._admit(event.count)
@@ -314,10 +341,21 @@ class EngineState:
             raise ScenarioError(f"{where}: {exc}") from None
         self.version += 1
 
-    def plan_forward(self, event: Event, index: int, where: str) -> ForwardPlan:
-        """Allocate the forward's tokens (all draft steps at once) and fix its schedule."""
+    def plan_forward(self, event: Event, index: int, where: str, events: Sequence[Event] = ()) -> ForwardPlan:
+        """Allocate the forward's tokens (all draft steps at once) and fix its schedule.
+
+        ``events``: the scenario's events, ``event`` at ``index``. The forwards right after
+        it that repeat it may then be allocated now, as one block whose plans are applied
+        one by one as they are asked for: the caller's next calls must plan exactly those
+        forwards, each after the previous one's :meth:`finish_forward`. Every plan, mapping,
+        length and version comes out as forward-by-forward planning gives them."""
+        block = self._block
+        if block is not None:
+            if index != block.index + block.taken:
+                raise RuntimeError(f"{where}: forward {block.index + block.taken} of a planned block was skipped")
+            return self._next_of(block)
         try:
-            return self._plan_forward(event, index)
+            return self._plan_forward(event, index, events)
         except ScenarioError as exc:
             raise ScenarioError(f"{where}: {exc}") from None
 
@@ -478,7 +516,7 @@ class EngineState:
             self._remap(model, slots)
         self.mapping_epoch += 1
 
-    def _plan_forward(self, event: Event, index: int) -> ForwardPlan:
+    def _plan_forward(self, event: Event, index: int, events: Sequence[Event]) -> ForwardPlan:
         c = self.config
         if event.mode in SPECULATIVE_MODES and not c.speculative:
             raise ScenarioError(f"a {event.mode} forward needs speculative decoding on")
@@ -491,24 +529,69 @@ class EngineState:
             per_request = c.num_draft_tokens if event.mode == "verify" else 1
             counts = np.full(len(slots), per_request, dtype=_INT)
             live_tokens = per_request * len(slots)
-        one_token_each = live_tokens == len(slots)
         graph_batch_size = self._graph_batch_size(event, live_tokens)
+        calls = self._calls(event)
+        mutation = event.mutation
+        if mutation is not None and mutation.after_calls > len(calls) * event.steps:
+            raise ScenarioError(
+                f"mutation.after_calls {mutation.after_calls} exceeds the forward's "
+                f"{len(calls) * event.steps} store calls"
+            )
         lengths = self._length[slots]
-        if event.steps == 1:
-            prefixes = lengths[None, :]  # [step, request]
-        else:
-            prefixes = lengths + np.arange(event.steps)[:, None] * counts
+        forwards = self._block_size(event, index, events, lengths, counts) if live_tokens else 1
+        # [forward * step, request]: every step of every forward of the block
+        prefixes = lengths + np.arange(forwards * event.steps)[:, None] * counts
+        block = _Block(event, index, model, slots, counts, live_tokens, graph_batch_size, calls, prefixes)
         if live_tokens:
-            token_slots, positions, full = self._allocate(slots, counts, prefixes, one_token_each)
+            try:
+                self._allocate(block)
+            except ScenarioError:
+                if forwards == 1:
+                    raise
+                # the pools run out inside the run: forward by forward, the one that finds
+                # its pool empty says so
+                return self._plan_forward(event, index, ())
+        return self._next_of(block)
+
+    def _block_size(self, event: Event, index: int, events: Sequence[Event], lengths: np.ndarray,
+                    counts: np.ndarray) -> int:
+        """How many forwards from ``events[index]`` repeat ``event`` (at most the block's
+        worth), planned as one block: none with a mid-forward mutation, and only while
+        every request stays within the sliding window, so that no eviction gives a page
+        back between them and the pools hand out their lowest free pages in the order the
+        forwards ask, as one multi-step allocation does."""
+        if event.mutation is not None or len(events) <= index + 1:
+            return 1
+        grows = int(np.maximum.reduce(counts)) * event.steps
+        room = self.config.sliding_window - max(self._longest, int(np.maximum.reduce(lengths)) if len(lengths) else 0)
+        most = min(room // grows, len(events) - index, _MAX_BLOCK)
+        forwards = 1
+        while forwards < most and (events[index + forwards] is event or events[index + forwards] == event):
+            forwards += 1
+        return forwards
+
+    def _next_of(self, block: "_Block") -> ForwardPlan:
+        """Apply the block's next forward to the state (its tokens' mappings, the request
+        lengths, the version) and plan it."""
+        event, steps = block.event, block.event.steps
+        first, stop = block.taken * steps, (block.taken + 1) * steps
+        block.taken += 1
+        self._block = block if block.taken < block.forwards else None
+        if block.live_tokens:
+            full = block.full[first:stop]
+            for model, swa in block.swa.items():
+                self._rows[model][full] = swa[first:stop]
+            token_slots, positions = block.token_slots, block.positions[first:stop]
         else:  # idle: nothing to allocate
-            token_slots, positions, full = slots, prefixes, prefixes
+            token_slots, positions, full = block.slots, block.prefixes, block.prefixes
+        prefixes, counts, slots = block.prefixes[first:stop], block.counts, block.slots
         seq_lens = prefixes + counts if event.mode != "verify" else prefixes
-        token_ends = [0] + counts.cumsum().tolist() if not one_token_each else None
-        chunks = _split(len(slots), event.micro_batches)
-        steps = []
-        for step in range(event.steps):
+        one_token_each, token_ends = block.one_token_each, block.token_ends
+        graph_batch_size = block.graph_batch_size
+        plans = []
+        for step in range(steps):
             step_inputs = []
-            for start, end in chunks:
+            for start, end in block.chunks:
                 live_start, live_end = (start, end) if one_token_each else (token_ends[start], token_ends[end])
                 padding = event.pad if event.mode == "idle" and not event.graph else 0
                 if graph_batch_size is not None:
@@ -529,37 +612,31 @@ class EngineState:
                     out_cache_loc=_padded(full[step, live_start:live_end], DUMMY_SLOT, padding),
                     num_live=live_end - live_start,
                 ))
-            steps.append(tuple(step_inputs))
-        calls = self._calls(event)
-        mutation = event.mutation
-        if mutation is not None and mutation.after_calls > len(calls) * event.steps:
-            raise ScenarioError(
-                f"mutation.after_calls {mutation.after_calls} exceeds the forward's "
-                f"{len(calls) * event.steps} store calls"
-            )
+            plans.append(tuple(step_inputs))
         self.version += 1
-        return ForwardPlan(index, event, model, tuple(steps), calls, graph_batch_size)
+        return ForwardPlan(block.index + block.taken - 1, event, block.model, tuple(plans), block.calls, graph_batch_size)
 
-    def _allocate(self, slots: np.ndarray, counts: np.ndarray, prefixes: np.ndarray,
-                  one_token_each: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Request slot per token of a step, and positions and full slots ([step, token])
-        of every step's tokens, allocated as the engine does one token after another: step
-        by step, request by request, a token taking a new full page and (per model) a new
-        SWA page where its position starts one. No page is given back meanwhile, so each
-        pool hands out its lowest free pages in the order the tokens ask."""
+    def _allocate(self, block: "_Block") -> None:
+        """Request slot per token of a step, and positions and full and SWA slots ([forward
+        * step, token]) of every step's tokens of every forward of ``block``, allocated as
+        the engine does one token after another: forward by forward, step by step, request
+        by request, a token taking a new full page and (per model) a new SWA page where its
+        position starts one. No page is given back meanwhile, so each pool hands out its
+        lowest free pages in the order the tokens ask. The mappings are written forward by
+        forward (:meth:`_next_of`)."""
         c = self.config
-        if one_token_each:
+        slots, counts, prefixes = block.slots, block.counts, block.prefixes
+        if block.one_token_each:
             token_slots, positions = slots, prefixes
         else:
             token_slots = slots.repeat(counts)
             ends = counts.cumsum()
             within = np.arange(len(token_slots), dtype=_INT) - (ends - counts).repeat(counts)
             positions = prefixes.repeat(counts, axis=1) + within
-        steps = len(prefixes)
-        owners = token_slots if steps == 1 else np.tile(token_slots, steps)
+        rows = len(prefixes)
+        owners = token_slots if rows == 1 else np.tile(token_slots, rows)
         flat = positions.ravel()
         last = int(np.maximum.reduce(flat))
-        self._longest = max(self._longest, last + 1)
         full_paging = _Paging(flat, c.full_page_size, last)
         swa_paging = full_paging if c.swa_page_size == c.full_page_size else _Paging(flat, c.swa_page_size, last)
         # the first token that finds its pool empty fails, the full pool before the SWA pools
@@ -572,11 +649,15 @@ class EngineState:
         ]
         if empty:
             raise min(empty, key=lambda failure: failure[:2])[2].full()
-        full = full_paging.place(owners, self.full_pages, self._full_table)
-        for model in self.models:
-            self._rows[model][full] = swa_paging.place(owners, self.swa_pages[model], self._swa_tables[model])
+        self._longest = max(self._longest, last + 1)
+        block.full = full_paging.place(owners, self.full_pages, self._full_table).reshape(positions.shape)
+        block.swa = {
+            model: swa_paging.place(owners, self.swa_pages[model], self._swa_tables[model]).reshape(positions.shape)
+            for model in self.models
+        }
+        block.token_slots, block.positions = token_slots, positions
+        # read only once the block's forwards are applied (nothing else can happen meanwhile)
         self._length[slots] = prefixes[-1] + counts
-        return token_slots, positions, full.reshape(positions.shape)
 
     def _graph_batch_size(self, event: Event, live_tokens: int) -> int | None:
         if not event.graph:
@@ -628,7 +709,7 @@ def replay_events(state: EngineState, events) -> Iterator[ForwardPlan]:
         if event.op != "forward":
             state.apply(event, where)
             continue
-        yield state.plan_forward(event, index, where)
+        yield state.plan_forward(event, index, where, events)
         if event.mutation is not None:
             state.apply(event.mutation, f"{where}.mutation")
         state.finish_forward()
