@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .scenario import EngineConfig, Event, Mutation, ScenarioError, store_schedule
-from .truth import DUMMY_SLOT, ring_rows, translate_pool
+from .truth import DUMMY_SLOT, TruthError, ring_rows, translate_pool
 
 DRAFT_MODES = ("draft", "draft_extend")
 SPECULATIVE_MODES = ("verify", "draft", "draft_extend")
@@ -36,7 +36,8 @@ _INT = np.int64
 _NO_PAGES = np.zeros(0, dtype=_INT)
 _NO_BATCH: tuple[tuple[int, ...] | None, np.ndarray] = (None, _NO_PAGES)
 _MIN_SEGMENT = 32  # pages of a request slot's home segment: most requests never outgrow it
-_MAX_BLOCK = 64  # forwards planned as one block (runs of plain forwards are mostly shorter)
+_MAX_BLOCK = 64  # forwards allocated as one block (runs of plain forwards are mostly shorter)
+_CHUNK = 8  # forwards of a block planned, and read by the reference, together
 
 
 def _ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -260,6 +261,10 @@ class _Block:
         self.token_ends = None if self.one_token_each else [0] + counts.cumsum().tolist()
         self.chunks = _split(len(slots), event.micro_batches)
         self.taken = 0  # forwards applied
+        self.plans: list[ForwardPlan] = []  # built a chunk at a time
+        # per truth, each planned forward's inputs (by id: the plans hold them) -> their rows,
+        # or the error reading them raised
+        self.expected: dict[str, dict[int, torch.Tensor | TruthError]] = {}
         # set by the allocation: [forward * step, token]; per token of a step
         self.full: np.ndarray
         self.swa: dict[str, np.ndarray] = {}
@@ -296,6 +301,7 @@ class EngineState:
         self.forwards_run = 0
         self._schedules: dict[tuple, tuple[tuple[int, int], ...]] = {}
         self._block: _Block | None = None  # forwards planned and not yet applied
+        self._reading: _Block | None = None  # the block of the forward running now
 
     @property
     def requests(self) -> dict[int, _Request]:
@@ -305,10 +311,49 @@ class EngineState:
     # ---- truth -------------------------------------------------------------------------
 
     def expected(self, model: str, inputs: StepInputs, truth: str) -> torch.Tensor:
-        """The rows ``inputs`` must be written to, computed from the state as it is now."""
+        """The rows ``inputs`` must be written to, computed from the state as it is now.
+
+        The forwards of a block are read a chunk at a time, when the first of them is asked
+        for: between them only the block's own fresh full slots change, each once, from
+        unmapped to its SWA slot, so each forward's rows read under the mapping as the
+        chunk's last forward leaves it are the rows read at its own moment (a forward's
+        error, too, is raised when that forward asks)."""
+        block = self._reading
+        if block is not None:
+            known = block.expected.get(truth)
+            rows = known.get(id(inputs)) if known is not None else None
+            if rows is None:
+                self._read_chunk(block, truth)
+                rows = block.expected[truth].get(id(inputs))
+            if rows is not None:
+                if isinstance(rows, TruthError):
+                    raise rows
+                return rows
+        return self._read(self.mappings.get(model), inputs, truth)
+
+    def _read(self, mapping: torch.Tensor | None, inputs: StepInputs, truth: str) -> torch.Tensor:
         if truth == "pool":
-            return translate_pool(self.mappings[model], inputs.out_cache_loc)
+            return translate_pool(mapping, inputs.out_cache_loc)
         return ring_rows(inputs.token_slots, inputs.positions, self.config.ring, self.config.num_req_slots)
+
+    def _read_chunk(self, block: "_Block", truth: str) -> None:
+        """Read the rows of the block's current forward and of the rest of its chunk of
+        plans, each model's mapping taken as the chunk's last forward will leave it."""
+        first, stop, steps = block.taken - 1, len(block.plans), block.event.steps
+        mappings = {}
+        for model, rows in self._rows.items():
+            if block.live_tokens and stop - first > 1:
+                rows = rows.copy()
+                rows[block.full[first * steps:stop * steps]] = block.swa[model][first * steps:stop * steps]
+            mappings[model] = torch.from_numpy(rows)
+        known = block.expected.setdefault(truth, {})
+        for plan in block.plans[first:stop]:
+            for step_inputs in plan.steps:
+                for inputs in step_inputs:
+                    try:
+                        known[id(inputs)] = self._read(mappings[plan.model], inputs, truth)
+                    except TruthError as exc:
+                        known[id(inputs)] = exc
 
     def live_targets(self, model: str, truth: str) -> set[int]:
         """Every row some live request owns: a padding row must never land on one."""
@@ -324,6 +369,7 @@ class EngineState:
         """Apply a non-forward event (or a mid-forward mutation)."""
         if self._block is not None:
             raise RuntimeError(f"{where}: applied while forwards of a planned block are left")
+        self._reading = None
         try:
             if event.op == "admit":
                 self._admit(event.count)
@@ -571,17 +617,29 @@ class EngineState:
         return forwards
 
     def _next_of(self, block: "_Block") -> ForwardPlan:
-        """Apply the block's next forward to the state (its tokens' mappings, the request
-        lengths, the version) and plan it."""
-        event, steps = block.event, block.event.steps
-        first, stop = block.taken * steps, (block.taken + 1) * steps
+        """Apply the block's next forward to the state (its tokens' mappings, the version)
+        and hand out its plan. Plans are built a chunk of forwards at a time: the same
+        work repeated while its code is warm costs a fraction of it done once per forward
+        between the subject's calls, and a run cut short wastes at most a chunk."""
+        forward = block.taken
         block.taken += 1
         self._block = block if block.taken < block.forwards else None
+        if forward == len(block.plans):
+            block.plans += [self._plan_of(block, j) for j in range(forward, min(forward + _CHUNK, block.forwards))]
         if block.live_tokens:
-            full = block.full[first:stop]
+            steps = block.event.steps
+            full = block.full[forward * steps:(forward + 1) * steps]
             for model, swa in block.swa.items():
-                self._rows[model][full] = swa[first:stop]
-            token_slots, positions = block.token_slots, block.positions[first:stop]
+                self._rows[model][full] = swa[forward * steps:(forward + 1) * steps]
+        self._reading = block if block.forwards > 1 else None
+        self.version += 1
+        return block.plans[forward]
+
+    def _plan_of(self, block: "_Block", forward: int) -> ForwardPlan:
+        event, steps = block.event, block.event.steps
+        first, stop = forward * steps, (forward + 1) * steps
+        if block.live_tokens:
+            token_slots, positions, full = block.token_slots, block.positions[first:stop], block.full[first:stop]
         else:  # idle: nothing to allocate
             token_slots, positions, full = block.slots, block.prefixes, block.prefixes
         prefixes, counts, slots = block.prefixes[first:stop], block.counts, block.slots
@@ -613,8 +671,7 @@ class EngineState:
                     num_live=live_end - live_start,
                 ))
             plans.append(tuple(step_inputs))
-        self.version += 1
-        return ForwardPlan(block.index + block.taken - 1, event, block.model, tuple(plans), block.calls, graph_batch_size)
+        return ForwardPlan(block.index + forward, event, block.model, tuple(plans), block.calls, graph_batch_size)
 
     def _allocate(self, block: "_Block") -> None:
         """Request slot per token of a step, and positions and full and SWA slots ([forward

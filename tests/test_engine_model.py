@@ -639,9 +639,17 @@ def _plan_record(plan) -> tuple:
     return plan.index, plan.model, plan.calls, plan.graph_batch_size, steps
 
 
+def _read(state: EngineState, model: str, inputs, truth: str):
+    try:
+        return state.expected(model, inputs, truth).tolist()
+    except TruthError as exc:
+        return str(exc)
+
+
 def _observed_run(scenario_events, config: EngineConfig, blocks: bool) -> list:
-    """Everything a caller sees, event by event: each plan, and the mappings, version and
-    mapping epoch after each event, each plan and each forward's eviction; the first
+    """Everything a caller sees, event by event: each plan and the reference's rows for
+    it, and the mappings, version and mapping epoch after each event, each plan and each
+    forward's eviction; the first
     scenario error ends it. ``blocks``: the planner is shown the events ahead."""
     state = EngineState(config)
     events = list(scenario_events)
@@ -660,6 +668,8 @@ def _observed_run(scenario_events, config: EngineConfig, blocks: bool) -> list:
                 continue
             plan = state.plan_forward(event, index, where, events if blocks else ())
             observe(_plan_record(plan))
+            observe([_read(state, plan.model, inputs, truth)
+                     for truth in ("pool", "ring") for step in plan.steps for inputs in step])
             if event.mutation is not None:
                 state.apply(event.mutation, f"{where}.mutation")
                 observe("mutation")
