@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 
-from reference import EngineState, ForwardPlan, Scenario, StepInputs
+from reference import PACKED_INPUTS, EngineState, ForwardPlan, Scenario, StepInputs
 
 from . import diagnosis as dx
 from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
@@ -650,7 +650,7 @@ class _Run:
                 self.snapshots[model] = truth.clone()
             if registered:
                 # a rebuilt pool's mapping is allocated while the old one is still registered
-                (self.mappings[model],) = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
+                self.mappings[model] = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
                 self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
             elif changed or not torch.equal(self.mappings[model].cpu(), truth):
@@ -677,16 +677,21 @@ class _Run:
         """Per draft step and micro-batch, the input tensors, placed in the arena slot of this
         forward (copies: a subject that writes into its inputs must not touch the truth's).
         Every step's locations and positions exist from the start, as the engine allocates a
-        multi-step draft's locations at once."""
+        multi-step draft's locations at once. Each step input's tensors are packed one
+        after another, so the placed ones are views of one copy, in the same order."""
         count = self.eager_forwards.get(plan.model, 0)
         self.eager_forwards[plan.model] = count + 1
-        sources = [
-            getattr(inputs, field)
-            for step, step_inputs in enumerate(plan.steps)
-            for inputs in step_inputs
-            for field in (_FIRST_STEP_INPUTS if step == 0 else _LATER_STEP_INPUTS).values()
-        ]
-        placed = iter(self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources))
+        sources, sizes = [], []
+        for step, step_inputs in enumerate(plan.steps):
+            for inputs in step_inputs:
+                requests, tokens = inputs.req_slots.shape[0], inputs.positions.shape[0]
+                if step:  # the fields after the request slots and token counts
+                    sources.append(inputs.packed[2 * requests:])
+                    sizes += (tokens, tokens, requests, requests)
+                else:
+                    sources.append(inputs.packed)
+                    sizes += (requests, requests, tokens, tokens, requests, requests)
+        placed = iter(self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources).split_with_sizes(sizes))
         return [
             [dict(zip(_FIRST_STEP_INPUTS if step == 0 else _LATER_STEP_INPUTS, placed)) for _ in step_inputs]
             for step, step_inputs in enumerate(plan.steps)
@@ -718,13 +723,13 @@ class _Run:
 
 _MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
 
-# batch field -> StepInputs field, in the order one micro-batch's inputs are laid out; every
-# step's locations, positions and lengths are new, the requests and their token counts are not
-_LATER_STEP_INPUTS = {
-    "positions": "positions", "out_cache_loc": "out_cache_loc", "seq_lens": "seq_lens",
-    "extend_prefix_lens": "prefix_lens",
-}
-_FIRST_STEP_INPUTS = {"req_pool_indices": "req_slots", "extend_seq_lens": "token_counts", **_LATER_STEP_INPUTS}
+# the batch's input fields, in the order StepInputs.packed lays them out; every step's
+# locations, positions and lengths are new, the requests and their token counts are not
+_FIRST_STEP_INPUTS = dict(zip(
+    ("req_pool_indices", "extend_seq_lens", "positions", "out_cache_loc", "seq_lens", "extend_prefix_lens"),
+    PACKED_INPUTS,
+))
+_LATER_STEP_INPUTS = dict(list(_FIRST_STEP_INPUTS.items())[2:])
 
 
 class _Where(NamedTuple):

@@ -199,6 +199,10 @@ class _Request(NamedTuple):
     slot: int
 
 
+# the StepInputs fields a ForwardBatch carries, in the order StepInputs.packed holds them
+PACKED_INPUTS = ("req_slots", "token_counts", "positions", "out_cache_loc", "seq_lens", "prefix_lens")
+
+
 @dataclass(frozen=True)
 class StepInputs:
     """What one micro-batch of one (draft) step writes, live rows first, then padding.
@@ -223,6 +227,9 @@ class StepInputs:
     positions: torch.Tensor  # int64
     out_cache_loc: torch.Tensor  # int64, full-pool slot per token
     num_live: int
+    # the fields of PACKED_INPUTS laid out one after another in one tensor, each field a
+    # view of it: copied to where a subject reads them with one copy
+    packed: torch.Tensor
 
     @property
     def num_rows(self) -> int:
@@ -656,19 +663,28 @@ class EngineState:
                     padding = graph_batch_size - (live_end - live_start)
                 # padded request rows exist only where every row is one token (decode)
                 pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
-                req_slots = _padded(slots[start:end], DUMMY_SLOT, pad_requests)
-                prefix_lens = _padded(prefixes[step, start:end], 0, pad_requests)
+                requests, tokens = end - start + pad_requests, live_end - live_start + padding
+                packed = np.empty(4 * requests + 2 * tokens, dtype=_INT)
+                req_slots, token_counts, positions_of, loc, seq_lens_of, prefix_lens = _segments(packed, requests, tokens)
+                _fill(req_slots, slots[start:end], DUMMY_SLOT)
+                _fill(token_counts, counts[start:end], 1)
+                _fill(seq_lens_of, seq_lens[step, start:end], 1)
+                _fill(prefix_lens, prefixes[step, start:end], 0)
+                _fill(positions_of, prefixes[step, start:end] if one_token_each else positions[step, live_start:live_end], 0)
+                _fill(loc, full[step, live_start:live_end], DUMMY_SLOT)
+                tensors = [torch.from_numpy(segment) for segment in (req_slots, token_counts, positions_of, loc, seq_lens_of, prefix_lens)]
                 step_inputs.append(StepInputs(
                     request_ids=tuple(event.requests[start:end]),
-                    req_slots=req_slots,
-                    token_counts=_padded(counts[start:end], 1, pad_requests),
-                    prefix_lens=prefix_lens,
-                    seq_lens=_padded(seq_lens[step, start:end], 1, pad_requests),
+                    req_slots=tensors[0],
+                    token_counts=tensors[1],
+                    prefix_lens=tensors[5],
+                    seq_lens=tensors[4],
                     # one token per request row: the token rows are the request rows
-                    token_slots=req_slots if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding),
-                    positions=prefix_lens if one_token_each else _padded(positions[step, live_start:live_end], 0, padding),
-                    out_cache_loc=_padded(full[step, live_start:live_end], DUMMY_SLOT, padding),
+                    token_slots=tensors[0] if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding),
+                    positions=tensors[2],
+                    out_cache_loc=tensors[3],
                     num_live=live_end - live_start,
+                    packed=torch.from_numpy(packed),
                 ))
             plans.append(tuple(step_inputs))
         return ForwardPlan(block.index + forward, event, block.model, tuple(plans), block.calls, graph_batch_size)
@@ -790,6 +806,20 @@ def _split(count: int, parts: int) -> list[tuple[int, int]]:
         chunks.append((start, end))
         start = end
     return chunks
+
+
+def _segments(packed: np.ndarray, requests: int, tokens: int) -> list[np.ndarray]:
+    """The views of :attr:`StepInputs.packed`, in :data:`PACKED_INPUTS` order."""
+    r, t = requests, tokens
+    return [packed[:r], packed[r:2 * r], packed[2 * r:2 * r + t], packed[2 * r + t:2 * r + 2 * t],
+            packed[2 * r + 2 * t:3 * r + 2 * t], packed[3 * r + 2 * t:]]
+
+
+def _fill(segment: np.ndarray, values: np.ndarray, padding_value: int) -> None:
+    """``values``, then ``padding_value`` to the end of ``segment``."""
+    segment[:len(values)] = values
+    if len(values) < len(segment):
+        segment[len(values):] = padding_value
 
 
 def _padded(values: np.ndarray, fill: int, padding: int) -> torch.Tensor:
