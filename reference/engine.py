@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -38,6 +39,7 @@ _NO_BATCH: tuple[tuple[int, ...] | None, np.ndarray] = (None, _NO_PAGES)
 _MIN_SEGMENT = 32  # pages of a request slot's home segment: most requests never outgrow it
 _MAX_BLOCK = 64  # forwards allocated as one block (runs of plain forwards are mostly shorter)
 _CHUNK = 8  # forwards of a block planned, and read by the reference, together
+_TRUTH_READS = {"pool": ("out_cache_loc",), "ring": ("token_slots", "positions")}  # what each truth reads
 
 
 def _ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -345,22 +347,27 @@ class EngineState:
 
     def _read_chunk(self, block: "_Block", truth: str) -> None:
         """Read the rows of the block's current forward and of the rest of its chunk of
-        plans, each model's mapping taken as the chunk's last forward will leave it."""
+        plans, under the mapping as it is with the later forwards' rows written: the inputs of
+        the chunk read as one, unless that raises, when each is read on its own and keeps
+        its own error."""
         first, stop, steps = block.taken - 1, len(block.plans), block.event.steps
-        mappings = {}
-        for model, rows in self._rows.items():
-            if block.live_tokens and stop - first > 1:
-                rows = rows.copy()
-                rows[block.full[first * steps:stop * steps]] = block.swa[model][first * steps:stop * steps]
-            mappings[model] = torch.from_numpy(rows)
+        rows = self._rows[block.model]
+        if block.live_tokens and stop - first > 1:  # the later forwards' rows written too
+            rows = rows.copy()
+            rows[block.full[(first + 1) * steps:stop * steps]] = block.swa[block.model][(first + 1) * steps:stop * steps]
+        mapping = torch.from_numpy(rows)
+        every = [inputs for plan in block.plans[first:stop] for step_inputs in plan.steps for inputs in step_inputs]
         known = block.expected.setdefault(truth, {})
-        for plan in block.plans[first:stop]:
-            for step_inputs in plan.steps:
-                for inputs in step_inputs:
-                    try:
-                        known[id(inputs)] = self._read(mappings[plan.model], inputs, truth)
-                    except TruthError as exc:
-                        known[id(inputs)] = exc
+        try:
+            together = self._read(mapping, _joined(every, truth), truth)
+        except TruthError:
+            for inputs in every:
+                try:
+                    known[id(inputs)] = self._read(mapping, inputs, truth)
+                except TruthError as exc:
+                    known[id(inputs)] = exc
+            return
+        known.update(zip(map(id, every), together.split_with_sizes([inputs.num_rows for inputs in every])))
 
     def live_targets(self, model: str, truth: str) -> set[int]:
         """Every row some live request owns: a padding row must never land on one."""
@@ -806,6 +813,13 @@ def _split(count: int, parts: int) -> list[tuple[int, int]]:
         chunks.append((start, end))
         start = end
     return chunks
+
+
+def _joined(every: list[StepInputs], truth: str) -> SimpleNamespace:
+    """The token rows of ``every`` step input that the ``truth`` reads, one after another."""
+    return SimpleNamespace(**{
+        name: torch.cat([getattr(inputs, name) for inputs in every]) for name in _TRUTH_READS[truth]
+    })
 
 
 def _segments(packed: np.ndarray, requests: int, tokens: int) -> list[np.ndarray]:

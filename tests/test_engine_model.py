@@ -749,3 +749,20 @@ def test_a_block_cannot_be_left_half_applied():
         state.apply(Event(op="admit", count=1), "events[2]")
     with pytest.raises(RuntimeError, match="planned block"):
         state.plan_forward(events[3], 3, "events[3]", events)
+
+
+def test_a_forward_of_a_block_that_the_reference_refuses_is_refused_when_it_asks():
+    state = _state(sliding_window=8)
+    events = _decodes(3, [0, 1])
+    state.apply(events[0], "events[0]")
+    first = state.plan_forward(events[1], 1, "events[1]", events).steps[0][0]
+    unmapped = int(first.out_cache_loc[1])
+    state.mappings["target"][unmapped] = DUMMY_SLOT  # a mapping the engine never leaves
+    with pytest.raises(TruthError, match=rf"live full slot {unmapped} has no SWA slot"):
+        state.expected("target", first, "pool")
+    assert state.expected("target", first, "ring").tolist() == [8, 16]
+    state.finish_forward()
+    second = state.plan_forward(events[2], 2, "events[2]", events).steps[0][0]
+    mapping = state.mappings["target"]
+    assert state.expected("target", second, "pool").tolist() == mapping[second.out_cache_loc].tolist()
+    assert 0 not in mapping[second.out_cache_loc].tolist()
