@@ -784,6 +784,7 @@ def replay_events(state: EngineState, events) -> Iterator[ForwardPlan]:
     For readers of a scenario's shape (benchmarks, reports): no subject is involved, and a
     forward's mid-forward mutation is applied once its plan has been yielded.
     """
+    events = tuple(events)
     for index, event in enumerate(events):
         where = f"events[{index}]"
         if event.op != "forward":
