@@ -265,6 +265,8 @@ class _Block:
         self.slots, self.counts, self.live_tokens = slots, counts, live_tokens
         self.graph_batch_size = graph_batch_size
         self.prefixes = prefixes  # [forward * step, request]
+        # as SGLang states them: target-verify leaves the draft tokens out
+        self.seq_lens = prefixes + counts if event.mode != "verify" else prefixes
         self.forwards = len(prefixes) // event.steps
         self.one_token_each = live_tokens == len(slots)
         self.token_ends = None if self.one_token_each else [0] + counts.cumsum().tolist()
@@ -639,7 +641,7 @@ class EngineState:
         block.taken += 1
         self._block = block if block.taken < block.forwards else None
         if forward == len(block.plans):
-            block.plans += [self._plan_of(block, j) for j in range(forward, min(forward + _CHUNK, block.forwards))]
+            block.plans += self._plan_chunk(block, forward, min(forward + _CHUNK, block.forwards))
         if block.live_tokens:
             steps = block.event.steps
             full = block.full[forward * steps:(forward + 1) * steps]
@@ -649,20 +651,23 @@ class EngineState:
         self.version += 1
         return block.plans[forward]
 
-    def _plan_of(self, block: "_Block", forward: int) -> ForwardPlan:
+    def _plan_chunk(self, block: "_Block", first: int, stop: int) -> list[ForwardPlan]:
+        """The plans of the block's forwards ``first`` to ``stop - 1``: each step input's
+        fields are filled for all of them at once, one row per forward."""
         event, steps = block.event, block.event.steps
-        first, stop = forward * steps, (forward + 1) * steps
         if block.live_tokens:
-            token_slots, positions, full = block.token_slots, block.positions[first:stop], block.full[first:stop]
+            token_slots, positions, full = block.token_slots, block.positions, block.full
         else:  # idle: nothing to allocate
             token_slots, positions, full = block.slots, block.prefixes, block.prefixes
-        prefixes, counts, slots = block.prefixes[first:stop], block.counts, block.slots
-        seq_lens = prefixes + counts if event.mode != "verify" else prefixes
+        prefixes, counts, slots, seq_lens = block.prefixes, block.counts, block.slots, block.seq_lens
         one_token_each, token_ends = block.one_token_each, block.token_ends
         graph_batch_size = block.graph_batch_size
-        plans = []
+        forwards = stop - first
+        # [step][micro-batch][forward]
+        cells: list[list[list[StepInputs]]] = []
         for step in range(steps):
-            step_inputs = []
+            rows = slice(first * steps + step, stop * steps, steps)  # the step's row of each forward
+            step_cells = []
             for start, end in block.chunks:
                 live_start, live_end = (start, end) if one_token_each else (token_ends[start], token_ends[end])
                 padding = event.pad if event.mode == "idle" and not event.graph else 0
@@ -671,30 +676,39 @@ class EngineState:
                 # padded request rows exist only where every row is one token (decode)
                 pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
                 requests, tokens = end - start + pad_requests, live_end - live_start + padding
-                packed = np.empty(4 * requests + 2 * tokens, dtype=_INT)
+                packed = np.empty((forwards, 4 * requests + 2 * tokens), dtype=_INT)
                 req_slots, token_counts, positions_of, loc, seq_lens_of, prefix_lens = _segments(packed, requests, tokens)
                 _fill(req_slots, slots[start:end], DUMMY_SLOT)
                 _fill(token_counts, counts[start:end], 1)
-                _fill(seq_lens_of, seq_lens[step, start:end], 1)
-                _fill(prefix_lens, prefixes[step, start:end], 0)
-                _fill(positions_of, prefixes[step, start:end] if one_token_each else positions[step, live_start:live_end], 0)
-                _fill(loc, full[step, live_start:live_end], DUMMY_SLOT)
-                tensors = [torch.from_numpy(segment) for segment in (req_slots, token_counts, positions_of, loc, seq_lens_of, prefix_lens)]
-                step_inputs.append(StepInputs(
-                    request_ids=tuple(event.requests[start:end]),
-                    req_slots=tensors[0],
-                    token_counts=tensors[1],
-                    prefix_lens=tensors[5],
-                    seq_lens=tensors[4],
-                    # one token per request row: the token rows are the request rows
-                    token_slots=tensors[0] if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding),
-                    positions=tensors[2],
-                    out_cache_loc=tensors[3],
-                    num_live=live_end - live_start,
-                    packed=torch.from_numpy(packed),
-                ))
-            plans.append(tuple(step_inputs))
-        return ForwardPlan(block.index + forward, event, block.model, tuple(plans), block.calls, graph_batch_size)
+                _fill(seq_lens_of, seq_lens[rows, start:end], 1)
+                _fill(prefix_lens, prefixes[rows, start:end], 0)
+                _fill(positions_of, prefixes[rows, start:end] if one_token_each else positions[rows, live_start:live_end], 0)
+                _fill(loc, full[rows, live_start:live_end], DUMMY_SLOT)
+                request_ids = tuple(event.requests[start:end])
+                # one token per request row: the token rows are the request rows
+                shared_token_slots = None if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding)
+                cell = []
+                for row in packed:
+                    tensors = [torch.from_numpy(segment) for segment in _segments(row, requests, tokens)]
+                    cell.append(StepInputs(
+                        request_ids=request_ids,
+                        req_slots=tensors[0],
+                        token_counts=tensors[1],
+                        prefix_lens=tensors[5],
+                        seq_lens=tensors[4],
+                        token_slots=tensors[0] if shared_token_slots is None else shared_token_slots,
+                        positions=tensors[2],
+                        out_cache_loc=tensors[3],
+                        num_live=live_end - live_start,
+                        packed=torch.from_numpy(row),
+                    ))
+                step_cells.append(cell)
+            cells.append(step_cells)
+        return [
+            ForwardPlan(block.index + forward, event, block.model,
+                        tuple(tuple(cell[j] for cell in step_cells) for step_cells in cells), block.calls, graph_batch_size)
+            for j, forward in enumerate(range(first, stop))
+        ]
 
     def _allocate(self, block: "_Block") -> None:
         """Request slot per token of a step, and positions and full and SWA slots ([forward
@@ -824,17 +838,19 @@ def _joined(every: list[StepInputs], truth: str) -> SimpleNamespace:
 
 
 def _segments(packed: np.ndarray, requests: int, tokens: int) -> list[np.ndarray]:
-    """The views of :attr:`StepInputs.packed`, in :data:`PACKED_INPUTS` order."""
+    """The views of :attr:`StepInputs.packed` (along the last axis), in
+    :data:`PACKED_INPUTS` order."""
     r, t = requests, tokens
-    return [packed[:r], packed[r:2 * r], packed[2 * r:2 * r + t], packed[2 * r + t:2 * r + 2 * t],
-            packed[2 * r + 2 * t:3 * r + 2 * t], packed[3 * r + 2 * t:]]
+    return [packed[..., :r], packed[..., r:2 * r], packed[..., 2 * r:2 * r + t], packed[..., 2 * r + t:2 * r + 2 * t],
+            packed[..., 2 * r + 2 * t:3 * r + 2 * t], packed[..., 3 * r + 2 * t:]]
 
 
 def _fill(segment: np.ndarray, values: np.ndarray, padding_value: int) -> None:
-    """``values``, then ``padding_value`` to the end of ``segment``."""
-    segment[:len(values)] = values
-    if len(values) < len(segment):
-        segment[len(values):] = padding_value
+    """``values``, then ``padding_value`` to the end of ``segment`` (along the last axis)."""
+    live = values.shape[-1]
+    segment[..., :live] = values
+    if live < segment.shape[-1]:
+        segment[..., live:] = padding_value
 
 
 def _padded(values: np.ndarray, fill: int, padding: int) -> torch.Tensor:
