@@ -684,7 +684,7 @@ class _Run:
         sources, sizes = [], []
         for step, step_inputs in enumerate(plan.steps):
             for inputs in step_inputs:
-                requests, tokens = inputs.req_slots.shape[0], inputs.positions.shape[0]
+                requests, tokens = inputs.num_requests, inputs.num_rows
                 if step:  # the fields after the request slots and token counts
                     sources.append(inputs.packed[2 * requests:])
                     sizes += (tokens, tokens, requests, requests)

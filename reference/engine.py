@@ -221,21 +221,58 @@ class StepInputs:
     """
 
     request_ids: tuple[int, ...]
-    req_slots: torch.Tensor  # int64, one per request row (padded requests use slot 0)
-    token_counts: torch.Tensor  # int64, tokens per request row
-    prefix_lens: torch.Tensor  # int64, tokens per request row written before this step
-    seq_lens: torch.Tensor  # int64, per request row (see above)
-    token_slots: torch.Tensor  # int64, request slot per token
-    positions: torch.Tensor  # int64
-    out_cache_loc: torch.Tensor  # int64, full-pool slot per token
     num_live: int
-    # the fields of PACKED_INPUTS laid out one after another in one tensor, each field a
-    # view of it: copied to where a subject reads them with one copy
+    # the fields of PACKED_INPUTS laid out one after another in one tensor (request rows,
+    # then token rows, as PACKED_INPUTS says): copied to where a subject reads them with one
+    # copy; each field is a view of it, made when first read
     packed: torch.Tensor
+    num_requests: int  # request rows, padded ones included
+    # the request slot of each token row, where a request row may hold several tokens
+    # (otherwise the token rows are the request rows: req_slots)
+    expanded_slots: torch.Tensor | None = None
+
+    @functools.cached_property
+    def req_slots(self) -> torch.Tensor:
+        """int64, one per request row (padded requests use slot 0)."""
+        return self._field(0)
+
+    @functools.cached_property
+    def token_counts(self) -> torch.Tensor:
+        """int64, tokens per request row."""
+        return self._field(1)
+
+    @functools.cached_property
+    def positions(self) -> torch.Tensor:
+        """int64, one per token row."""
+        return self._field(2)
+
+    @functools.cached_property
+    def out_cache_loc(self) -> torch.Tensor:
+        """int64, full-pool slot per token row."""
+        return self._field(3)
+
+    @functools.cached_property
+    def seq_lens(self) -> torch.Tensor:
+        """int64, per request row (see above)."""
+        return self._field(4)
+
+    @functools.cached_property
+    def prefix_lens(self) -> torch.Tensor:
+        """int64, tokens per request row written before this step."""
+        return self._field(5)
+
+    @functools.cached_property
+    def token_slots(self) -> torch.Tensor:
+        """int64, request slot per token row."""
+        return self.req_slots if self.expanded_slots is None else self.expanded_slots
 
     @property
     def num_rows(self) -> int:
-        return int(self.positions.numel())
+        """Token rows, padded ones included."""
+        return (self.packed.shape[0] - 4 * self.num_requests) // 2
+
+    def _field(self, index: int) -> torch.Tensor:
+        return torch.from_numpy(_segments(self.packed.numpy(), self.num_requests, self.num_rows)[index])
 
 
 @dataclass(frozen=True)
@@ -684,24 +721,10 @@ class EngineState:
                 _fill(prefix_lens, prefixes[rows, start:end], 0)
                 _fill(positions_of, prefixes[rows, start:end] if one_token_each else positions[rows, live_start:live_end], 0)
                 _fill(loc, full[rows, live_start:live_end], DUMMY_SLOT)
-                request_ids = tuple(event.requests[start:end])
+                request_ids, num_live = tuple(event.requests[start:end]), live_end - live_start
                 # one token per request row: the token rows are the request rows
-                shared_token_slots = None if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding)
-                cell = []
-                for row in packed:
-                    tensors = [torch.from_numpy(segment) for segment in _segments(row, requests, tokens)]
-                    cell.append(StepInputs(
-                        request_ids=request_ids,
-                        req_slots=tensors[0],
-                        token_counts=tensors[1],
-                        prefix_lens=tensors[5],
-                        seq_lens=tensors[4],
-                        token_slots=tensors[0] if shared_token_slots is None else shared_token_slots,
-                        positions=tensors[2],
-                        out_cache_loc=tensors[3],
-                        num_live=live_end - live_start,
-                        packed=torch.from_numpy(row),
-                    ))
+                expanded = None if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding)
+                cell = [StepInputs(request_ids, num_live, torch.from_numpy(row), requests, expanded) for row in packed]
                 step_cells.append(cell)
             cells.append(step_cells)
         return [
