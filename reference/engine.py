@@ -14,6 +14,15 @@ by request slot, and each event or forward is a fixed number of array operations
 tokens it touches (numpy, whose operations cost far less than torch's on the host; torch
 only where a tensor leaves the model: the mappings, which numpy writes in place, and the
 step inputs).
+
+A run of forwards that repeat one event (strategies emit runs of plain decodes) is
+allocated as one block when its first forward is planned, as long as every request stays
+within the sliding window: then no page is given back between them, and the pools hand
+out their lowest free pages in the order the forwards ask, as one multi-step allocation
+does. The block is applied forward by forward (each forward's mappings and the version
+change when it is planned), its plans are built and its rows read by the reference a
+chunk of forwards at a time, and every plan, mapping, version and row comes out as
+forward-by-forward planning gives it.
 """
 
 from __future__ import annotations
