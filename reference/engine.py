@@ -665,13 +665,14 @@ class EngineState:
                     counts: np.ndarray) -> int:
         """How many forwards from ``events[index]`` repeat ``event`` (at most the block's
         worth), planned as one block: none with a mid-forward mutation, and only while
-        every request stays within the sliding window, so that no eviction gives a page
-        back between them and the pools hand out their lowest free pages in the order the
-        forwards ask, as one multi-step allocation does."""
+        the forwards' requests stay within the sliding window (every other request left
+        what it had to leave at the last eviction and does not grow), so that no eviction
+        gives a page back between them and the pools hand out their lowest free pages in
+        the order the forwards ask, as one multi-step allocation does."""
         if event.mutation is not None or len(events) <= index + 1:
             return 1
         grows = int(np.maximum.reduce(counts)) * event.steps
-        room = self.config.sliding_window - max(self._longest, int(np.maximum.reduce(lengths)) if len(lengths) else 0)
+        room = self.config.sliding_window - int(np.maximum.reduce(lengths))
         most = min(room // grows, len(events) - index, _MAX_BLOCK)
         forwards = 1
         while forwards < most and (events[index + forwards] is event or events[index + forwards] == event):

@@ -766,3 +766,18 @@ def test_a_forward_of_a_block_that_the_reference_refuses_is_refused_when_it_asks
     mapping = state.mappings["target"]
     assert state.expected("target", second, "pool").tolist() == mapping[second.out_cache_loc].tolist()
     assert 0 not in mapping[second.out_cache_loc].tolist()
+
+
+def test_a_run_of_requests_within_the_window_is_a_block_after_another_request_left_it():
+    config = EngineConfig(sliding_window=4, full_pool_size=64, swa_pool_size=64)
+    long = Event.from_dict({"op": "forward", "mode": "extend", "requests": [0], "tokens": [6]}, "f")
+    short = Event.from_dict({"op": "forward", "requests": [1, 2]}, "f")
+    events = [Event(op="admit", count=3), long, short, short, short, short, short]
+    assert _observed_run(events, config, blocks=True) == _observed_run(events, config, blocks=False)
+    state = EngineState(config)
+    state.apply(events[0], "events[0]")
+    state.plan_forward(long, 1, "events[1]")
+    state.finish_forward()
+    available = state.full_pages.available
+    state.plan_forward(short, 2, "events[2]", events)
+    assert available - state.full_pages.available == 8  # four forwards of two tokens: the window's worth
