@@ -305,9 +305,9 @@ class _Block:
     allocation, applied forward by forward (:meth:`EngineState._next_of`)."""
 
     def __init__(self, event: Event, index: int, model: str, slots: np.ndarray, counts: np.ndarray,
-                 live_tokens: int, graph_batch_size: int | None, calls: tuple[tuple[int, int], ...],
-                 prefixes: np.ndarray):
-        self.event, self.index, self.model, self.calls = event, index, model, calls
+                 live_tokens: int, graph_batch_size: int | None, prefixes: np.ndarray):
+        self.event, self.index, self.model = event, index, model
+        self.calls: tuple[tuple[int, int], ...] = ()  # (micro-batch, layer) of one step's stores
         self.slots, self.counts, self.live_tokens = slots, counts, live_tokens
         self.graph_batch_size = graph_batch_size
         self.prefixes = prefixes  # [forward * step, request]
@@ -638,18 +638,11 @@ class EngineState:
             counts = np.full(len(slots), per_request, dtype=_INT)
             live_tokens = per_request * len(slots)
         graph_batch_size = self._graph_batch_size(event, live_tokens)
-        calls = self._calls(event)
-        mutation = event.mutation
-        if mutation is not None and mutation.after_calls > len(calls) * event.steps:
-            raise ScenarioError(
-                f"mutation.after_calls {mutation.after_calls} exceeds the forward's "
-                f"{len(calls) * event.steps} store calls"
-            )
         lengths = self._length[slots]
         forwards = self._block_size(event, index, events, lengths, counts) if live_tokens else 1
         # [forward * step, request]: every step of every forward of the block
         prefixes = lengths + np.arange(forwards * event.steps)[:, None] * counts
-        block = _Block(event, index, model, slots, counts, live_tokens, graph_batch_size, calls, prefixes)
+        block = _Block(event, index, model, slots, counts, live_tokens, graph_batch_size, prefixes)
         if live_tokens:
             try:
                 self._allocate(block)
@@ -659,6 +652,13 @@ class EngineState:
                 # the pools run out inside the run: forward by forward, the one that finds
                 # its pool empty says so
                 return self._plan_forward(event, index, ())
+        block.calls = self._calls(event)
+        mutation = event.mutation
+        if mutation is not None and mutation.after_calls > len(block.calls) * event.steps:
+            raise ScenarioError(
+                f"mutation.after_calls {mutation.after_calls} exceeds the forward's "
+                f"{len(block.calls) * event.steps} store calls"
+            )
         return self._next_of(block)
 
     def _block_size(self, event: Event, index: int, events: Sequence[Event], lengths: np.ndarray,
