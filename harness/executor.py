@@ -684,16 +684,16 @@ class _Run:
         sources, sizes = [], []
         for step, step_inputs in enumerate(plan.steps):
             for inputs in step_inputs:
-                requests, tokens = inputs.num_requests, inputs.num_rows
-                if step:  # the fields after the request slots and token counts
-                    sources.append(inputs.packed[2 * requests:])
-                    sizes += (tokens, tokens, requests, requests)
+                packed_sizes = inputs.packed_sizes
+                if step:  # the fields after the requests' slots and token counts
+                    sources.append(inputs.packed[packed_sizes[0] + packed_sizes[1]:])
+                    sizes += packed_sizes[2:]
                 else:
                     sources.append(inputs.packed)
-                    sizes += (requests, requests, tokens, tokens, requests, requests)
+                    sizes += packed_sizes
         placed = iter(self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources).split_with_sizes(sizes))
         return [
-            [dict(zip(_FIRST_STEP_INPUTS if step == 0 else _LATER_STEP_INPUTS, placed)) for _ in step_inputs]
+            [dict(zip(_BATCH_INPUTS if step == 0 else _BATCH_INPUTS[2:], placed)) for _ in step_inputs]
             for step, step_inputs in enumerate(plan.steps)
         ]
 
@@ -726,13 +726,12 @@ class _Run:
 
 _MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
 
-# the batch's input fields, in the order StepInputs.packed lays them out; every step's
-# locations, positions and lengths are new, the requests and their token counts are not
-_FIRST_STEP_INPUTS = dict(zip(
-    ("req_pool_indices", "extend_seq_lens", "positions", "out_cache_loc", "seq_lens", "extend_prefix_lens"),
-    PACKED_INPUTS,
-))
-_LATER_STEP_INPUTS = dict(list(_FIRST_STEP_INPUTS.items())[2:])
+# the batch field of each of PACKED_INPUTS, in its order; every draft step's locations,
+# positions and lengths are new, the requests' slots and token counts (the first two) are not
+_BATCH_INPUTS = tuple({
+    "req_slots": "req_pool_indices", "token_counts": "extend_seq_lens", "positions": "positions",
+    "out_cache_loc": "out_cache_loc", "seq_lens": "seq_lens", "prefix_lens": "extend_prefix_lens",
+}[name] for name in PACKED_INPUTS)
 
 
 class _Where(NamedTuple):

@@ -280,6 +280,12 @@ class StepInputs:
         """Token rows, padded ones included."""
         return (self.packed.shape[0] - 4 * self.num_requests) // 2
 
+    @property
+    def packed_sizes(self) -> tuple[int, ...]:
+        """The length of each of PACKED_INPUTS in :attr:`packed`."""
+        requests, tokens = self.num_requests, self.num_rows
+        return requests, requests, tokens, tokens, requests, requests
+
     def _field(self, index: int) -> torch.Tensor:
         return torch.from_numpy(_segments(self.packed.numpy(), self.num_requests, self.num_rows)[index])
 
