@@ -41,22 +41,18 @@ class Arena:
         self._blocks: dict[tuple[Hashable, torch.dtype], torch.Tensor] = {}
         self._retired: list[torch.Tensor] = []  # grown-out-of blocks, kept so no address is reused
 
-    def place(self, key: Hashable, sources: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Copies of the 1-D ``sources`` (one dtype) laid out one after the other in block
-        ``key``, written with one copy (one transfer to a device)."""
-        if not sources:
-            return []
+    def place(self, key: Hashable, sources: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Copies of the 1-D ``sources`` (one dtype, at least one) laid out one after the
+        other in block ``key``, written with one copy (one transfer to a device): the
+        block's first elements, as one tensor."""
         if len(sources) == 1:
             (source,) = sources
-            placed = self._block((key, source.dtype), source.numel())[: source.numel()]
-            return [placed.copy_(source)]
-        sizes = [source.numel() for source in sources]
-        placed = self._block((key, sources[0].dtype), sum(sizes))[: sum(sizes)]
+            return self._block((key, source.dtype), source.numel())[: source.numel()].copy_(source)
+        numel = sum(source.numel() for source in sources)
+        placed = self._block((key, sources[0].dtype), numel)[:numel]
         if self._on_host:  # sources are host tensors: joined in place
-            torch.cat(sources, out=placed)
-        else:
-            placed.copy_(torch.cat(sources))
-        return list(placed.split_with_sizes(sizes))
+            return torch.cat(sources, out=placed)
+        return placed.copy_(torch.cat(sources))
 
     def buffer(self, key: Hashable, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A block of exactly ``numel`` elements, allocated at the first call for ``key``."""

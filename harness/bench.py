@@ -130,27 +130,29 @@ def _best_of(fn: Callable[[], object], repeats: int) -> float:
 
 
 EXECUTOR_SIZES = ((43, 64), (64, 256))  # (layers, batch)
+EXECUTOR_FORWARDS = 20
 
 
 def bench_executor(subjects=("uncached", "step-keyed", "step-keyed-capture"), sizes=EXECUTOR_SIZES,
                    repeats: int = 7, out=print) -> dict[str, float]:
     """``overhead`` is harness time over subject-alone time; ``us/answer`` is what the
     harness adds to each checked answer above the subject's own call (engine model,
-    reference, comparison, lifecycle). ``checking`` leaves out the engine model, a cost any
-    driver of the lifecycle pays; the run without forwards is the fixed cost of a scenario,
-    which small fuzzed scenarios mostly pay. The graph rows time the harness's lifecycle
-    (one capture with its warm-ups, then replays) and say whether the subject passes it.
+    reference, comparison, lifecycle), ``us/forward`` the same per forward. ``checking``
+    leaves out the engine model, a cost any driver of the lifecycle pays; the run without
+    forwards is the fixed cost of a scenario, which small fuzzed scenarios mostly pay. The
+    graph rows time the harness's lifecycle (one capture with its warm-ups, then replays)
+    and say whether the subject passes it.
     Returns, per size and subject, subject-alone time over harness time (higher is better)."""
     ratios: dict[str, float] = {}
     for layers, batch in sizes:
-        scenario = decode_scenario(layers=layers, batch=batch)
+        scenario = decode_scenario(layers=layers, batch=batch, forwards=EXECUTOR_FORWARDS)
         engine = _best_of(lambda: _plan(scenario), repeats)
         admitted = decode_scenario(layers=layers, batch=batch, forwards=0)
         setup = _best_of(lambda: run_scenario(resolve_subject(subjects[0]).subject, admitted), repeats)
-        out(f"executor: {layers}-layer stage, batch {batch}, 20 decode forwards, CPU")
+        out(f"executor: {layers}-layer stage, batch {batch}, {EXECUTOR_FORWARDS} decode forwards, CPU")
         out(f"engine model alone: {engine:.4f} s; a run without forwards (setup, admission): {setup * 1e6:.0f} us")
         out(f"{'subject':20s} {'checks/s':>9s} {'harness s':>10s} {'alone s':>8s} {'overhead':>9s} "
-            f"{'checking':>9s} {'us/answer':>10s}")
+            f"{'checking':>9s} {'us/answer':>10s} {'us/forward':>11s}")
         for name in subjects:
             subject = resolve_subject(name).subject
             checks = run_scenario(subject, scenario).checks
@@ -158,7 +160,8 @@ def bench_executor(subjects=("uncached", "step-keyed", "step-keyed-capture"), si
             alone = _best_of(_subject_alone(subject, scenario), repeats)
             ratios[f"executor/{layers}x{batch}/{name}/alone_over_harness"] = alone / harness
             out(f"{name:20s} {checks / harness:9.0f} {harness:10.4f} {alone:8.4f} {harness / alone:8.2f}x "
-                f"{(harness - engine) / alone:8.2f}x {(harness - alone) / checks * 1e6:10.2f}")
+                f"{(harness - engine) / alone:8.2f}x {(harness - alone) / checks * 1e6:10.2f} "
+                f"{(harness - alone) / EXECUTOR_FORWARDS * 1e6:11.1f}")
         graphs = decode_scenario(layers=layers, batch=batch, graph=True)
         out("the same forwards as graph replays (capture with its warm-ups, then 20 replays)")
         out(f"{'subject':20s} {'checks':>7s} {'checks/s':>9s} {'harness s':>10s} {'verdict':>10s}")

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 
-from reference import EngineState, ForwardPlan, Scenario, StepInputs
+from reference import PACKED_INPUTS, EngineState, ForwardPlan, Scenario, StepInputs
 
 from . import diagnosis as dx
 from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
@@ -223,7 +223,7 @@ class _Run:
                 self.state.apply(event, where)
                 self._sync(f"event {index} ({event.op})")
                 continue
-            plan = self.state.plan_forward(event, index, where)
+            plan = self.state.plan_forward(event, index, where, self.scenario.events)
             self.forward += 1
             self._sync(f"the allocation for forward {self.forward}")
             if plan.graph_batch_size is None:
@@ -650,7 +650,7 @@ class _Run:
                 self.snapshots[model] = truth.clone()
             if registered:
                 # a rebuilt pool's mapping is allocated while the old one is still registered
-                (self.mappings[model],) = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
+                self.mappings[model] = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
                 self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
             elif changed or not torch.equal(self.mappings[model].cpu(), truth):
@@ -677,23 +677,31 @@ class _Run:
         """Per draft step and micro-batch, the input tensors, placed in the arena slot of this
         forward (copies: a subject that writes into its inputs must not touch the truth's).
         Every step's locations and positions exist from the start, as the engine allocates a
-        multi-step draft's locations at once."""
+        multi-step draft's locations at once. Each step input's tensors are packed one
+        after another, so the placed ones are views of one copy, in the same order."""
         count = self.eager_forwards.get(plan.model, 0)
         self.eager_forwards[plan.model] = count + 1
-        sources = [
-            getattr(inputs, field)
-            for step, step_inputs in enumerate(plan.steps)
-            for inputs in step_inputs
-            for field in (_FIRST_STEP_INPUTS if step == 0 else _LATER_STEP_INPUTS).values()
-        ]
-        placed = iter(self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources))
+        sources, sizes = [], []
+        for step, step_inputs in enumerate(plan.steps):
+            for inputs in step_inputs:
+                packed_sizes = inputs.packed_sizes
+                if step:  # the fields after the requests' slots and token counts
+                    sources.append(inputs.packed[packed_sizes[0] + packed_sizes[1]:])
+                    sizes += packed_sizes[2:]
+                else:
+                    sources.append(inputs.packed)
+                    sizes += packed_sizes
+        placed = iter(self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources).split_with_sizes(sizes))
         return [
-            [dict(zip(_FIRST_STEP_INPUTS if step == 0 else _LATER_STEP_INPUTS, placed)) for _ in step_inputs]
+            [dict(zip(_BATCH_INPUTS if step == 0 else _BATCH_INPUTS[2:], placed)) for _ in step_inputs]
             for step, step_inputs in enumerate(plan.steps)
         ]
 
     def _backend(self, model: str, mb: int) -> SimpleNamespace:
-        return self.backends.setdefault((model, mb), SimpleNamespace())
+        backend = self.backends.get((model, mb))
+        if backend is None:
+            backend = self.backends[model, mb] = SimpleNamespace()
+        return backend
 
     def _new_forward_id(self) -> int:
         self.next_forward_id += 1
@@ -718,13 +726,12 @@ class _Run:
 
 _MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
 
-# batch field -> StepInputs field, in the order one micro-batch's inputs are laid out; every
-# step's locations, positions and lengths are new, the requests and their token counts are not
-_LATER_STEP_INPUTS = {
-    "positions": "positions", "out_cache_loc": "out_cache_loc", "seq_lens": "seq_lens",
-    "extend_prefix_lens": "prefix_lens",
-}
-_FIRST_STEP_INPUTS = {"req_pool_indices": "req_slots", "extend_seq_lens": "token_counts", **_LATER_STEP_INPUTS}
+# the batch field of each of PACKED_INPUTS, in its order; every draft step's locations,
+# positions and lengths are new, the requests' slots and token counts (the first two) are not
+_BATCH_INPUTS = tuple({
+    "req_slots": "req_pool_indices", "token_counts": "extend_seq_lens", "positions": "positions",
+    "out_cache_loc": "out_cache_loc", "seq_lens": "seq_lens", "prefix_lens": "extend_prefix_lens",
+}[name] for name in PACKED_INPUTS)
 
 
 class _Where(NamedTuple):
@@ -740,14 +747,15 @@ class _Where(NamedTuple):
 _equal = torch.Tensor.equal  # torch.equal less its module-function argument parsing
 
 
-def _right(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor], bool]) -> bool:
+def _right(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor], bool],
+           _tensor=torch.Tensor, _int32=torch.int32) -> bool:
     """The fast comparison: a plain int32 tensor on the device with the reference's rows;
     anything else goes to the verdict, which says what is wrong or finds it right after all
-    (a tensor subclass)."""
+    (a tensor subclass). (It runs once per answer: torch's names are bound once.)"""
     try:
         return (
-            type(out) is torch.Tensor
-            and out.dtype is torch.int32
+            type(out) is _tensor
+            and out.dtype is _int32
             and on_device(out)
             and _equal(out, expected)  # equal sizes included
         )

@@ -1,6 +1,6 @@
 """The truth: what every SWA store of a forward must write, from live inputs only."""
 
-from .engine import EngineState, ForwardPlan, StepInputs, replay_events
+from .engine import PACKED_INPUTS, EngineState, ForwardPlan, StepInputs, replay_events
 from .scenario import (
     LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, store_schedule,
 )
@@ -23,7 +23,7 @@ from .truth import (
 
 __all__ = [
     "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
-    "ForwardPlan", "Mutation", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
+    "ForwardPlan", "Mutation", "PACKED_INPUTS", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
     "draft_step_slots", "late_layer_tail_tokens", "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size",
     "store_schedule", "token_state_slots", "translate_pool", "whole_page_ring",
 ]

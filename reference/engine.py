@@ -14,6 +14,15 @@ by request slot, and each event or forward is a fixed number of array operations
 tokens it touches (numpy, whose operations cost far less than torch's on the host; torch
 only where a tensor leaves the model: the mappings, which numpy writes in place, and the
 step inputs).
+
+A run of forwards that repeat one event (strategies emit runs of plain decodes) is
+allocated as one block when its first forward is planned, as long as every request stays
+within the sliding window: then no page is given back between them, and the pools hand
+out their lowest free pages in the order the forwards ask, as one multi-step allocation
+does. The block is applied forward by forward (each forward's mappings and the version
+change when it is planned), its plans are built and its rows read by the reference a
+chunk of forwards at a time, and every plan, mapping, version and row comes out as
+forward-by-forward planning gives it.
 """
 
 from __future__ import annotations
@@ -21,13 +30,14 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from types import SimpleNamespace
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from .scenario import EngineConfig, Event, Mutation, ScenarioError, store_schedule
-from .truth import DUMMY_SLOT, ring_rows, translate_pool
+from .truth import DUMMY_SLOT, TruthError, ring_rows, translate_pool
 
 DRAFT_MODES = ("draft", "draft_extend")
 SPECULATIVE_MODES = ("verify", "draft", "draft_extend")
@@ -36,6 +46,9 @@ _INT = np.int64
 _NO_PAGES = np.zeros(0, dtype=_INT)
 _NO_BATCH: tuple[tuple[int, ...] | None, np.ndarray] = (None, _NO_PAGES)
 _MIN_SEGMENT = 32  # pages of a request slot's home segment: most requests never outgrow it
+_MAX_BLOCK = 64  # forwards allocated as one block (runs of plain forwards are mostly shorter)
+_CHUNK = 8  # forwards of a block planned, and read by the reference, together
+_TRUTH_READS = {"pool": ("out_cache_loc",), "ring": ("token_slots", "positions")}  # what each truth reads
 
 
 def _ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -197,6 +210,10 @@ class _Request(NamedTuple):
     slot: int
 
 
+# the StepInputs fields a ForwardBatch carries, in the order StepInputs.packed holds them
+PACKED_INPUTS = ("req_slots", "token_counts", "positions", "out_cache_loc", "seq_lens", "prefix_lens")
+
+
 @dataclass(frozen=True)
 class StepInputs:
     """What one micro-batch of one (draft) step writes, live rows first, then padding.
@@ -213,18 +230,64 @@ class StepInputs:
     """
 
     request_ids: tuple[int, ...]
-    req_slots: torch.Tensor  # int64, one per request row (padded requests use slot 0)
-    token_counts: torch.Tensor  # int64, tokens per request row
-    prefix_lens: torch.Tensor  # int64, tokens per request row written before this step
-    seq_lens: torch.Tensor  # int64, per request row (see above)
-    token_slots: torch.Tensor  # int64, request slot per token
-    positions: torch.Tensor  # int64
-    out_cache_loc: torch.Tensor  # int64, full-pool slot per token
     num_live: int
+    # the fields of PACKED_INPUTS laid out one after another in one tensor (request rows,
+    # then token rows, as PACKED_INPUTS says): copied to where a subject reads them with one
+    # copy; each field is a view of it, made when first read
+    packed: torch.Tensor
+    num_requests: int  # request rows, padded ones included
+    # the request slot of each token row, where a request row may hold several tokens
+    # (otherwise the token rows are the request rows: req_slots)
+    expanded_slots: torch.Tensor | None = None
+
+    @functools.cached_property
+    def req_slots(self) -> torch.Tensor:
+        """int64, one per request row (padded requests use slot 0)."""
+        return self._field(0)
+
+    @functools.cached_property
+    def token_counts(self) -> torch.Tensor:
+        """int64, tokens per request row."""
+        return self._field(1)
+
+    @functools.cached_property
+    def positions(self) -> torch.Tensor:
+        """int64, one per token row."""
+        return self._field(2)
+
+    @functools.cached_property
+    def out_cache_loc(self) -> torch.Tensor:
+        """int64, full-pool slot per token row."""
+        return self._field(3)
+
+    @functools.cached_property
+    def seq_lens(self) -> torch.Tensor:
+        """int64, per request row (see above)."""
+        return self._field(4)
+
+    @functools.cached_property
+    def prefix_lens(self) -> torch.Tensor:
+        """int64, tokens per request row written before this step."""
+        return self._field(5)
+
+    @functools.cached_property
+    def token_slots(self) -> torch.Tensor:
+        """int64, request slot per token row."""
+        return self.req_slots if self.expanded_slots is None else self.expanded_slots
 
     @property
     def num_rows(self) -> int:
-        return int(self.positions.numel())
+        """Token rows, padded ones included."""
+        return (self.packed.shape[0] - 4 * self.num_requests) // 2
+
+    @property
+    def packed_sizes(self) -> tuple[int, ...]:
+        """The length of each of PACKED_INPUTS in :attr:`packed`."""
+        requests, tokens = self.num_requests, self.num_rows
+        return requests, requests, tokens, tokens, requests, requests
+
+    def _field(self, index: int) -> torch.Tensor:
+        return torch.from_numpy(_segments(self.packed.numpy(), self.num_requests, self.num_rows)[index])
 
 
 @dataclass(frozen=True)
@@ -241,6 +304,35 @@ class ForwardPlan:
     @property
     def num_micro_batches(self) -> int:
         return len(self.steps[0])
+
+
+class _Block:
+    """Forwards of one event planned together: what they share, computed once, and their
+    allocation, applied forward by forward (:meth:`EngineState._next_of`)."""
+
+    def __init__(self, event: Event, index: int, model: str, slots: np.ndarray, counts: np.ndarray,
+                 live_tokens: int, graph_batch_size: int | None, prefixes: np.ndarray):
+        self.event, self.index, self.model = event, index, model
+        self.calls: tuple[tuple[int, int], ...] = ()  # (micro-batch, layer) of one step's stores
+        self.slots, self.counts, self.live_tokens = slots, counts, live_tokens
+        self.graph_batch_size = graph_batch_size
+        self.prefixes = prefixes  # [forward * step, request]
+        # as SGLang states them: target-verify leaves the draft tokens out
+        self.seq_lens = prefixes + counts if event.mode != "verify" else prefixes
+        self.forwards = len(prefixes) // event.steps
+        self.one_token_each = live_tokens == len(slots)
+        self.token_ends = None if self.one_token_each else [0] + counts.cumsum().tolist()
+        self.chunks = _split(len(slots), event.micro_batches)
+        self.taken = 0  # forwards applied
+        self.plans: list[ForwardPlan] = []  # built a chunk at a time
+        # per truth, each planned forward's inputs (by id: the plans hold them) -> their rows,
+        # or the error reading them raised
+        self.expected: dict[str, dict[int, torch.Tensor | TruthError]] = {}
+        # set by the allocation: [forward * step, token]; per token of a step
+        self.full: np.ndarray
+        self.swa: dict[str, np.ndarray] = {}
+        self.token_slots: np.ndarray
+        self.positions: np.ndarray
 
 
 class EngineState:
@@ -271,6 +363,8 @@ class EngineState:
         self.mapping_epoch = 0
         self.forwards_run = 0
         self._schedules: dict[tuple, tuple[tuple[int, int], ...]] = {}
+        self._block: _Block | None = None  # forwards planned and not yet applied
+        self._reading: _Block | None = None  # the block of the forward running now
 
     @property
     def requests(self) -> dict[int, _Request]:
@@ -280,10 +374,54 @@ class EngineState:
     # ---- truth -------------------------------------------------------------------------
 
     def expected(self, model: str, inputs: StepInputs, truth: str) -> torch.Tensor:
-        """The rows ``inputs`` must be written to, computed from the state as it is now."""
+        """The rows ``inputs`` must be written to, computed from the state as it is now.
+
+        The forwards of a block are read a chunk at a time, when the first of them is asked
+        for: between them only the block's own fresh full slots change, each once, from
+        unmapped to its SWA slot, so each forward's rows read under the mapping as the
+        chunk's last forward leaves it are the rows read at its own moment (a forward's
+        error, too, is raised when that forward asks)."""
+        block = self._reading
+        if block is not None:
+            known = block.expected.get(truth)
+            rows = known.get(id(inputs)) if known is not None else None
+            if rows is None:
+                self._read_chunk(block, truth)
+                rows = block.expected[truth].get(id(inputs))
+            if rows is not None:
+                if isinstance(rows, TruthError):
+                    raise rows
+                return rows
+        return self._read(self.mappings.get(model), inputs, truth)
+
+    def _read(self, mapping: torch.Tensor | None, inputs: StepInputs, truth: str) -> torch.Tensor:
         if truth == "pool":
-            return translate_pool(self.mappings[model], inputs.out_cache_loc)
+            return translate_pool(mapping, inputs.out_cache_loc)
         return ring_rows(inputs.token_slots, inputs.positions, self.config.ring, self.config.num_req_slots)
+
+    def _read_chunk(self, block: "_Block", truth: str) -> None:
+        """Read the rows of the block's current forward and of the rest of its chunk of
+        plans, under the mapping as it is with the later forwards' rows written: the inputs of
+        the chunk read as one, unless that raises, when each is read on its own and keeps
+        its own error."""
+        first, stop, steps = block.taken - 1, len(block.plans), block.event.steps
+        rows = self._rows[block.model]
+        if block.live_tokens and stop - first > 1:  # the later forwards' rows written too
+            rows = rows.copy()
+            rows[block.full[(first + 1) * steps:stop * steps]] = block.swa[block.model][(first + 1) * steps:stop * steps]
+        mapping = torch.from_numpy(rows)
+        every = [inputs for plan in block.plans[first:stop] for step_inputs in plan.steps for inputs in step_inputs]
+        known = block.expected.setdefault(truth, {})
+        try:
+            together = self._read(mapping, _joined(every, truth), truth)
+        except TruthError:
+            for inputs in every:
+                try:
+                    known[id(inputs)] = self._read(mapping, inputs, truth)
+                except TruthError as exc:
+                    known[id(inputs)] = exc
+            return
+        known.update(zip(map(id, every), together.split_with_sizes([inputs.num_rows for inputs in every])))
 
     def live_targets(self, model: str, truth: str) -> set[int]:
         """Every row some live request owns: a padding row must never land on one."""
@@ -297,6 +435,9 @@ class EngineState:
 
     def apply(self, event: Event | Mutation, where: str) -> None:
         """Apply a non-forward event (or a mid-forward mutation)."""
+        if self._block is not None:
+            raise RuntimeError(f"{where}: applied while forwards of a planned block are left")
+        self._reading = None
         try:
             if event.op == "admit":
                 self._admit(event.count)
@@ -314,10 +455,21 @@ class EngineState:
             raise ScenarioError(f"{where}: {exc}") from None
         self.version += 1
 
-    def plan_forward(self, event: Event, index: int, where: str) -> ForwardPlan:
-        """Allocate the forward's tokens (all draft steps at once) and fix its schedule."""
+    def plan_forward(self, event: Event, index: int, where: str, events: Sequence[Event] = ()) -> ForwardPlan:
+        """Allocate the forward's tokens (all draft steps at once) and fix its schedule.
+
+        ``events``: the scenario's events, ``event`` at ``index``. The forwards right after
+        it that repeat it may then be allocated now, as one block whose plans are applied
+        one by one as they are asked for: the caller's next calls must plan exactly those
+        forwards, each after the previous one's :meth:`finish_forward`. Every plan, mapping,
+        length and version comes out as forward-by-forward planning gives them."""
+        block = self._block
+        if block is not None:
+            if index != block.index + block.taken:
+                raise RuntimeError(f"{where}: forward {block.index + block.taken} of a planned block was skipped")
+            return self._next_of(block)
         try:
-            return self._plan_forward(event, index)
+            return self._plan_forward(event, index, events)
         except ScenarioError as exc:
             raise ScenarioError(f"{where}: {exc}") from None
 
@@ -478,7 +630,7 @@ class EngineState:
             self._remap(model, slots)
         self.mapping_epoch += 1
 
-    def _plan_forward(self, event: Event, index: int) -> ForwardPlan:
+    def _plan_forward(self, event: Event, index: int, events: Sequence[Event]) -> ForwardPlan:
         c = self.config
         if event.mode in SPECULATIVE_MODES and not c.speculative:
             raise ScenarioError(f"a {event.mode} forward needs speculative decoding on")
@@ -491,75 +643,133 @@ class EngineState:
             per_request = c.num_draft_tokens if event.mode == "verify" else 1
             counts = np.full(len(slots), per_request, dtype=_INT)
             live_tokens = per_request * len(slots)
-        one_token_each = live_tokens == len(slots)
         graph_batch_size = self._graph_batch_size(event, live_tokens)
         lengths = self._length[slots]
-        if event.steps == 1:
-            prefixes = lengths[None, :]  # [step, request]
-        else:
-            prefixes = lengths + np.arange(event.steps)[:, None] * counts
+        forwards = self._block_size(event, index, events, lengths, counts) if live_tokens else 1
+        # [forward * step, request]: every step of every forward of the block
+        prefixes = lengths + np.arange(forwards * event.steps)[:, None] * counts
+        block = _Block(event, index, model, slots, counts, live_tokens, graph_batch_size, prefixes)
         if live_tokens:
-            token_slots, positions, full = self._allocate(slots, counts, prefixes, one_token_each)
+            try:
+                self._allocate(block)
+            except ScenarioError:
+                if forwards == 1:
+                    raise
+                # the pools run out inside the run: forward by forward, the one that finds
+                # its pool empty says so
+                return self._plan_forward(event, index, ())
+        block.calls = self._calls(event)
+        mutation = event.mutation
+        if mutation is not None and mutation.after_calls > len(block.calls) * event.steps:
+            raise ScenarioError(
+                f"mutation.after_calls {mutation.after_calls} exceeds the forward's "
+                f"{len(block.calls) * event.steps} store calls"
+            )
+        return self._next_of(block)
+
+    def _block_size(self, event: Event, index: int, events: Sequence[Event], lengths: np.ndarray,
+                    counts: np.ndarray) -> int:
+        """How many forwards from ``events[index]`` repeat ``event`` (at most the block's
+        worth), planned as one block: none with a mid-forward mutation, and only while
+        the forwards' requests stay within the sliding window (every other request left
+        what it had to leave at the last eviction and does not grow), so that no eviction
+        gives a page back between them and the pools hand out their lowest free pages in
+        the order the forwards ask, as one multi-step allocation does."""
+        if event.mutation is not None or len(events) <= index + 1:
+            return 1
+        grows = int(np.maximum.reduce(counts)) * event.steps
+        room = self.config.sliding_window - int(np.maximum.reduce(lengths))
+        most = min(room // grows, len(events) - index, _MAX_BLOCK)
+        forwards = 1
+        while forwards < most and (events[index + forwards] is event or events[index + forwards] == event):
+            forwards += 1
+        return forwards
+
+    def _next_of(self, block: "_Block") -> ForwardPlan:
+        """Apply the block's next forward to the state (its tokens' mappings, the version)
+        and hand out its plan. Plans are built a chunk of forwards at a time: the same
+        work repeated while its code is warm costs a fraction of it done once per forward
+        between the subject's calls, and a run cut short wastes at most a chunk."""
+        forward = block.taken
+        block.taken += 1
+        self._block = block if block.taken < block.forwards else None
+        if forward == len(block.plans):
+            block.plans += self._plan_chunk(block, forward, min(forward + _CHUNK, block.forwards))
+        if block.live_tokens:
+            steps = block.event.steps
+            full = block.full[forward * steps:(forward + 1) * steps]
+            for model, swa in block.swa.items():
+                self._rows[model][full] = swa[forward * steps:(forward + 1) * steps]
+        self._reading = block if block.forwards > 1 else None
+        self.version += 1
+        return block.plans[forward]
+
+    def _plan_chunk(self, block: "_Block", first: int, stop: int) -> list[ForwardPlan]:
+        """The plans of the block's forwards ``first`` to ``stop - 1``: each step input's
+        fields are filled for all of them at once, one row per forward."""
+        event, steps = block.event, block.event.steps
+        if block.live_tokens:
+            token_slots, positions, full = block.token_slots, block.positions, block.full
         else:  # idle: nothing to allocate
-            token_slots, positions, full = slots, prefixes, prefixes
-        seq_lens = prefixes + counts if event.mode != "verify" else prefixes
-        token_ends = [0] + counts.cumsum().tolist() if not one_token_each else None
-        chunks = _split(len(slots), event.micro_batches)
-        steps = []
-        for step in range(event.steps):
-            step_inputs = []
-            for start, end in chunks:
+            token_slots, positions, full = block.slots, block.prefixes, block.prefixes
+        prefixes, counts, slots, seq_lens = block.prefixes, block.counts, block.slots, block.seq_lens
+        one_token_each, token_ends = block.one_token_each, block.token_ends
+        graph_batch_size = block.graph_batch_size
+        forwards = stop - first
+        # [step][micro-batch][forward]
+        cells: list[list[list[StepInputs]]] = []
+        for step in range(steps):
+            rows = slice(first * steps + step, stop * steps, steps)  # the step's row of each forward
+            step_cells = []
+            for start, end in block.chunks:
                 live_start, live_end = (start, end) if one_token_each else (token_ends[start], token_ends[end])
                 padding = event.pad if event.mode == "idle" and not event.graph else 0
                 if graph_batch_size is not None:
                     padding = graph_batch_size - (live_end - live_start)
                 # padded request rows exist only where every row is one token (decode)
                 pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
-                req_slots = _padded(slots[start:end], DUMMY_SLOT, pad_requests)
-                prefix_lens = _padded(prefixes[step, start:end], 0, pad_requests)
-                step_inputs.append(StepInputs(
-                    request_ids=tuple(event.requests[start:end]),
-                    req_slots=req_slots,
-                    token_counts=_padded(counts[start:end], 1, pad_requests),
-                    prefix_lens=prefix_lens,
-                    seq_lens=_padded(seq_lens[step, start:end], 1, pad_requests),
-                    # one token per request row: the token rows are the request rows
-                    token_slots=req_slots if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding),
-                    positions=prefix_lens if one_token_each else _padded(positions[step, live_start:live_end], 0, padding),
-                    out_cache_loc=_padded(full[step, live_start:live_end], DUMMY_SLOT, padding),
-                    num_live=live_end - live_start,
-                ))
-            steps.append(tuple(step_inputs))
-        calls = self._calls(event)
-        mutation = event.mutation
-        if mutation is not None and mutation.after_calls > len(calls) * event.steps:
-            raise ScenarioError(
-                f"mutation.after_calls {mutation.after_calls} exceeds the forward's "
-                f"{len(calls) * event.steps} store calls"
-            )
-        self.version += 1
-        return ForwardPlan(index, event, model, tuple(steps), calls, graph_batch_size)
+                requests, tokens = end - start + pad_requests, live_end - live_start + padding
+                packed = np.empty((forwards, 4 * requests + 2 * tokens), dtype=_INT)
+                req_slots, token_counts, positions_of, loc, seq_lens_of, prefix_lens = _segments(packed, requests, tokens)
+                _fill(req_slots, slots[start:end], DUMMY_SLOT)
+                _fill(token_counts, counts[start:end], 1)
+                _fill(seq_lens_of, seq_lens[rows, start:end], 1)
+                _fill(prefix_lens, prefixes[rows, start:end], 0)
+                _fill(positions_of, prefixes[rows, start:end] if one_token_each else positions[rows, live_start:live_end], 0)
+                _fill(loc, full[rows, live_start:live_end], DUMMY_SLOT)
+                request_ids, num_live = tuple(event.requests[start:end]), live_end - live_start
+                # one token per request row: the token rows are the request rows
+                expanded = None if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding)
+                cell = [StepInputs(request_ids, num_live, torch.from_numpy(row), requests, expanded) for row in packed]
+                step_cells.append(cell)
+            cells.append(step_cells)
+        return [
+            ForwardPlan(block.index + forward, event, block.model,
+                        tuple(tuple(cell[j] for cell in step_cells) for step_cells in cells), block.calls, graph_batch_size)
+            for j, forward in enumerate(range(first, stop))
+        ]
 
-    def _allocate(self, slots: np.ndarray, counts: np.ndarray, prefixes: np.ndarray,
-                  one_token_each: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Request slot per token of a step, and positions and full slots ([step, token])
-        of every step's tokens, allocated as the engine does one token after another: step
-        by step, request by request, a token taking a new full page and (per model) a new
-        SWA page where its position starts one. No page is given back meanwhile, so each
-        pool hands out its lowest free pages in the order the tokens ask."""
+    def _allocate(self, block: "_Block") -> None:
+        """Request slot per token of a step, and positions and full and SWA slots ([forward
+        * step, token]) of every step's tokens of every forward of ``block``, allocated as
+        the engine does one token after another: forward by forward, step by step, request
+        by request, a token taking a new full page and (per model) a new SWA page where its
+        position starts one. No page is given back meanwhile, so each pool hands out its
+        lowest free pages in the order the tokens ask. The mappings are written forward by
+        forward (:meth:`_next_of`)."""
         c = self.config
-        if one_token_each:
+        slots, counts, prefixes = block.slots, block.counts, block.prefixes
+        if block.one_token_each:
             token_slots, positions = slots, prefixes
         else:
             token_slots = slots.repeat(counts)
             ends = counts.cumsum()
             within = np.arange(len(token_slots), dtype=_INT) - (ends - counts).repeat(counts)
             positions = prefixes.repeat(counts, axis=1) + within
-        steps = len(prefixes)
-        owners = token_slots if steps == 1 else np.tile(token_slots, steps)
+        rows = len(prefixes)
+        owners = token_slots if rows == 1 else np.tile(token_slots, rows)
         flat = positions.ravel()
         last = int(np.maximum.reduce(flat))
-        self._longest = max(self._longest, last + 1)
         full_paging = _Paging(flat, c.full_page_size, last)
         swa_paging = full_paging if c.swa_page_size == c.full_page_size else _Paging(flat, c.swa_page_size, last)
         # the first token that finds its pool empty fails, the full pool before the SWA pools
@@ -572,11 +782,15 @@ class EngineState:
         ]
         if empty:
             raise min(empty, key=lambda failure: failure[:2])[2].full()
-        full = full_paging.place(owners, self.full_pages, self._full_table)
-        for model in self.models:
-            self._rows[model][full] = swa_paging.place(owners, self.swa_pages[model], self._swa_tables[model])
+        self._longest = max(self._longest, last + 1)
+        block.full = full_paging.place(owners, self.full_pages, self._full_table).reshape(positions.shape)
+        block.swa = {
+            model: swa_paging.place(owners, self.swa_pages[model], self._swa_tables[model]).reshape(positions.shape)
+            for model in self.models
+        }
+        block.token_slots, block.positions = token_slots, positions
+        # read only once the block's forwards are applied (nothing else can happen meanwhile)
         self._length[slots] = prefixes[-1] + counts
-        return token_slots, positions, full.reshape(positions.shape)
 
     def _graph_batch_size(self, event: Event, live_tokens: int) -> int | None:
         if not event.graph:
@@ -623,12 +837,13 @@ def replay_events(state: EngineState, events) -> Iterator[ForwardPlan]:
     For readers of a scenario's shape (benchmarks, reports): no subject is involved, and a
     forward's mid-forward mutation is applied once its plan has been yielded.
     """
+    events = tuple(events)
     for index, event in enumerate(events):
         where = f"events[{index}]"
         if event.op != "forward":
             state.apply(event, where)
             continue
-        yield state.plan_forward(event, index, where)
+        yield state.plan_forward(event, index, where, events)
         if event.mutation is not None:
             state.apply(event.mutation, f"{where}.mutation")
         state.finish_forward()
@@ -652,6 +867,29 @@ def _split(count: int, parts: int) -> list[tuple[int, int]]:
         chunks.append((start, end))
         start = end
     return chunks
+
+
+def _joined(every: list[StepInputs], truth: str) -> SimpleNamespace:
+    """The token rows of ``every`` step input that the ``truth`` reads, one after another."""
+    return SimpleNamespace(**{
+        name: torch.cat([getattr(inputs, name) for inputs in every]) for name in _TRUTH_READS[truth]
+    })
+
+
+def _segments(packed: np.ndarray, requests: int, tokens: int) -> list[np.ndarray]:
+    """The views of :attr:`StepInputs.packed` (along the last axis), in
+    :data:`PACKED_INPUTS` order."""
+    r, t = requests, tokens
+    return [packed[..., :r], packed[..., r:2 * r], packed[..., 2 * r:2 * r + t], packed[..., 2 * r + t:2 * r + 2 * t],
+            packed[..., 2 * r + 2 * t:3 * r + 2 * t], packed[..., 3 * r + 2 * t:]]
+
+
+def _fill(segment: np.ndarray, values: np.ndarray, padding_value: int) -> None:
+    """``values``, then ``padding_value`` to the end of ``segment`` (along the last axis)."""
+    live = values.shape[-1]
+    segment[..., :live] = values
+    if live < segment.shape[-1]:
+        segment[..., live:] = padding_value
 
 
 def _padded(values: np.ndarray, fill: int, padding: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 INT32_MAX = 2**31 - 1
@@ -37,28 +38,27 @@ def translate_pool(mapping: torch.Tensor, out_cache_loc: torch.Tensor) -> torch.
     Location 0 is the dummy full slot (padding) and translates to the dummy SWA slot; any
     other location must be mapped, since a live token without an SWA slot has nowhere to go.
     """
-    loc = _host_int64(out_cache_loc)
-    table = _host_int64(mapping)
-    if loc.numel() == 0:
+    # numpy views of the host values: the reference runs once per forward and micro-batch,
+    # beside every checked answer, and numpy's operations cost a fraction of torch's there
+    loc = _host_int64(out_cache_loc).numpy()
+    table = _host_int64(mapping).numpy()
+    if loc.size == 0:
         return torch.empty(0, dtype=torch.int32)
-    # few operations, each read on the host once: the reference runs once per forward and
-    # micro-batch, beside every checked answer
-    try:
-        swa = table.index_select(0, loc)
-    except IndexError:  # negative or past the end: say which
-        first = int(loc[(loc < 0) | (loc >= table.numel())][0])
-        raise TruthError(f"out_cache_loc {first} is outside the full pool [0, {table.numel()})") from None
-    if int(table[DUMMY_SLOT]) != DUMMY_SLOT:
+    # read unsigned, a negative location is past the end too
+    if loc.view(np.uint64).max() >= table.size:
+        first = int(loc[(loc < 0) | (loc >= table.size)][0])
+        raise TruthError(f"out_cache_loc {first} is outside the full pool [0, {table.size})")
+    if table[DUMMY_SLOT] != DUMMY_SLOT:
         raise TruthError(f"mapping[0] is {int(table[DUMMY_SLOT])}: the dummy full slot must map to the dummy SWA slot 0")
+    swa = table[loc]
     # the dummy location translates to the dummy slot (checked above), so a live location
     # that translates to it too is the only way to have fewer non-dummy slots than locations
-    if int(torch.count_nonzero(swa)) != int(torch.count_nonzero(loc)):
+    if np.count_nonzero(swa) != np.count_nonzero(loc):
         first = int(loc[(loc != DUMMY_SLOT) & (swa == DUMMY_SLOT)][0])
         raise TruthError(f"live full slot {first} has no SWA slot (mapping[{first}] == 0)")
-    lowest, highest = (int(bound) for bound in torch.aminmax(swa))
-    if lowest < 0 or highest > INT32_MAX:
+    if swa.view(np.uint64).max() > INT32_MAX:  # negative slots included, read unsigned
         raise TruthError("SWA slot does not fit in int32")
-    return swa.int()
+    return torch.from_numpy(swa.astype(np.int32))
 
 
 def _host_int64(values: torch.Tensor) -> torch.Tensor:

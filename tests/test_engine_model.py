@@ -9,7 +9,7 @@ pool layout must be one a real engine could be in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -624,3 +624,160 @@ def test_long_requests_keep_every_token_mapped_as_their_page_tables_grow():
     # pages are the lowest free now
     plan = _forward(state, 3, mode="extend", requests=[39], tokens=[3])
     assert plan.steps[0][0].out_cache_loc.tolist() == sorted(locs[7])[:3]
+
+
+# ---- runs of one forward, planned as a block ----------------------------------------------
+
+
+def _plan_record(plan) -> tuple:
+    steps = tuple(
+        tuple((inputs.request_ids, inputs.num_live, *(getattr(inputs, name).tolist() for name in (
+            "req_slots", "token_counts", "prefix_lens", "seq_lens", "token_slots", "positions", "out_cache_loc",
+        ))) for inputs in step)
+        for step in plan.steps
+    )
+    return plan.index, plan.model, plan.calls, plan.graph_batch_size, steps
+
+
+def _read(state: EngineState, model: str, inputs, truth: str):
+    try:
+        return state.expected(model, inputs, truth).tolist()
+    except TruthError as exc:
+        return str(exc)
+
+
+def _observed_run(scenario_events, config: EngineConfig, blocks: bool) -> list:
+    """Everything a caller sees, event by event: each plan and the reference's rows for
+    it, and the mappings, version and mapping epoch after each event, each plan and each
+    forward's eviction; the first
+    scenario error ends it. ``blocks``: the planner is shown the events ahead."""
+    state = EngineState(config)
+    events = list(scenario_events)
+    seen: list = []
+
+    def observe(what) -> None:
+        seen.append((what, state.version, state.mapping_epoch,
+                     {model: rows.tolist() for model, rows in state.mappings.items()}))
+
+    for index, event in enumerate(events):
+        where = f"events[{index}]"
+        try:
+            if event.op != "forward":
+                state.apply(event, where)
+                observe(event.op)
+                continue
+            plan = state.plan_forward(event, index, where, events if blocks else ())
+            observe(_plan_record(plan))
+            observe([_read(state, plan.model, inputs, truth)
+                     for truth in ("pool", "ring") for step in plan.steps for inputs in step])
+            if event.mutation is not None:
+                state.apply(event.mutation, f"{where}.mutation")
+                observe("mutation")
+        except ScenarioError as exc:
+            seen.append(("error", str(exc)))
+            break
+        state.finish_forward()
+        observe("eviction")
+    return seen
+
+
+def _stuttered(data, events) -> list:
+    """``events`` with each forward repeated a drawn number of times, as one object or as
+    equal copies: runs of every kind of forward."""
+    out = []
+    for event in events:
+        out.append(event)
+        if event.op == "forward":
+            for _ in range(data.draw(st.integers(0, 3), label="repeats")):
+                out.append(event if data.draw(st.booleans(), label="same object") else replace(event))
+    return out
+
+
+@pytest.mark.parametrize("profile", ["realistic", "adversarial"])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_runs_planned_as_blocks_give_what_forward_by_forward_planning_gives(profile, data):
+    from strategies.scenarios import scenarios
+
+    scenario = data.draw(scenarios(profile), label="scenario")
+    events = _stuttered(data, scenario.events)
+    assert _observed_run(events, scenario.config, blocks=True) == _observed_run(events, scenario.config, blocks=False)
+
+
+def _decodes(count: int, requests: list[int], **spec) -> list[Event]:
+    event = Event.from_dict({"op": "forward", "requests": requests, **spec}, "f")
+    return [Event(op="admit", count=len(requests))] + [event] * count
+
+
+@pytest.mark.parametrize("config, events", [
+    # the run reaches the window, then evicts after every forward
+    (EngineConfig(sliding_window=5, full_pool_size=64, swa_pool_size=64), _decodes(9, [0, 1])),
+    (EngineConfig(sliding_window=6, full_page_size=2, swa_page_size=4, full_pool_size=64, swa_pool_size=64),
+     _decodes(9, [0, 1, 2], micro_batches=2)),
+    # the pools run out inside the run: the forward that finds one empty says so
+    (EngineConfig(sliding_window=64, full_pool_size=12, swa_pool_size=64), _decodes(9, [0, 1])),
+    (EngineConfig(sliding_window=64, full_pool_size=64, swa_pool_size=9, draft_model=True, speculative=True,
+                  num_draft_tokens=2), _decodes(6, [0, 1], mode="draft", steps=2)),
+    (EngineConfig(sliding_window=8, graph_batch_sizes=(4,)), _decodes(5, [0, 1, 2], graph=True)),
+    (EngineConfig(sliding_window=16), _decodes(5, [0, 1], mode="extend", tokens=[1, 3])),
+])
+def test_a_run_that_reaches_the_window_or_fills_a_pool_is_planned_as_forward_by_forward(config, events):
+    blocked = _observed_run(events, config, blocks=True)
+    assert blocked == _observed_run(events, config, blocks=False)
+    assert len(blocked) > 4
+
+
+def test_the_forwards_of_a_run_within_the_window_are_allocated_with_its_first():
+    state = _state(sliding_window=8, full_pool_size=64, swa_pool_size=64)
+    events = _decodes(10, [0, 1])
+    state.apply(events[0], "events[0]")
+    available = state.full_pages.available
+    state.plan_forward(events[1], 1, "events[1]", events)
+    # the window holds 8 tokens: the first 8 forwards' 2 tokens each are taken at once
+    assert available - state.full_pages.available == 16
+    # yet the mapping holds the first forward's tokens only
+    assert int(state.mappings["target"].count_nonzero()) == 2
+
+
+def test_a_block_cannot_be_left_half_applied():
+    state = _state(sliding_window=8)
+    events = _decodes(3, [0])
+    state.apply(events[0], "events[0]")
+    state.plan_forward(events[1], 1, "events[1]", events)
+    state.finish_forward()
+    with pytest.raises(RuntimeError, match="planned block"):
+        state.apply(Event(op="admit", count=1), "events[2]")
+    with pytest.raises(RuntimeError, match="planned block"):
+        state.plan_forward(events[3], 3, "events[3]", events)
+
+
+def test_a_forward_of_a_block_that_the_reference_refuses_is_refused_when_it_asks():
+    state = _state(sliding_window=8)
+    events = _decodes(3, [0, 1])
+    state.apply(events[0], "events[0]")
+    first = state.plan_forward(events[1], 1, "events[1]", events).steps[0][0]
+    unmapped = int(first.out_cache_loc[1])
+    state.mappings["target"][unmapped] = DUMMY_SLOT  # a mapping the engine never leaves
+    with pytest.raises(TruthError, match=rf"live full slot {unmapped} has no SWA slot"):
+        state.expected("target", first, "pool")
+    assert state.expected("target", first, "ring").tolist() == [8, 16]
+    state.finish_forward()
+    second = state.plan_forward(events[2], 2, "events[2]", events).steps[0][0]
+    mapping = state.mappings["target"]
+    assert state.expected("target", second, "pool").tolist() == mapping[second.out_cache_loc].tolist()
+    assert 0 not in mapping[second.out_cache_loc].tolist()
+
+
+def test_a_run_of_requests_within_the_window_is_a_block_after_another_request_left_it():
+    config = EngineConfig(sliding_window=4, full_pool_size=64, swa_pool_size=64)
+    long = Event.from_dict({"op": "forward", "mode": "extend", "requests": [0], "tokens": [6]}, "f")
+    short = Event.from_dict({"op": "forward", "requests": [1, 2]}, "f")
+    events = [Event(op="admit", count=3), long, short, short, short, short, short]
+    assert _observed_run(events, config, blocks=True) == _observed_run(events, config, blocks=False)
+    state = EngineState(config)
+    state.apply(events[0], "events[0]")
+    state.plan_forward(long, 1, "events[1]")
+    state.finish_forward()
+    available = state.full_pages.available
+    state.plan_forward(short, 2, "events[2]", events)
+    assert available - state.full_pages.available == 8  # four forwards of two tokens: the window's worth

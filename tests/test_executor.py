@@ -17,6 +17,7 @@ from harness.diagnosis import Divergence
 from harness import executor
 from harness.devices import HostTimeline
 from harness.executor import check_subject
+from harness.registry import resolve_subject
 from reference import Scenario
 from strategies.examples import EXAMPLES
 
@@ -793,3 +794,62 @@ def test_an_answer_checked_after_the_device_settles_names_its_own_call(monkeypat
     assert settled.layer_id == immediate.layer_id == 0
     assert settled.call == immediate.call
     assert settled.sentence == immediate.sentence
+
+
+# ---- runs of one forward, planned as a block ----------------------------------------------
+
+
+class _StaleAtFifth(Uncached):
+    """Right, except that the fifth forward's layers get the fourth's rows."""
+
+    def init_forward_metadata(self, batch):
+        batch.backend.previous = getattr(batch.backend, "rows", None)
+        batch.backend.rows = self.mapping[batch.out_cache_loc].to(torch.int32)
+
+    def swa_write_location(self, batch, layer_id):
+        stale = batch.forward_id == 5 and batch.backend.previous is not None
+        return (batch.backend.previous if stale else batch.backend.rows).clone()
+
+
+class _WritesItsInputs(Uncached):
+    """Overwrites its locations after reading them, and its mapping's dummy slot: what the
+    harness hands the next forward must not show it."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        batch.out_cache_loc.fill_(0)
+        self.mapping[0] = 7
+        return rows
+
+
+def _decode_run(graph: bool = False, micro_batches: int = 1) -> Scenario:
+    forward = {"op": "forward", "requests": [0, 1, 2], "micro_batches": micro_batches,
+               **({"graph": True} if graph else {})}
+    return _scenario(
+        {"start_layer": 0, "end_layer": 3, "sliding_window": 6, "graph_batch_sizes": [4]},
+        [{"op": "admit", "count": 3}] + [forward] * 12,
+    )
+
+
+def _everything_seen(subject, scenario: Scenario) -> tuple:
+    stores = []
+    result = run_scenario(subject, scenario, keep_going=True, on_store=stores.append)
+    return result, stores
+
+
+@pytest.mark.parametrize("subject", [Uncached, UncachedRing, PoolStartLayer, _StaleAtFifth, _WritesItsInputs, *(
+    resolve_subject(name).subject for name in ("step-keyed", "unified-metadata", "swa-out-shape-guard", "unified-graph-assign")
+)])
+@pytest.mark.parametrize("scenario", [_decode_run(), _decode_run(graph=True), _decode_run(micro_batches=2)])
+def test_a_run_planned_as_blocks_is_checked_and_diagnosed_as_forward_by_forward(subject, scenario, monkeypatch):
+    blocked = _everything_seen(subject, scenario)
+    monkeypatch.setattr("reference.engine._MAX_BLOCK", 1)
+    assert blocked == _everything_seen(subject, scenario)
+    assert blocked[0].forwards == 12
+
+
+def test_a_divergence_inside_a_block_stops_the_run_where_forward_by_forward_planning_does(monkeypatch):
+    blocked = run_scenario(_StaleAtFifth, _decode_run())
+    assert blocked.divergence.forward == 5 and "the rows of forward 4" in blocked.divergence.sentence
+    monkeypatch.setattr("reference.engine._MAX_BLOCK", 1)
+    assert blocked == run_scenario(_StaleAtFifth, _decode_run())

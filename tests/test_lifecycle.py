@@ -227,13 +227,13 @@ def test_a_new_mapping_gets_an_address_other_than_the_registered_one():
 
 def test_a_block_that_grows_keeps_the_old_one_so_no_live_view_shares_an_address_with_a_new_one():
     arena = Arena(torch.device("cpu"))
-    (small,) = arena.place("slot", [torch.arange(4)])
-    (large,) = arena.place("slot", [torch.arange(1000)])
+    small = arena.place("slot", [torch.arange(4)])
+    large = arena.place("slot", [torch.arange(1000)])
     small_range = range(small.data_ptr(), small.data_ptr() + 4 * small.element_size())
     large_range = range(large.data_ptr(), large.data_ptr() + 1000 * large.element_size())
     assert not set(small_range) & set(large_range)
     assert small.tolist() == [0, 1, 2, 3] and large.tolist() == list(range(1000))
-    (again,) = arena.place("slot", [torch.arange(3)])
+    again = arena.place("slot", [torch.arange(3)])
     assert again.data_ptr() == large.data_ptr()
 
 
