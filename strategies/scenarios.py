@@ -115,7 +115,7 @@ _PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
 # 1-64 branch, which the shrinker moves a deep stage to before lowering it into the
 # few-layer one.
 _STAGE_LAYERS = _either((st.integers(1, 3), st.integers(1, 64), st.integers(16, 64), st.integers(43, 64)))
-_GRAPH_SIZE_SETS = st.sets(st.sampled_from([1, 2, 4, 8, 16, 64, 256]), min_size=1)
+_GRAPH_SIZES = (1, 2, 4, 8, 16, 64, 256)
 
 
 @dataclass
@@ -168,7 +168,7 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
     num_layers = draw(_STAGE_LAYERS)
     stage = tuple(range(start_layer, start_layer + num_layers))
     # DeepSeek-V4 stores SWA keys in every layer; a hybrid model leaves some layers out
-    non_swa = draw(_layer_sets(stage, max_size=num_layers - 1)) if draw(st.booleans()) else []
+    non_swa = _subset(draw, stage, max_size=num_layers - 1) if draw(st.booleans()) else []
     swa_layers = frozenset(stage) - frozenset(non_swa)
     sliding_window = draw(_small_or(1, 8, 128))
     speculative = draw(st.booleans())
@@ -220,24 +220,31 @@ def _one_of_values(values: tuple) -> st.SearchStrategy:
 # Requests are drawn by their place among the live ones: the strategies then depend on how
 # many are live, which repeats from draw to draw, not on their ids, which seldom do (a new
 # strategy costs a validation that outweighs the draw).
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=None)
 def _places(count: int) -> st.SearchStrategy[int]:
-    return st.sampled_from(range(count))
+    return st.integers(0, count - 1)
 
 
-@lru_cache(maxsize=1024)
-def _batch_places(count: int) -> st.SearchStrategy[list[int]]:
-    """The requests a forward schedules: any non-empty subset of the live ones, in any order."""
-    return st.lists(_places(count), min_size=1, max_size=count, unique=True)
+_ANOTHER = st.integers(0, 3)  # 0 ends a subset: three in four draws take one more
+
+
+def _subset(draw, items: tuple | list, min_size: int = 0, max_size: int | None = None) -> list:
+    """Distinct items in drawn order, each drawn as its place among those not yet taken.
+
+    Every choice is valid whatever the others are: lowering a place never names a taken
+    item, so the shrinker never meets a duplicate a unique list would redraw (a choice past
+    the end of the candidate, which Hypothesis discards without running it). Places shrink
+    to the first items in order, the length toward ``min_size``."""
+    left = list(items)
+    high = len(left) if max_size is None else min(max_size, len(left))
+    taken: list = []
+    while len(taken) < high and (len(taken) < min_size or draw(_ANOTHER)):
+        taken.append(left.pop(draw(_places(len(left)))))
+    return taken
 
 
 def _live_request(draw, sim: _Sim) -> int:
     return sim.live[draw(_places(len(sim.live)))]
-
-
-@lru_cache(maxsize=1024)
-def _layer_sets(stage: tuple[int, ...], min_size: int = 0, max_size: int | None = None) -> st.SearchStrategy[list[int]]:
-    return st.lists(st.sampled_from(stage), unique=True, min_size=min_size, max_size=max_size)
 
 
 @lru_cache(maxsize=1024)
@@ -325,7 +332,7 @@ def _forwards(draw, sim: _Sim) -> Event:
     if mode == "idle":
         requests: tuple[int, ...] = ()
     elif draw(st.booleans()):
-        requests = tuple(sim.live[place] for place in draw(_batch_places(len(sim.live))))
+        requests = tuple(_subset(draw, sim.live, min_size=1))
     else:
         requests = tuple(sim.live)
     tokens: tuple[int, ...] = ()
@@ -345,7 +352,7 @@ def _forwards(draw, sim: _Sim) -> Event:
     graph, pad = False, 0
     if mode in ("decode", "idle") and draw(st.booleans()):
         if not sim.graph_sizes:
-            sim.graph_sizes = tuple(sorted(draw(_GRAPH_SIZE_SETS)))
+            sim.graph_sizes = tuple(sorted(_subset(draw, _GRAPH_SIZES, min_size=1)))
         pad = draw(st.integers(0, 4)) if mode == "idle" else 0
         graph = max(live_tokens, pad) <= sim.graph_sizes[-1]
         pad = pad if graph else 0
@@ -363,7 +370,7 @@ def _forwards(draw, sim: _Sim) -> Event:
         if draw(st.booleans()):
             layers = tuple(draw(_layer_lists(stage)))
         if draw(st.booleans()):
-            skip_layers = tuple(draw(_layer_sets(stage, min_size=1)))
+            skip_layers = tuple(_subset(draw, stage, min_size=1))
     elif mode == "idle" and speculative and not graph:
         skip_init = True
 
