@@ -111,14 +111,10 @@ def _small_or(lo: int, small: int, large: int) -> st.SearchStrategy[int]:
 _PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
 # a few layers (where failures shrink to) in one stage of four, tens in the others, and
 # nearly half of all stages 43-64 layers deep, as a DeepSeek-V4 stage is: every forward
-# checks each of them, so a deep stage makes checks cheap. A scenario with a run draws the
-# third branch deep as well: the run's forwards check every layer of the stage, so that is
-# where depth pays most. The branches of both line up (each value lies in the same-index
-# branch of the other), so deleting the run leaves the stage as it was, and every
-# branch's values lie in the 1-64 branch, which the shrinker moves a deep stage to before
-# lowering it into the few-layer one.
+# checks each of them, so a deep stage makes checks cheap. Every branch's values lie in the
+# 1-64 branch, which the shrinker moves a deep stage to before lowering it into the
+# few-layer one.
 _STAGE_LAYERS = _either((st.integers(1, 3), st.integers(1, 64), st.integers(16, 64), st.integers(43, 64)))
-_STAGE_LAYERS_UNDER_A_RUN = _either((st.integers(1, 3), st.integers(1, 64), st.integers(43, 64), st.integers(43, 64)))
 _GRAPH_SIZES = (1, 2, 4, 8, 16, 64, 256)
 
 
@@ -169,7 +165,7 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
     # the short scenario.
     run_length, run_before = draw(_runs(MAX_LONG_RUN if long_horizon else MAX_RUN))
     start_layer = draw(_small_or(0, 1, 60))
-    num_layers = draw(_STAGE_LAYERS_UNDER_A_RUN if run_length else _STAGE_LAYERS)
+    num_layers = draw(_STAGE_LAYERS)
     stage = tuple(range(start_layer, start_layer + num_layers))
     # DeepSeek-V4 stores SWA keys in every layer; a hybrid model leaves some layers out
     non_swa = _subset(draw, stage, max_size=num_layers - 1) if draw(st.booleans()) else []
