@@ -19,19 +19,29 @@ so that state which goes stale only after hundreds of forwards, a step counter t
 256 or a ring of per-step buffers, is reached). A serving engine spends most of its forwards
 so, and a run checks every layer of its batch in every forward for the price of three
 choices in Hypothesis's choice sequence: a branch index, a length and the interesting
-forward it comes before (one choice, the index, where there is none). They are the first
+forward it comes before (one choice, the index, where there is none). Three scenarios in
+four hold a run, and two in three runs are long (three quarters of the budget or more):
+the run is where checks come for no choices, so it is the common case. They are the first
 choices of a scenario, so the shrinker's first attempt drops a run the failure does not
 need, and otherwise shortens it as a single integer, to the fewest forwards that still
 reproduce.
 
+Forwards: up to :data:`MAX_FORWARDS` interesting ones, two in three draws taking one more.
+Most triggers come per forward (a multi-step draft, a ragged batch, a graph replay), so
+each forward is another chance at one for the price of its own choices, and the shrinker
+deletes the forwards a failure does not need.
+
 Cost: the fuzzer's speed is layer checks per second, and a draw costs per choice and per
 strategy built, whatever it yields. So nearly half of all stages are as deep as a
 DeepSeek-V4 stage (43-64 layers, each checked by every forward), a branch is drawn as ``one_of`` draws
-it without the strategy ``one_of`` builds per draw (:func:`_either`), requests are drawn by
-their place among the live ones (the strategies depend on how many are live and are built
-once), and an adversarial interleaving is a few (micro-batch, count) chunks rather than a
-permutation of every store of a forward. Fewer choices also mean fewer shrink attempts:
-most of the time to a shrunk divergence is Hypothesis drawing the shrinker's candidates.
+it without the strategy ``one_of`` builds per draw (:func:`_either`), a subset (the requests
+a forward schedules, a hybrid model's full-attention layers, skipped layers, graph sizes) is
+drawn as places among the items not yet taken (the strategies depend only on how many are
+left and are built once, and no choice can name an item twice, so a shrink candidate never
+makes a unique list redraw past the end of its choices), and an adversarial interleaving is
+a few (micro-batch, count) chunks rather than a permutation of every store of a forward.
+Fewer choices also mean fewer shrink attempts: most of the time to a shrunk divergence is
+Hypothesis drawing the shrinker's candidates.
 """
 
 from __future__ import annotations
