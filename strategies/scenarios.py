@@ -19,19 +19,29 @@ so that state which goes stale only after hundreds of forwards, a step counter t
 256 or a ring of per-step buffers, is reached). A serving engine spends most of its forwards
 so, and a run checks every layer of its batch in every forward for the price of three
 choices in Hypothesis's choice sequence: a branch index, a length and the interesting
-forward it comes before (one choice, the index, where there is none). They are the first
+forward it comes before (one choice, the index, where there is none). Three scenarios in
+four hold a run, and two in three runs are long (three quarters of the budget or more):
+the run is where checks come for no choices, so it is the common case. They are the first
 choices of a scenario, so the shrinker's first attempt drops a run the failure does not
 need, and otherwise shortens it as a single integer, to the fewest forwards that still
 reproduce.
 
+Forwards: up to :data:`MAX_FORWARDS` interesting ones, two in three draws taking one more.
+Most triggers come per forward (a multi-step draft, a ragged batch, a graph replay), so
+each forward is another chance at one for the price of its own choices, and the shrinker
+deletes the forwards a failure does not need.
+
 Cost: the fuzzer's speed is layer checks per second, and a draw costs per choice and per
 strategy built, whatever it yields. So nearly half of all stages are as deep as a
 DeepSeek-V4 stage (43-64 layers, each checked by every forward), a branch is drawn as ``one_of`` draws
-it without the strategy ``one_of`` builds per draw (:func:`_either`), requests are drawn by
-their place among the live ones (the strategies depend on how many are live and are built
-once), and an adversarial interleaving is a few (micro-batch, count) chunks rather than a
-permutation of every store of a forward. Fewer choices also mean fewer shrink attempts:
-most of the time to a shrunk divergence is Hypothesis drawing the shrinker's candidates.
+it without the strategy ``one_of`` builds per draw (:func:`_either`), a subset (the requests
+a forward schedules, a hybrid model's full-attention layers, skipped layers, graph sizes) is
+drawn as places among the items not yet taken (the strategies depend only on how many are
+left and are built once, and no choice can name an item twice, so a shrink candidate never
+makes a unique list redraw past the end of its choices), and an adversarial interleaving is
+a few (micro-batch, count) chunks rather than a permutation of every store of a forward.
+Fewer choices also mean fewer shrink attempts: most of the time to a shrunk divergence is
+Hypothesis drawing the shrinker's candidates.
 """
 
 from __future__ import annotations
@@ -115,7 +125,7 @@ _PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
 # 1-64 branch, which the shrinker moves a deep stage to before lowering it into the
 # few-layer one.
 _STAGE_LAYERS = _either((st.integers(1, 3), st.integers(1, 64), st.integers(16, 64), st.integers(43, 64)))
-_GRAPH_SIZE_SETS = st.sets(st.sampled_from([1, 2, 4, 8, 16, 64, 256]), min_size=1)
+_GRAPH_SIZES = (1, 2, 4, 8, 16, 64, 256)
 
 
 @dataclass
@@ -168,7 +178,7 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
     num_layers = draw(_STAGE_LAYERS)
     stage = tuple(range(start_layer, start_layer + num_layers))
     # DeepSeek-V4 stores SWA keys in every layer; a hybrid model leaves some layers out
-    non_swa = draw(_layer_sets(stage, max_size=num_layers - 1)) if draw(st.booleans()) else []
+    non_swa = _subset(draw, stage, max_size=num_layers - 1) if draw(st.booleans()) else []
     swa_layers = frozenset(stage) - frozenset(non_swa)
     sliding_window = draw(_small_or(1, 8, 128))
     speculative = draw(st.booleans())
@@ -220,24 +230,31 @@ def _one_of_values(values: tuple) -> st.SearchStrategy:
 # Requests are drawn by their place among the live ones: the strategies then depend on how
 # many are live, which repeats from draw to draw, not on their ids, which seldom do (a new
 # strategy costs a validation that outweighs the draw).
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=None)
 def _places(count: int) -> st.SearchStrategy[int]:
-    return st.sampled_from(range(count))
+    return st.integers(0, count - 1)
 
 
-@lru_cache(maxsize=1024)
-def _batch_places(count: int) -> st.SearchStrategy[list[int]]:
-    """The requests a forward schedules: any non-empty subset of the live ones, in any order."""
-    return st.lists(_places(count), min_size=1, max_size=count, unique=True)
+_ANOTHER = st.integers(0, 3)  # 0 ends a subset: three in four draws take one more
+
+
+def _subset(draw, items: tuple | list, min_size: int = 0, max_size: int | None = None) -> list:
+    """Distinct items in drawn order, each drawn as its place among those not yet taken.
+
+    Every choice is valid whatever the others are: lowering a place never names a taken
+    item, so the shrinker never meets a duplicate a unique list would redraw (a choice past
+    the end of the candidate, which Hypothesis discards without running it). Places shrink
+    to the first items in order, the length toward ``min_size``."""
+    left = list(items)
+    high = len(left) if max_size is None else min(max_size, len(left))
+    taken: list = []
+    while len(taken) < high and (len(taken) < min_size or draw(_ANOTHER)):
+        taken.append(left.pop(draw(_places(len(left)))))
+    return taken
 
 
 def _live_request(draw, sim: _Sim) -> int:
     return sim.live[draw(_places(len(sim.live)))]
-
-
-@lru_cache(maxsize=1024)
-def _layer_sets(stage: tuple[int, ...], min_size: int = 0, max_size: int | None = None) -> st.SearchStrategy[list[int]]:
-    return st.lists(st.sampled_from(stage), unique=True, min_size=min_size, max_size=max_size)
 
 
 @lru_cache(maxsize=1024)
@@ -255,15 +272,19 @@ def _token_counts(high: int, requests: int) -> st.SearchStrategy[list[int]]:
 
 
 _RUN_PLACES = st.integers(0, MAX_FORWARDS - 1)  # the interesting forward a run comes before
+_ANOTHER_FORWARD = st.integers(0, 2)  # 0 ends a scenario: two in three draws take one more forward
 
 
 @lru_cache(maxsize=None)
 def _runs(budget: int) -> st.SearchStrategy[tuple[int, int]]:
     """(length, place) of the run, (0, 0) for none, which one scenario in four holds. No run
     is the first branch: one choice for the shrinker to reach, after which a scenario
-    carries no run choices at all."""
-    run = st.tuples(st.integers(1, budget), _RUN_PLACES)
-    return _either((st.just((0, 0)), run, run, run))
+    carries no run choices at all. Of the runs drawn, two in three are long (three
+    quarters of the budget or more); their values lie in the branch of any length, which
+    the shrinker moves a run to before shortening it."""
+    any_length = st.tuples(st.integers(1, budget), _RUN_PLACES)
+    long = st.tuples(st.integers(budget - budget // 4, budget), _RUN_PLACES)
+    return _either((st.just((0, 0)), any_length, long, long))
 
 
 def _plain_decodes(sim: _Sim) -> list[Event]:
@@ -286,7 +307,7 @@ def _forwards_from(draw, sim: _Sim, index: int) -> list[Event]:
     first included, with the state event after it, by putting the span of the forwards
     after it in its place (Hypothesis replaces a span with a nested span of the same
     label); deleting single choices drops only forwards of at most five."""
-    more = draw(st.booleans()) and index + 1 < MAX_FORWARDS
+    more = draw(_ANOTHER_FORWARD) != 0 and index + 1 < MAX_FORWARDS
     events = _plain_decodes(sim) if sim.run and (index == sim.run_before or not more) else []
     events.append(draw(_forwards(sim)))
     if more:
@@ -325,7 +346,7 @@ def _forwards(draw, sim: _Sim) -> Event:
     if mode == "idle":
         requests: tuple[int, ...] = ()
     elif draw(st.booleans()):
-        requests = tuple(sim.live[place] for place in draw(_batch_places(len(sim.live))))
+        requests = tuple(_subset(draw, sim.live, min_size=1))
     else:
         requests = tuple(sim.live)
     tokens: tuple[int, ...] = ()
@@ -345,7 +366,7 @@ def _forwards(draw, sim: _Sim) -> Event:
     graph, pad = False, 0
     if mode in ("decode", "idle") and draw(st.booleans()):
         if not sim.graph_sizes:
-            sim.graph_sizes = tuple(sorted(draw(_GRAPH_SIZE_SETS)))
+            sim.graph_sizes = tuple(sorted(_subset(draw, _GRAPH_SIZES, min_size=1)))
         pad = draw(st.integers(0, 4)) if mode == "idle" else 0
         graph = max(live_tokens, pad) <= sim.graph_sizes[-1]
         pad = pad if graph else 0
@@ -363,7 +384,7 @@ def _forwards(draw, sim: _Sim) -> Event:
         if draw(st.booleans()):
             layers = tuple(draw(_layer_lists(stage)))
         if draw(st.booleans()):
-            skip_layers = tuple(draw(_layer_sets(stage, min_size=1)))
+            skip_layers = tuple(_subset(draw, stage, min_size=1))
     elif mode == "idle" and speculative and not graph:
         skip_init = True
 

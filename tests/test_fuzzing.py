@@ -125,18 +125,21 @@ class SlowUncached(Uncached):
 
 
 class WrongAfterLayer0ThenSlow(Uncached):
-    """Wrong in every layer but layer 0, so all but the simplest scenario diverge; once it
-    has answered wrong, every call is slow, so finding is quick and shrinking takes long."""
+    """Wrong in every layer but layer 0, so all but the simplest scenario diverge; every
+    scenario after the one it first answered wrong in is slow, so finding is quick and
+    shrinking takes long (whatever the first scenario runs, graph warm-ups included)."""
 
-    answered_wrong = False  # on the class: the fuzzer makes a new instance per scenario
+    first_wrong = None  # on the class: the fuzzer makes a new instance per scenario
 
     def swa_write_location(self, batch, layer_id):
-        if WrongAfterLayer0ThenSlow.answered_wrong:
+        first = WrongAfterLayer0ThenSlow.first_wrong
+        if first is not None and first is not self:
             time.sleep(0.1)
         rows = super().swa_write_location(batch, layer_id)
         if layer_id == 0:
             return rows
-        WrongAfterLayer0ThenSlow.answered_wrong = True
+        if first is None:
+            WrongAfterLayer0ThenSlow.first_wrong = self
         return rows + 1
 
 

@@ -82,6 +82,22 @@ def test_default_scenarios_hold_runs_of_plain_decodes_short_of_a_step_counter_wr
 
 
 @pytest.mark.parametrize("profile", PROFILES)
+def test_many_default_scenarios_hold_a_run_three_quarters_of_the_longest_or_more(profile):
+    # a run's forwards are checks for no choices: long runs are what make checks cheap, so
+    # they are a common case rather than the tail
+    long_runs = []
+
+    @settings(FAST, max_examples=300, derandomize=True)
+    @given(scenarios(profile))
+    def check(scenario):
+        decodes = sum(e.op == "forward" and e.mode == "decode" for e in scenario.events)
+        long_runs.append(decodes >= MAX_RUN * 3 // 4)
+
+    check()
+    assert sum(long_runs) >= len(long_runs) / 3
+
+
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("seed", [3, 5])
 def test_shrinking_deletes_every_forward_the_failure_does_not_need(profile, seed):
     # a forward is more choices than Hypothesis deletes one by one: the forwards before a
