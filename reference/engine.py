@@ -214,6 +214,23 @@ class _Request(NamedTuple):
 PACKED_INPUTS = ("req_slots", "token_counts", "positions", "out_cache_loc", "seq_lens", "prefix_lens")
 
 
+class _PackedField:
+    """One of :data:`PACKED_INPUTS` of a :class:`StepInputs`: a view of its packed tensor,
+    made when first read and kept (as ``functools.cached_property`` keeps a value)."""
+
+    def __init__(self, doc: str):
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.index = name, PACKED_INPUTS.index(name)
+
+    def __get__(self, inputs: "StepInputs | None", owner: type | None = None):
+        if inputs is None:
+            return self
+        inputs.__dict__[self.name] = view = inputs._field(self.index)
+        return view
+
+
 @dataclass(frozen=True)
 class StepInputs:
     """What one micro-batch of one (draft) step writes, live rows first, then padding.
@@ -240,35 +257,12 @@ class StepInputs:
     # (otherwise the token rows are the request rows: req_slots)
     expanded_slots: torch.Tensor | None = None
 
-    @functools.cached_property
-    def req_slots(self) -> torch.Tensor:
-        """int64, one per request row (padded requests use slot 0)."""
-        return self._field(0)
-
-    @functools.cached_property
-    def token_counts(self) -> torch.Tensor:
-        """int64, tokens per request row."""
-        return self._field(1)
-
-    @functools.cached_property
-    def positions(self) -> torch.Tensor:
-        """int64, one per token row."""
-        return self._field(2)
-
-    @functools.cached_property
-    def out_cache_loc(self) -> torch.Tensor:
-        """int64, full-pool slot per token row."""
-        return self._field(3)
-
-    @functools.cached_property
-    def seq_lens(self) -> torch.Tensor:
-        """int64, per request row (see above)."""
-        return self._field(4)
-
-    @functools.cached_property
-    def prefix_lens(self) -> torch.Tensor:
-        """int64, tokens per request row written before this step."""
-        return self._field(5)
+    req_slots = _PackedField("int64, one per request row (padded requests use slot 0).")
+    token_counts = _PackedField("int64, tokens per request row.")
+    positions = _PackedField("int64, one per token row.")
+    out_cache_loc = _PackedField("int64, full-pool slot per token row.")
+    seq_lens = _PackedField("int64, per request row (see above).")
+    prefix_lens = _PackedField("int64, tokens per request row written before this step.")
 
     @functools.cached_property
     def token_slots(self) -> torch.Tensor:
