@@ -271,17 +271,19 @@ class StepInputs:
 
     @property
     def num_rows(self) -> int:
-        """Token rows, padded ones included."""
+        """Token rows, padded ones included (the packed tensor holds them twice, and the
+        request rows four times)."""
         return (self.packed.shape[0] - 4 * self.num_requests) // 2
 
     @property
     def packed_sizes(self) -> tuple[int, ...]:
         """The length of each of PACKED_INPUTS in :attr:`packed`."""
-        requests, tokens = self.num_requests, self.num_rows
-        return requests, requests, tokens, tokens, requests, requests
+        return _packed_sizes(self.num_requests, self.num_rows)
 
     def _field(self, index: int) -> torch.Tensor:
-        return torch.from_numpy(_segments(self.packed.numpy(), self.num_requests, self.num_rows)[index])
+        sizes = self.packed_sizes
+        start = sum(sizes[:index])
+        return torch.from_numpy(self.packed.numpy()[start:start + sizes[index]])
 
 
 @dataclass(frozen=True)
@@ -870,12 +872,20 @@ def _joined(every: list[StepInputs], truth: str) -> SimpleNamespace:
     })
 
 
+def _packed_sizes(requests: int, tokens: int) -> tuple[int, ...]:
+    """The length of each of :data:`PACKED_INPUTS` in a packed tensor: four fields of
+    request rows and two of token rows."""
+    return requests, requests, tokens, tokens, requests, requests
+
+
 def _segments(packed: np.ndarray, requests: int, tokens: int) -> list[np.ndarray]:
     """The views of :attr:`StepInputs.packed` (along the last axis), in
     :data:`PACKED_INPUTS` order."""
-    r, t = requests, tokens
-    return [packed[..., :r], packed[..., r:2 * r], packed[..., 2 * r:2 * r + t], packed[..., 2 * r + t:2 * r + 2 * t],
-            packed[..., 2 * r + 2 * t:3 * r + 2 * t], packed[..., 3 * r + 2 * t:]]
+    views, start = [], 0
+    for size in _packed_sizes(requests, tokens):
+        views.append(packed[..., start:start + size])
+        start += size
+    return views
 
 
 def _fill(segment: np.ndarray, values: np.ndarray, padding_value: int) -> None:
