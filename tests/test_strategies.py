@@ -67,16 +67,23 @@ def test_long_horizon_scenarios_are_valid_realistic_and_reach_past_an_8_bit_coun
     assert min(forwards_per_scenario) <= MAX_FORWARDS  # a scenario without a run stays short
 
 
-@pytest.mark.parametrize("profile", PROFILES)
-def test_default_scenarios_hold_runs_of_plain_decodes_short_of_a_step_counter_wrap(profile):
-    forwards_per_scenario = []
+def _measured(profile: str, measure, max_examples: int) -> list:
+    """``measure`` of each default scenario Hypothesis draws (derandomized: the same list
+    every run)."""
+    values = []
 
-    @settings(FAST, max_examples=100, derandomize=True)
+    @settings(FAST, max_examples=max_examples, derandomize=True)
     @given(scenarios(profile))
     def check(scenario):
-        forwards_per_scenario.append(sum(e.op == "forward" for e in scenario.events))
+        values.append(measure(scenario))
 
     check()
+    return values
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_default_scenarios_hold_runs_of_plain_decodes_short_of_a_step_counter_wrap(profile):
+    forwards_per_scenario = _measured(profile, lambda scenario: sum(e.op == "forward" for e in scenario.events), 100)
     assert max(forwards_per_scenario) > MAX_FORWARDS  # a run: many forwards for a few choices
     assert max(forwards_per_scenario) <= MAX_FORWARDS + MAX_RUN < 256
 
@@ -85,15 +92,11 @@ def test_default_scenarios_hold_runs_of_plain_decodes_short_of_a_step_counter_wr
 def test_many_default_scenarios_hold_a_run_three_quarters_of_the_longest_or_more(profile):
     # a run's forwards are checks for no choices: long runs are what make checks cheap, so
     # they are a common case rather than the tail
-    long_runs = []
-
-    @settings(FAST, max_examples=300, derandomize=True)
-    @given(scenarios(profile))
-    def check(scenario):
+    def holds_a_long_run(scenario):
         decodes = sum(e.op == "forward" and e.mode == "decode" for e in scenario.events)
-        long_runs.append(decodes >= MAX_RUN * 3 // 4)
+        return decodes >= MAX_RUN * 3 // 4
 
-    check()
+    long_runs = _measured(profile, holds_a_long_run, 300)
     assert sum(long_runs) >= len(long_runs) / 3
 
 
