@@ -16,13 +16,15 @@ only where a tensor leaves the model: the mappings, which numpy writes in place,
 step inputs).
 
 A run of forwards that repeat one event (strategies emit runs of plain decodes) is
-allocated as one block when its first forward is planned, as long as every request stays
-within the sliding window: then no page is given back between them, and the pools hand
-out their lowest free pages in the order the forwards ask, as one multi-step allocation
-does. The block is applied forward by forward (each forward's mappings and the version
-change when it is planned), its plans are built and its rows read by the reference a
-chunk of forwards at a time, and every plan, mapping, version and row comes out as
-forward-by-forward planning gives it.
+allocated as one block when its first forward is planned. Between two forwards of a run the
+engine's only other change is the eviction of positions that left the sliding window, and
+that follows from the lengths alone: so the block takes its pages as the forwards ask for
+them, with each forward's evicted SWA pages given back before the next forward asks, which
+is the order forward-by-forward planning gives. The pools' books and the request lengths run
+ahead to the block's end; the mappings and the version follow forward by forward (each
+forward's rows are written when it is planned, its evictions when it finishes). Its plans
+are built and its rows read by the reference a chunk of forwards at a time, and every plan,
+mapping, version and row comes out as forward-by-forward planning gives it.
 """
 
 from __future__ import annotations
@@ -192,15 +194,33 @@ class _Paging:
         """The token that asks for a page after ``pages_given`` were given."""
         return pages_given if self.starts is None else int(self.starts[pages_given])
 
-    def place(self, owners: np.ndarray, allocator: _PageAllocator, table: _PageTables) -> np.ndarray:
-        """Take the tokens' new pages and record them; the tokens' slots in the pool."""
+    def place(self, owners: np.ndarray, allocator: _PageAllocator, table: _PageTables,
+              returns: Sequence[tuple[int, np.ndarray, np.ndarray]] = ()) -> np.ndarray:
+        """Take the tokens' new pages and record them; the tokens' slots in the pool.
+
+        ``returns``: ``(token, owners, page_nos)`` in token order: the pages those hold in
+        ``table`` go back to ``allocator`` before token ``token`` asks (they were read
+        from the table then, as it holds the pages taken before)."""
+        taken: list[np.ndarray] = []
+        asked = 0  # tokens that asked for a page so far (only those that start one ask)
+        for token, held_owners, held_page_nos in returns:
+            asking = token if self.starts is None else int(self.starts.searchsorted(token))
+            asked = self._take(owners, allocator, table, asked, asking, taken)
+            allocator.give_back(table.get(held_owners, held_page_nos))
+        self._take(owners, allocator, table, asked, self.new_pages, taken)
         if self.starts is None:
-            taken = allocator.take_lowest(self.new_pages)
-            table.put(owners, self.page_nos, taken, self.fits)
-            return taken
-        if self.new_pages:
-            table.put(owners[self.starts], self.page_nos[self.starts], allocator.take_lowest(self.new_pages), self.fits)
+            return taken[0] if len(taken) == 1 else np.concatenate(taken) if taken else _NO_PAGES
         return table.get(owners, self.page_nos) * self.page_size + self.offsets
+
+    def _take(self, owners: np.ndarray, allocator: _PageAllocator, table: _PageTables, first: int, stop: int,
+              taken: list[np.ndarray]) -> int:
+        """Pages for the asking tokens ``first .. stop - 1``; ``stop``."""
+        if stop > first:
+            tokens = slice(first, stop) if self.starts is None else self.starts[first:stop]
+            pages = allocator.take_lowest(stop - first)
+            table.put(owners[tokens], self.page_nos[tokens], pages, self.fits)
+            taken.append(pages)
+        return stop
 
 
 class _Request(NamedTuple):
@@ -328,6 +348,10 @@ class _Block:
         self.full: np.ndarray
         self.swa: dict[str, np.ndarray] = {}
         self.token_slots: np.ndarray
+        # set by the allocation of a block of several forwards: the full slots of the
+        # positions each forward's eviction unmaps, forward f's at [ends[f - 1], ends[f])
+        self.evicted_full: np.ndarray | None = None
+        self.eviction_ends: list[int] = []
         self.positions: np.ndarray
 
 
@@ -472,6 +496,16 @@ class EngineState:
     def finish_forward(self) -> None:
         """After a forward the engine evicts tokens that left the sliding window."""
         self.forwards_run += 1
+        block = self._reading
+        if block is not None:  # planned with the block: its pages went back then
+            forward = block.taken - 1
+            start = block.eviction_ends[forward - 1] if forward else 0
+            if block.eviction_ends[forward] > start:
+                full = block.evicted_full[start:block.eviction_ends[forward]]
+                for rows in self._rows.values():
+                    rows[full] = DUMMY_SLOT
+                self.version += 1
+            return
         c = self.config
         if self._longest <= c.sliding_window:
             return  # no request ever outgrew the window: nothing changes
@@ -641,7 +675,7 @@ class EngineState:
             live_tokens = per_request * len(slots)
         graph_batch_size = self._graph_batch_size(event, live_tokens)
         lengths = self._length[slots]
-        forwards = self._block_size(event, index, events, lengths, counts) if live_tokens else 1
+        forwards = self._block_size(event, index, events) if live_tokens else 1
         # [forward * step, request]: every step of every forward of the block
         prefixes = lengths + np.arange(forwards * event.steps)[:, None] * counts
         block = _Block(event, index, model, slots, counts, live_tokens, graph_batch_size, prefixes)
@@ -663,19 +697,12 @@ class EngineState:
             )
         return self._next_of(block)
 
-    def _block_size(self, event: Event, index: int, events: Sequence[Event], lengths: np.ndarray,
-                    counts: np.ndarray) -> int:
+    def _block_size(self, event: Event, index: int, events: Sequence[Event]) -> int:
         """How many forwards from ``events[index]`` repeat ``event`` (at most the block's
-        worth), planned as one block: none with a mid-forward mutation, and only while
-        the forwards' requests stay within the sliding window (every other request left
-        what it had to leave at the last eviction and does not grow), so that no eviction
-        gives a page back between them and the pools hand out their lowest free pages in
-        the order the forwards ask, as one multi-step allocation does."""
+        worth), planned as one block; none with a mid-forward mutation."""
         if event.mutation is not None or len(events) <= index + 1:
             return 1
-        grows = int(np.maximum.reduce(counts)) * event.steps
-        room = self.config.sliding_window - int(np.maximum.reduce(lengths))
-        most = min(room // grows, len(events) - index, _MAX_BLOCK)
+        most = min(len(events) - index, _MAX_BLOCK)
         forwards = 1
         while forwards < most and (events[index + forwards] is event or events[index + forwards] == event):
             forwards += 1
@@ -780,13 +807,45 @@ class EngineState:
             raise min(empty, key=lambda failure: failure[:2])[2].full()
         self._longest = max(self._longest, last + 1)
         block.full = full_paging.place(owners, self.full_pages, self._full_table).reshape(positions.shape)
+        returns = self._plan_evictions(block, len(flat) // block.forwards) if block.forwards > 1 else ()
         block.swa = {
-            model: swa_paging.place(owners, self.swa_pages[model], self._swa_tables[model]).reshape(positions.shape)
+            model: swa_paging.place(owners, self.swa_pages[model], self._swa_tables[model], returns).reshape(positions.shape)
             for model in self.models
         }
         block.token_slots, block.positions = token_slots, positions
         # read only once the block's forwards are applied (nothing else can happen meanwhile)
         self._length[slots] = prefixes[-1] + counts
+
+    def _plan_evictions(self, block: "_Block", tokens_per_forward: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """The evictions after each forward of ``block`` (several), as :meth:`finish_forward`
+        would find them: only the block's requests grow, so only they leave the window. Sets
+        the block's unmapped full slots per forward and the requests' evicted positions at
+        its end; returns the SWA pages given back, as :meth:`_Paging.place` takes them:
+        before the next forward's first token asks, the pages whose last position left."""
+        slots, steps, page = block.slots, block.event.steps, self.config.swa_page_size
+        start = self._evicted[slots]
+        after = block.prefixes[steps - 1::steps] + block.counts  # [forward, request]: lengths after it
+        evicted = np.maximum(start, after - self.config.sliding_window)
+        if not (evicted[-1] > start).any():
+            block.evicted_full, block.eviction_ends = _NO_PAGES, [0] * block.forwards
+            return []
+        leaving = np.diff(evicted, axis=0, prepend=start[None]).ravel()
+        owners = np.tile(slots, block.forwards).repeat(leaving)
+        positions = _ragged_arange(np.concatenate((start[None], evicted[:-1])).ravel(), leaving)
+        ends = leaving.reshape(evicted.shape).sum(axis=1).cumsum()
+        block.evicted_full, block.eviction_ends = self._full_slots(owners, positions), ends.tolist()
+        self._evicted[slots] = evicted[-1]
+        if page > 1:  # a page goes back once its last position has left
+            page_ends = (positions % page == page - 1).nonzero()[0]
+            owners, page_nos, ends = owners[page_ends], positions[page_ends] // page, page_ends.searchsorted(ends)
+        else:
+            page_nos = positions
+        firsts = np.concatenate(([0], ends[:-1]))
+        return [
+            ((forward + 1) * tokens_per_forward, owners[first:end], page_nos[first:end])
+            for forward, (first, end) in enumerate(zip(firsts.tolist(), ends.tolist()))
+            if end > first
+        ]
 
     def _graph_batch_size(self, event: Event, live_tokens: int) -> int | None:
         if not event.graph:

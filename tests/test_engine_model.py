@@ -720,6 +720,11 @@ def _decodes(count: int, requests: list[int], **spec) -> list[Event]:
                   num_draft_tokens=2), _decodes(6, [0, 1], mode="draft", steps=2)),
     (EngineConfig(sliding_window=8, graph_batch_sizes=(4,)), _decodes(5, [0, 1, 2], graph=True)),
     (EngineConfig(sliding_window=16), _decodes(5, [0, 1], mode="extend", tokens=[1, 3])),
+    # evictions between the forwards of a run give pages back to pools of two models
+    (EngineConfig(sliding_window=3, full_page_size=4, swa_page_size=2, speculative=True, num_draft_tokens=3,
+                  draft_model=True, full_pool_size=128, swa_pool_size=64), _decodes(12, [0, 1, 2], mode="draft", steps=2)),
+    (EngineConfig(sliding_window=2, speculative=True, num_draft_tokens=3, full_pool_size=128, swa_pool_size=32),
+     _decodes(12, [0, 1], mode="verify")),
 ])
 def test_a_run_that_reaches_the_window_or_fills_a_pool_is_planned_as_forward_by_forward(config, events):
     blocked = _observed_run(events, config, blocks=True)
@@ -727,14 +732,17 @@ def test_a_run_that_reaches_the_window_or_fills_a_pool_is_planned_as_forward_by_
     assert len(blocked) > 4
 
 
-def test_the_forwards_of_a_run_within_the_window_are_allocated_with_its_first():
+def test_the_forwards_of_a_run_are_allocated_with_its_first_past_the_window_too():
     state = _state(sliding_window=8, full_pool_size=64, swa_pool_size=64)
     events = _decodes(10, [0, 1])
     state.apply(events[0], "events[0]")
-    available = state.full_pages.available
+    full, swa = state.full_pages.available, state.swa_pages["target"].available
     state.plan_forward(events[1], 1, "events[1]", events)
-    # the window holds 8 tokens: the first 8 forwards' 2 tokens each are taken at once
-    assert available - state.full_pages.available == 16
+    # ten forwards' 2 tokens each are taken at once
+    assert full - state.full_pages.available == 20
+    # the positions 0 and 1 of each request left the window after the 9th and 10th forward,
+    # their SWA pages went back to the pool
+    assert swa - state.swa_pages["target"].available == 16
     # yet the mapping holds the first forward's tokens only
     assert int(state.mappings["target"].count_nonzero()) == 2
 
@@ -768,7 +776,7 @@ def test_a_forward_of_a_block_that_the_reference_refuses_is_refused_when_it_asks
     assert 0 not in mapping[second.out_cache_loc].tolist()
 
 
-def test_a_run_of_requests_within_the_window_is_a_block_after_another_request_left_it():
+def test_a_run_is_a_block_after_another_request_left_the_window():
     config = EngineConfig(sliding_window=4, full_pool_size=64, swa_pool_size=64)
     long = Event.from_dict({"op": "forward", "mode": "extend", "requests": [0], "tokens": [6]}, "f")
     short = Event.from_dict({"op": "forward", "requests": [1, 2]}, "f")
@@ -780,4 +788,4 @@ def test_a_run_of_requests_within_the_window_is_a_block_after_another_request_le
     state.finish_forward()
     available = state.full_pages.available
     state.plan_forward(short, 2, "events[2]", events)
-    assert available - state.full_pages.available == 8  # four forwards of two tokens: the window's worth
+    assert available - state.full_pages.available == 10  # five forwards of two tokens
