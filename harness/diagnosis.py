@@ -136,7 +136,11 @@ class History:
 
     answers: list[_Answer] = field(default_factory=list)
     captures: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)  # forward, rows, live rows
-    old_mappings: dict[str, list[tuple[str, torch.Tensor]]] = field(default_factory=dict)
+    # per model, the mapping as the latest sync left it (the executor keeps it in line), and
+    # the changes that led there, newest last: a label, the rows changed (None: all) and
+    # their values before
+    mappings: dict[str, torch.Tensor] = field(default_factory=dict)
+    changes: dict[str, list[tuple[str, torch.Tensor | None, torch.Tensor]]] = field(default_factory=dict)
     registrations: list[int] = field(default_factory=list)  # forwards run before each
 
     def record_answer(self, site: Site, live_rows: torch.Tensor) -> None:
@@ -152,11 +156,21 @@ class History:
         first ``num_live`` rows belong to live requests."""
         self.captures.append((forward, rows, num_live))
 
-    def record_old_mapping(self, model: str, label: str, mapping: torch.Tensor) -> None:
-        """Keep ``mapping``, which the caller hands over and never writes again."""
-        kept = self.old_mappings.setdefault(model, [])
-        kept.append((label, mapping))
+    def record_old_mapping(self, model: str, label: str, rows: torch.Tensor | None, values: torch.Tensor) -> None:
+        """``model``'s mapping before a change held ``values`` at ``rows`` (None: ``values``
+        is all of it). The caller hands them over and never writes them again."""
+        kept = self.changes.setdefault(model, [])
+        kept.append((label, rows, values))
         del kept[:-4]
+
+    def old_mappings(self, model: str) -> list[tuple[str, torch.Tensor]]:
+        """Each kept earlier mapping of ``model`` and its label, newest first: the current
+        one with the changes since undone."""
+        mapping, out = self.mappings.get(model), []
+        for label, rows, values in reversed(self.changes.get(model, [])):
+            mapping = values if rows is None else mapping.clone().index_put_((rows,), values)
+            out.append((label, mapping))
+        return out
 
     def _earlier_answers(self, site: Site) -> tuple[list[tuple[Source, torch.Tensor]], list[tuple[Source, torch.Tensor]]]:
         """The reference's answers before ``site``, newest first: the same model's, and the
@@ -214,7 +228,7 @@ class History:
         n_req, n_tok = len(inputs.request_ids), inputs.num_live
         ring, window = config.ring, config.sliding_window
         if truth == "pool":
-            for label, mapping in reversed(self.old_mappings.get(site.model, [])):
+            for label, mapping in self.old_mappings(site.model):
                 loc = inputs.out_cache_loc[:n_tok]
                 out.append((Source(
                     OLD_MAPPING, f"the translation under {label}",

@@ -191,7 +191,7 @@ class _Run:
         self.guard: CallGuard
         self.subjects: dict[str, Subject] = {}
         self.mappings: dict[str, torch.Tensor] = {}
-        self.snapshots: dict[str, torch.Tensor] = {}
+        self.mapping_versions: dict[str, int] = {}  # each registered tensor's version after the last sync
         self.backends: dict[tuple[str, int], SimpleNamespace] = {}
         self.graphs: dict[tuple, tuple[Any, ForwardBatch, list[torch.Tensor]]] = {}
         self.arena = Arena(device)
@@ -632,7 +632,13 @@ class _Run:
                                      source=_source_dict(hint) if hint is not None else None))
 
     def _sync(self, what: str) -> None:
-        """Bring the subject's mapping tensors in line with the engine state."""
+        """Bring the subject's mapping tensors in line with the engine state: the rows the
+        engine wrote since the last sync where it says which, the whole mapping where it
+        does not (a registration, a clear), at a cost that follows what changed rather than
+        the pool's size (below a few thousand rows, comparing and copying it whole costs
+        less than picking rows out). A registered tensor is written only where values
+        differ, as a subject may key a cache on its in-place version; one whose version
+        moved under the subject's own in-place writes is put right whole."""
         if self.state.version == self.seen_version:
             return
         self.seen_version = self.state.version
@@ -640,24 +646,44 @@ class _Run:
         self.seen_epoch = self.state.mapping_epoch
         if registered and self.mappings:
             self.history.registrations.append(self.forward)
+        label = "the previously registered mapping" if registered else f"the mapping before {what}"
+        synced = self.history.mappings
         for model, truth in self.state.mappings.items():
-            old = self.snapshots.get(model)
-            changed = old is None or not torch.equal(old, truth)
-            if changed:
-                if old is not None:
-                    label = "the previously registered mapping" if registered else f"the mapping before {what}"
-                    self.history.record_old_mapping(model, label, old)  # replaced below, never written
-                self.snapshots[model] = truth.clone()
+            written = self.state.take_written(model)
+            old = synced.get(model)
+            rows = None  # the rows that changed; None: the whole mapping is compared
+            if old is None or registered or written is None or len(truth) < _ROWS_COPIED_WHOLE_BELOW:
+                changed = old is None or not torch.equal(old, truth)
+                if changed:
+                    if old is not None:
+                        self.history.record_old_mapping(model, label, None, old)  # replaced, never written
+                    synced[model] = truth.clone()
+            else:  # through numpy: a few rows cost a fraction of torch's indexing
+                kept = old.numpy()
+                old_rows, new_rows = kept[written], truth.numpy()[written]
+                changed = bool((old_rows != new_rows).any())
+                if changed:
+                    rows = torch.from_numpy(written)
+                    self.history.record_old_mapping(model, label, rows, torch.from_numpy(old_rows))
+                    kept[written] = new_rows
             if registered:
                 # a rebuilt pool's mapping is allocated while the old one is still registered
                 self.mappings[model] = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
                 self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
-            elif changed or not torch.equal(self.mappings[model].cpu(), truth):
-                # the registered tensor held the old values (unless the subject wrote into
-                # it, which is put right here too); written only when values differ, as a
-                # subject may key a cache on its in-place version
-                self.mappings[model].copy_(truth)
+            else:
+                mapping = self.mappings[model]
+                if mapping._version != self.mapping_versions[model]:  # the subject wrote into it
+                    if not torch.equal(mapping.cpu(), truth):
+                        mapping.copy_(truth)
+                elif changed:
+                    if rows is None:
+                        mapping.copy_(truth)
+                    elif self.on_host:  # in place through torch, so that the tensor's version moves
+                        mapping.index_put_((rows,), torch.from_numpy(new_rows))
+                    else:
+                        mapping.index_put_((rows.to(self.device),), torch.from_numpy(new_rows).to(self.device))
+            self.mapping_versions[model] = self.mappings[model]._version
 
     def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs, tensors: dict[str, torch.Tensor]) -> ForwardBatch:
         return ForwardBatch(
@@ -724,6 +750,9 @@ class _Run:
         )
 
 
+# mappings shorter than this are synced whole: below it, three passes over the whole
+# tensor (compare, keep, copy) cost less than picking out and writing the changed rows
+_ROWS_COPIED_WHOLE_BELOW = 4096
 _MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
 
 # the batch field of each of PACKED_INPUTS, in its order; every draft step's locations,

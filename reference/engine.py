@@ -368,6 +368,10 @@ class EngineState:
         # each mapping tensor shares its memory with an array the model writes in place
         self._rows = {m: np.zeros(c.full_pool_size, dtype=_INT) for m in c.models}
         self.mappings = {m: torch.from_numpy(rows) for m, rows in self._rows.items()}
+        # per model, the full slots whose mapping rows were written since the last
+        # take_written(), and how many; None: any row may have changed
+        self._written: dict[str, list[np.ndarray] | None] = {m: [] for m in c.models}
+        self._written_count = dict.fromkeys(c.models, 0)
         self._slot_of: dict[int, int] = {}  # live request id -> its slot, in admission order
         self._last_batch = _NO_BATCH  # (request ids, their slots) of the latest forward
         self._free_slots = _PageAllocator(c.num_req_slots, "request slots")
@@ -443,6 +447,33 @@ class EngineState:
             return
         known.update(zip(map(id, every), together.split_with_sizes([inputs.num_rows for inputs in every])))
 
+    def take_written(self, model: str) -> np.ndarray | None:
+        """The full slots whose rows of ``model``'s mapping changed since the last call (all
+        of them, and maybe others: a row may be written with the value it held, or twice);
+        None where any row may have, as after ``clear``, a registration, or more writes than
+        the pool has slots. For a caller that keeps a copy of the mapping: it is kept in
+        line by copying these rows alone. Only the model's own writes are counted."""
+        written = self._written[model]
+        self._written[model], self._written_count[model] = [], 0
+        if written is None or len(written) > 1:
+            return None if written is None else np.concatenate(written)
+        return written[0] if written else _NO_PAGES
+
+    def _write(self, model: str, full: np.ndarray, values) -> None:
+        """``model``'s mapping rows ``full`` take ``values``, counted for take_written()."""
+        self._rows[model][full] = values
+        written = self._written[model]
+        if written is not None:
+            count = self._written_count[model] = self._written_count[model] + len(full)
+            if count > len(self._rows[model]):
+                self._written[model] = None  # a copy of the whole mapping costs less
+            else:
+                written.append(full)
+
+    def _rewritten(self, model: str) -> None:
+        """Any row of ``model``'s mapping may have changed."""
+        self._written[model] = None
+
     def live_targets(self, model: str, truth: str) -> set[int]:
         """Every row some live request owns: a padding row must never land on one."""
         if truth == "pool":
@@ -502,8 +533,8 @@ class EngineState:
             start = block.eviction_ends[forward - 1] if forward else 0
             if block.eviction_ends[forward] > start:
                 full = block.evicted_full[start:block.eviction_ends[forward]]
-                for rows in self._rows.values():
-                    rows[full] = DUMMY_SLOT
+                for model in self.models:
+                    self._write(model, full, DUMMY_SLOT)
                 self.version += 1
             return
         c = self.config
@@ -526,7 +557,7 @@ class EngineState:
             for model in self.models:
                 rows = self._rows[model]
                 self.swa_pages[model].give_back(rows[full] if page_ends is None else rows[full[page_ends]] // page)
-                rows[full] = DUMMY_SLOT
+                self._write(model, full, DUMMY_SLOT)
             evicted[slots] = first + counts
             self.version += 1
 
@@ -579,13 +610,13 @@ class EngineState:
     def _unmap(self, slots: np.ndarray, first: np.ndarray, counts: np.ndarray) -> None:
         _, _, full = self._tokens(slots, first, counts)
         for model in self.models:
-            self._rows[model][full] = DUMMY_SLOT
+            self._write(model, full, DUMMY_SLOT)
 
     def _remap(self, model: str, slots: np.ndarray) -> None:
         """Map the live tokens of ``slots`` to their SWA pages as the page table has them."""
         first = self._evicted[slots]
         owners, positions, full = self._tokens(slots, first, self._length[slots] - first)
-        self._rows[model][full] = self._swa_slots(model, owners, positions)
+        self._write(model, full, self._swa_slots(model, owners, positions))
 
     def _held_swa_pages(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """First held SWA page number and one past the last, per slot: the pages from the
@@ -627,6 +658,7 @@ class EngineState:
         for model in self.models:
             self.swa_pages[model].reset()
             self.mappings[model].fill_(DUMMY_SLOT)
+            self._rewritten(model)
 
     def _relocate(self, request: _Request) -> None:
         slots = np.array([request.slot], dtype=_INT)
@@ -657,6 +689,7 @@ class EngineState:
             self._swa_tables[model].put(owners, page_nos, relaid)
             self._rows[model] = np.zeros_like(self._rows[model])
             self.mappings[model] = torch.from_numpy(self._rows[model])
+            self._rewritten(model)
             self._remap(model, slots)
         self.mapping_epoch += 1
 
@@ -722,7 +755,7 @@ class EngineState:
             steps = block.event.steps
             full = block.full[forward * steps:(forward + 1) * steps]
             for model, swa in block.swa.items():
-                self._rows[model][full] = swa[forward * steps:(forward + 1) * steps]
+                self._write(model, full.ravel(), swa[forward * steps:(forward + 1) * steps].ravel())
         self._reading = block if block.forwards > 1 else None
         self.version += 1
         return block.plans[forward]

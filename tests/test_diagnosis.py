@@ -239,3 +239,22 @@ def test_a_size_error_on_a_uniform_batch_gets_no_ragged_hint():
     d = _divergence(SizeErrorAnyway, _extend([2, 2]))
     assert d.kind == "raised" and d.source is None
     assert "likely" not in d.sentence
+
+
+def test_earlier_mappings_are_rebuilt_from_the_current_one_newest_first():
+    history = History()
+    first = torch.tensor([0, 5, 6, 7])
+    history.mappings["target"] = current = first.clone()
+    rows = torch.tensor([1, 2])
+    history.record_old_mapping("target", "the mapping before forward 2", rows, current[rows])
+    current[rows] = torch.tensor([8, 9])
+    history.record_old_mapping("target", "the previously registered mapping", None, current)
+    history.mappings["target"] = current = torch.tensor([0, 1, 2, 3])
+    history.record_old_mapping("target", "the mapping before forward 3", torch.tensor([3]), current[[3]])
+    current[3] = 4
+    assert [(label, mapping.tolist()) for label, mapping in history.old_mappings("target")] == [
+        ("the mapping before forward 3", [0, 1, 2, 3]),
+        ("the previously registered mapping", [0, 8, 9, 7]),
+        ("the mapping before forward 2", [0, 5, 6, 7]),
+    ]
+    assert history.mappings["target"].tolist() == [0, 1, 2, 4]  # rebuilding leaves it as it is

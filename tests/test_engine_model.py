@@ -789,3 +789,57 @@ def test_a_run_is_a_block_after_another_request_left_the_window():
     available = state.full_pages.available
     state.plan_forward(short, 2, "events[2]", events)
     assert available - state.full_pages.available == 10  # five forwards of two tokens
+
+
+# ---- the rows a copy of the mapping must follow ------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["realistic", "adversarial"])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_copy_of_the_mapping_kept_in_line_through_the_written_rows_stays_equal_to_it(profile, data):
+    from strategies.scenarios import scenarios
+
+    scenario = data.draw(scenarios(profile), label="scenario")
+    events = _stuttered(data, scenario.events)
+    state = EngineState(scenario.config)
+    copies = {model: mapping.clone() for model, mapping in state.mappings.items()}
+
+    def follow() -> None:
+        for model, mapping in state.mappings.items():
+            written = state.take_written(model)
+            if written is None:
+                copies[model] = mapping.clone()
+            else:
+                copies[model][written] = mapping[written]
+            assert torch.equal(copies[model], mapping)
+
+    for index, event in enumerate(events):
+        where = f"events[{index}]"
+        try:
+            if event.op != "forward":
+                state.apply(event, where)
+                follow()
+                continue
+            state.plan_forward(event, index, where, events)
+            follow()
+            if event.mutation is not None:
+                state.apply(event.mutation, f"{where}.mutation")
+                follow()
+        except ScenarioError:
+            break
+        state.finish_forward()
+        follow()
+
+
+def test_rows_written_past_the_pool_size_since_the_last_look_count_as_any_row():
+    state = _state(sliding_window=2, full_pool_size=16, swa_pool_size=16)
+    events = _decodes(12, [0])
+    state.apply(events[0], "events[0]")
+    assert len(state.take_written("target")) == 0
+    for index, event in enumerate(events[1:], 1):
+        state.plan_forward(event, index, f"events[{index}]", events)
+        state.finish_forward()
+    # 12 tokens mapped and 10 of them unmapped again: 22 writes to a pool of 16 slots
+    assert state.take_written("target") is None
+    assert len(state.take_written("target")) == 0

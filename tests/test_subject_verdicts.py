@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import pytest
 
-from harness import run_scenario
+from harness import executor, run_scenario
 from harness.diagnosis import STALE_SOURCES
 from harness.executor import NotCheckable
 from harness.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT
@@ -256,3 +256,21 @@ def test_a_skipped_idle_replay_init_reports_the_padding_row_on_a_live_ring_and_w
         ", which a live request owns, instead of the dummy slot: the padding holds the rows of forward 1 "
         "(decode): a cached value was not refreshed for this forward."
     )
+
+
+# ---- the same verdicts whichever way the mapping reaches the subject -------------------------
+
+
+_MAPPING_CHANGING = [name for name, scenario in EXAMPLES.items()
+                     if any(e.op in ("register_mapping", "relocate") or e.mutation is not None for e in scenario.events)]
+_MAPPING_CELLS = [(subject, example) for subject in _SUBJECTS if _checkable(subject) for example in _MAPPING_CHANGING]
+
+
+@pytest.mark.parametrize("subject, example", _MAPPING_CELLS, ids=[f"{s}-{e}" for s, e in _MAPPING_CELLS])
+def test_the_verdict_holds_when_mapping_rows_reach_the_subject_one_by_one(subject, example, monkeypatch):
+    # every example's pool is small enough to be synced whole; here only the changed rows are
+    monkeypatch.setattr(executor, "_ROWS_COPIED_WHOLE_BELOW", 0)
+    result = run_scenario(_SUBJECTS[subject].subject, EXAMPLES[example], device="cpu", timeout_s=10)
+    whole = _run(subject, example)
+    assert result.checks == whole.checks
+    assert (result.divergence and result.divergence.sentence) == (whole.divergence and whole.divergence.sentence)
