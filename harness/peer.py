@@ -6,7 +6,7 @@ example, one ``torch.equal`` per layer. It keeps its own mapping and allocator, 
 subject eagerly, and is told the trigger of the seed-000 bug: the stage's first layer may
 store no SWA keys. swafuzz and the machine run interleaved on the same subject with torch on
 one thread, so their ratio holds on a loaded machine even where their absolute numbers do not.
-swafuzz is measured with its default scenarios (runs of up to 64 plain decode forwards beside
+swafuzz is measured with its default scenarios (runs of up to 128 plain decode forwards beside
 the interesting ones) and with long horizons (runs of up to 512, as the nightly-long settings
 draw them).
 """

@@ -55,9 +55,10 @@ from hypothesis import strategies as st
 from reference import EngineConfig, Event, LimitExceeded, Mutation, Scenario
 
 MAX_FORWARDS = 6  # interesting forwards, runs left out
-# Plain decode forwards in a default scenario's run: well short of an 8-bit step counter's
-# period, so the state that only long horizons reach stays theirs.
-MAX_RUN = 64
+# Plain decode forwards in a default scenario's run: half an 8-bit step counter's period,
+# so that with every interesting forward's batches and graph captures added the forward ids
+# stay short of a wrap, and the state that only long horizons reach stays theirs.
+MAX_RUN = 128
 # Plain decode forwards per long-horizon scenario: twice an 8-bit step counter's period, so a
 # counter or table that wraps at 256 goes stale wherever the runs start.
 MAX_LONG_RUN = 512

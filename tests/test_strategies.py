@@ -216,14 +216,18 @@ def test_a_failure_that_needs_an_explicit_interleaving_shrinks_to_a_few_stores()
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_many_stages_are_as_deep_as_a_deepseek_v4_stage_and_some_are_a_few_layers(profile):
-    # every forward checks each layer of its stage: deep stages are where checks come cheap
+    # every forward checks each layer of its stage: deep stages are where checks come cheap.
+    # The strategy draws 43 or more layers in 45% of stages; Hypothesis mutates an example a
+    # few times over before it draws afresh, and what it draws depends on the constants of
+    # the modules imported so far, so a few hundred examples (under a hundred independent
+    # stages) hold 35-45% of them, and the bound leaves room for that spread
     depths = []
 
-    @settings(FAST, max_examples=200, derandomize=True)
+    @settings(FAST, max_examples=600, derandomize=True)
     @given(scenarios(profile))
     def check(scenario):
         depths.append(scenario.config.end_layer - scenario.config.start_layer)
 
     check()
-    assert sum(depth >= 43 for depth in depths) >= len(depths) / 3
+    assert sum(depth >= 43 for depth in depths) >= len(depths) / 4
     assert sum(depth <= 3 for depth in depths) >= 0.15 * len(depths)
