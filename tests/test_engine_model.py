@@ -646,39 +646,55 @@ def _read(state: EngineState, model: str, inputs, truth: str):
         return str(exc)
 
 
-def _observed_run(scenario_events, config: EngineConfig, blocks: bool) -> list:
-    """Everything a caller sees, event by event: each plan and the reference's rows for
-    it, and the mappings, version and mapping epoch after each event, each plan and each
-    forward's eviction; the first
-    scenario error ends it. ``blocks``: the planner is shown the events ahead."""
-    state = EngineState(config)
-    events = list(scenario_events)
-    seen: list = []
-
-    def observe(what) -> None:
-        seen.append((what, state.version, state.mapping_epoch,
-                     {model: rows.tolist() for model, rows in state.mappings.items()}))
-
+def _driven(state: EngineState, events: list, blocks: bool):
+    """Drive ``state`` through ``events`` as the executor does, yielding after each change
+    what made it: a state event's op, a forward's plan, "mutation", "eviction"; a scenario
+    error ends it, yielded as ("error", message). ``blocks``: the planner is shown the
+    events ahead."""
     for index, event in enumerate(events):
         where = f"events[{index}]"
         try:
             if event.op != "forward":
                 state.apply(event, where)
-                observe(event.op)
+                yield event.op
                 continue
-            plan = state.plan_forward(event, index, where, events if blocks else ())
-            observe(_plan_record(plan))
-            observe([_read(state, plan.model, inputs, truth)
-                     for truth in ("pool", "ring") for step in plan.steps for inputs in step])
+            yield state.plan_forward(event, index, where, events if blocks else ())
             if event.mutation is not None:
                 state.apply(event.mutation, f"{where}.mutation")
-                observe("mutation")
+                yield "mutation"
         except ScenarioError as exc:
-            seen.append(("error", str(exc)))
-            break
+            yield "error", str(exc)
+            return
         state.finish_forward()
-        observe("eviction")
+        yield "eviction"
+
+
+def _observed_run(scenario_events, config: EngineConfig, blocks: bool) -> list:
+    """Everything a caller sees, event by event: each plan and the reference's rows for
+    it, and the mappings, version and mapping epoch after each event, each plan and each
+    forward's eviction; the first scenario error ends it."""
+    state = EngineState(config)
+    seen: list = []
+    for what in _driven(state, list(scenario_events), blocks):
+        if isinstance(what, tuple):
+            seen.append(what)
+            continue
+        if not isinstance(what, str):
+            plan = what
+            what = _plan_record(plan)
+            seen.append([_read(state, plan.model, inputs, truth)
+                         for truth in ("pool", "ring") for step in plan.steps for inputs in step])
+        seen.append((what, state.version, state.mapping_epoch,
+                     {model: rows.tolist() for model, rows in state.mappings.items()}))
     return seen
+
+
+def _drawn_events(data, profile: str) -> tuple[EngineConfig, list]:
+    """A drawn scenario's configuration and its events, stuttered (see below)."""
+    from strategies.scenarios import scenarios
+
+    scenario = data.draw(scenarios(profile), label="scenario")
+    return scenario.config, _stuttered(data, scenario.events)
 
 
 def _stuttered(data, events) -> list:
@@ -697,11 +713,8 @@ def _stuttered(data, events) -> list:
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_runs_planned_as_blocks_give_what_forward_by_forward_planning_gives(profile, data):
-    from strategies.scenarios import scenarios
-
-    scenario = data.draw(scenarios(profile), label="scenario")
-    events = _stuttered(data, scenario.events)
-    assert _observed_run(events, scenario.config, blocks=True) == _observed_run(events, scenario.config, blocks=False)
+    config, events = _drawn_events(data, profile)
+    assert _observed_run(events, config, blocks=True) == _observed_run(events, config, blocks=False)
 
 
 def _decodes(count: int, requests: list[int], **spec) -> list[Event]:
@@ -798,14 +811,10 @@ def test_a_run_is_a_block_after_another_request_left_the_window():
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_a_copy_of_the_mapping_kept_in_line_through_the_written_rows_stays_equal_to_it(profile, data):
-    from strategies.scenarios import scenarios
-
-    scenario = data.draw(scenarios(profile), label="scenario")
-    events = _stuttered(data, scenario.events)
-    state = EngineState(scenario.config)
+    config, events = _drawn_events(data, profile)
+    state = EngineState(config)
     copies = {model: mapping.clone() for model, mapping in state.mappings.items()}
-
-    def follow() -> None:
+    for _ in _driven(state, events, blocks=True):
         for model, mapping in state.mappings.items():
             written = state.take_written(model)
             if written is None:
@@ -813,23 +822,6 @@ def test_a_copy_of_the_mapping_kept_in_line_through_the_written_rows_stays_equal
             else:
                 copies[model][written] = mapping[written]
             assert torch.equal(copies[model], mapping)
-
-    for index, event in enumerate(events):
-        where = f"events[{index}]"
-        try:
-            if event.op != "forward":
-                state.apply(event, where)
-                follow()
-                continue
-            state.plan_forward(event, index, where, events)
-            follow()
-            if event.mutation is not None:
-                state.apply(event.mutation, f"{where}.mutation")
-                follow()
-        except ScenarioError:
-            break
-        state.finish_forward()
-        follow()
 
 
 def test_rows_written_past_the_pool_size_since_the_last_look_count_as_any_row():
