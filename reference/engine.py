@@ -401,10 +401,12 @@ class EngineState:
         """The rows ``inputs`` must be written to, computed from the state as it is now.
 
         The forwards of a block are read a chunk at a time, when the first of them is asked
-        for: between them only the block's own fresh full slots change, each once, from
-        unmapped to its SWA slot, so each forward's rows read under the mapping as the
-        chunk's last forward leaves it are the rows read at its own moment (a forward's
-        error, too, is raised when that forward asks)."""
+        for: between them the block's own fresh full slots change, each once, from unmapped
+        to its SWA slot, and evictions unmap positions older than any later forward's
+        tokens (full slots are not given back within a block, so none is reused), so each
+        forward's rows read under the mapping with the chunk's fresh slots written are the
+        rows read at its own moment (a forward's error, too, is raised when that forward
+        asks)."""
         block = self._reading
         if block is not None:
             known = block.expected.get(truth)
@@ -810,9 +812,10 @@ class EngineState:
         * step, token]) of every step's tokens of every forward of ``block``, allocated as
         the engine does one token after another: forward by forward, step by step, request
         by request, a token taking a new full page and (per model) a new SWA page where its
-        position starts one. No page is given back meanwhile, so each pool hands out its
-        lowest free pages in the order the tokens ask. The mappings are written forward by
-        forward (:meth:`_next_of`)."""
+        position starts one. Only evictions give pages back meanwhile, SWA pages between two
+        forwards (:meth:`_plan_evictions`), so each pool hands out its lowest free pages in
+        the order the tokens ask with those returned first. The mappings are written
+        forward by forward (:meth:`_next_of`, :meth:`finish_forward`)."""
         c = self.config
         slots, counts, prefixes = block.slots, block.counts, block.prefixes
         if block.one_token_each:
