@@ -208,8 +208,8 @@ class _Paging:
             asked = self._take(owners, allocator, table, asked, asking, taken)
             allocator.give_back(table.get(held_owners, held_page_nos))
         self._take(owners, allocator, table, asked, self.new_pages, taken)
-        if self.starts is None:
-            return taken[0] if len(taken) == 1 else np.concatenate(taken) if taken else _NO_PAGES
+        if self.starts is None:  # every token took a page: its slot is the page
+            return taken[0] if len(taken) == 1 else np.concatenate(taken or [_NO_PAGES])
         return table.get(owners, self.page_nos) * self.page_size + self.offsets
 
     def _take(self, owners: np.ndarray, allocator: _PageAllocator, table: _PageTables, first: int, stop: int,
@@ -457,9 +457,11 @@ class EngineState:
         line by copying these rows alone. Only the model's own writes are counted."""
         written = self._written[model]
         self._written[model], self._written_count[model] = [], 0
-        if written is None or len(written) > 1:
-            return None if written is None else np.concatenate(written)
-        return written[0] if written else _NO_PAGES
+        if written is None:
+            return None
+        if len(written) == 1:
+            return written[0]
+        return np.concatenate(written) if written else _NO_PAGES
 
     def _write(self, model: str, full: np.ndarray, values) -> None:
         """``model``'s mapping rows ``full`` take ``values``, counted for take_written()."""
@@ -468,7 +470,7 @@ class EngineState:
         if written is not None:
             count = self._written_count[model] = self._written_count[model] + len(full)
             if count > len(self._rows[model]):
-                self._written[model] = None  # a copy of the whole mapping costs less
+                self._written[model] = None  # more slots than the pool has: say "any row" instead
             else:
                 written.append(full)
 
@@ -552,10 +554,8 @@ class EngineState:
             else:
                 owners, positions = slots.repeat(counts), _ragged_arange(first, counts)
             full = self._full_slots(owners, positions)
-            # an SWA page goes back once its last position has left the window; the
-            # mapping still holds the page
-            page = c.swa_page_size
-            page_ends = None if page == 1 else (positions % page == page - 1).nonzero()[0]
+            # the mapping still holds the pages given back
+            page, page_ends = c.swa_page_size, self._page_ends(positions)
             for model in self.models:
                 rows = self._rows[model]
                 self.swa_pages[model].give_back(rows[full] if page_ends is None else rows[full[page_ends]] // page)
@@ -852,6 +852,12 @@ class EngineState:
         # read only once the block's forwards are applied (nothing else can happen meanwhile)
         self._length[slots] = prefixes[-1] + counts
 
+    def _page_ends(self, positions: np.ndarray) -> np.ndarray | None:
+        """Which of the positions leaving the window end their SWA page (None: all, pages of
+        one slot): a page goes back once its last position has left."""
+        page = self.config.swa_page_size
+        return None if page == 1 else (positions % page == page - 1).nonzero()[0]
+
     def _plan_evictions(self, block: "_Block", tokens_per_forward: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """The evictions after each forward of ``block`` (several), as :meth:`finish_forward`
         would find them: only the block's requests grow, so only they leave the window. Sets
@@ -871,11 +877,11 @@ class EngineState:
         ends = leaving.reshape(evicted.shape).sum(axis=1).cumsum()
         block.evicted_full, block.eviction_ends = self._full_slots(owners, positions), ends.tolist()
         self._evicted[slots] = evicted[-1]
-        if page > 1:  # a page goes back once its last position has left
-            page_ends = (positions % page == page - 1).nonzero()[0]
-            owners, page_nos, ends = owners[page_ends], positions[page_ends] // page, page_ends.searchsorted(ends)
-        else:
+        page_ends = self._page_ends(positions)
+        if page_ends is None:
             page_nos = positions
+        else:
+            owners, page_nos, ends = owners[page_ends], positions[page_ends] // page, page_ends.searchsorted(ends)
         firsts = np.concatenate(([0], ends[:-1]))
         return [
             ((forward + 1) * tokens_per_forward, owners[first:end], page_nos[first:end])
