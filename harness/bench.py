@@ -14,7 +14,8 @@
   built-in: the process's wall time, ``elapsed_s`` (search and shrinking, as the report
   states it) and ``first_divergence_s``, median and max.
 - ``peer``: swafuzz beside a hand-written Hypothesis state machine on the same subject,
-  interleaved: layer checks per second and time to the seed-000 bug, and their ratios
+  interleaved: layer checks per second and time to the seed-000 bug, and their ratios,
+  with the bound on the throughput ratio that the subject's own calls set
   (:mod:`harness.peer`).
 - ``device``: per-layer cost of the uncached translation against the cached designs, for
   batch sizes 1 to 256, on a GPU (or ``--device cpu``).
@@ -87,15 +88,21 @@ def _plan(scenario: Scenario) -> tuple[list[ForwardPlan], EngineState]:
     return list(replay_events(state, scenario.events)), state
 
 
-def _subject_alone(subject_cls, scenario: Scenario, device: str = "cpu") -> Callable[[], int]:
-    """The same lifecycle as the executor drives, with inputs prepared beforehand."""
+def subject_alone(subject_cls, scenario: Scenario, device: str = "cpu", compare: bool = False) -> Callable[[], int]:
+    """The same lifecycle as the executor drives, with inputs prepared beforehand: a
+    function that runs it and returns the calls made. With ``compare``, each answer is
+    compared to the reference's rows (prepared beforehand too) with one ``torch.equal``,
+    the least any checker does per answer; a mismatch raises."""
     config = scenario.config
     where = torch.device(device)
-    plans, state = _plan(scenario)
+    state = EngineState(config)
+    inputs, expected = [], []
+    for plan in replay_events(state, scenario.events):
+        inputs.append(plan.steps[0][0])
+        expected.append(state.expected("target", inputs[-1], subject_cls.truth.value).to(where))
     mapping = state.mappings["target"].to(where)
     spec = ModelSpec.of(config, "target", where)
     layers = config.swa_layers
-    inputs = [plan.steps[0][0] for plan in plans]
     tensors = [
         [t.to(where) for t in (i.req_slots, i.token_counts, i.positions, i.out_cache_loc, i.seq_lens, i.prefix_lens)]
         for i in inputs
@@ -107,13 +114,16 @@ def _subject_alone(subject_cls, scenario: Scenario, device: str = "cpu") -> Call
         subject.register_mapping(mapping)
         backend = SimpleNamespace()
         calls = 0
-        for forward_id, (live, (slots, counts, positions, locs, lens, prefixes)) in enumerate(zip(inputs, tensors)):
+        for forward_id, (live, rows, (slots, counts, positions, locs, lens, prefixes)) in enumerate(
+                zip(inputs, expected, tensors)):
             batch = ForwardBatch(forward_id, ForwardMode.DECODE, 0, backend, slots, counts, positions,
                                  locs, live.num_live, seq_lens=lens, seq_lens_cpu=live.seq_lens,
                                  extend_prefix_lens=prefixes)
             subject.init_forward_metadata(batch)
             for layer_id in layers:
-                subject.swa_write_location(batch, layer_id)
+                out = subject.swa_write_location(batch, layer_id)
+                if compare and not torch.equal(out, rows):
+                    raise AssertionError(f"{subject_cls.__name__}: forward {forward_id}, layer {layer_id} diverges")
                 calls += 1
         finish()
         return calls
@@ -158,7 +168,7 @@ def bench_executor(subjects=("uncached", "step-keyed", "step-keyed-capture"), si
             subject = resolve_subject(name).subject
             checks = run_scenario(subject, scenario).checks
             harness = _best_of(lambda: run_scenario(subject, scenario), repeats)
-            alone = _best_of(_subject_alone(subject, scenario), repeats)
+            alone = _best_of(subject_alone(subject, scenario), repeats)
             ratios[f"executor/{layers}x{batch}/{name}/alone_over_harness"] = alone / harness
             out(f"{name:20s} {checks / harness:9.0f} {harness:10.4f} {alone:8.4f} {harness / alone:8.2f}x "
                 f"{(harness - engine) / alone:8.2f}x {(harness - alone) / checks * 1e6:10.2f} "
@@ -188,7 +198,7 @@ def bench_device(device: str = "cuda", batch_sizes=(1, 4, 16, 64, 256), repeats:
         calls = 20 * len(scenario.config.swa_layers)
         costs = []
         for name in subjects:
-            run = _subject_alone(resolve_subject(name).subject, scenario, device)
+            run = subject_alone(resolve_subject(name).subject, scenario, device)
             run()  # warm-up: allocator, kernels
             costs.append(_best_of(run, repeats) / calls * 1e6)
         baseline = costs[0]

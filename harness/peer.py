@@ -6,6 +6,9 @@ example, one ``torch.equal`` per layer. It keeps its own mapping and allocator, 
 subject eagerly, and is told the trigger of the seed-000 bug: the stage's first layer may
 store no SWA keys. swafuzz and the machine run interleaved on the same subject with torch on
 one thread, so their ratio holds on a loaded machine even where their absolute numbers do not.
+Beside them runs what every checker pays per check, the subject's call and one comparison
+(:func:`bound_checks_per_s`): over the machine's rate, it is the ratio a harness that cost
+nothing else would show, the ceiling of swafuzz's ratio on that subject.
 swafuzz is measured with its default scenarios (runs of up to 128 plain decode forwards beside
 the interesting ones) and with long horizons (runs of up to 512, as the nightly-long settings
 draw them).
@@ -13,6 +16,7 @@ draw them).
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from types import SimpleNamespace
@@ -137,6 +141,25 @@ def machine_time_to_failure(subject: type[Subject], seed: int, max_examples: int
     return None
 
 
+def bound_checks_per_s(subject: type[Subject], budget_s: float, seed: int = 0) -> tuple[int, float]:
+    """(checks, seconds) of the subject's own calls, each answer compared to the reference's
+    rows with one ``torch.equal``, inputs and rows prepared beforehand, over decode runs of
+    the machine's sizes (1 to 43 layers, 1 to 64 requests, 20 forwards) until the budget is
+    spent: the checks per second no checker of this subject can pass on these sizes."""
+    from .bench import decode_scenario, subject_alone  # bench imports this module
+
+    sizes = random.Random(seed)
+    checks, seconds = 0, 0.0
+    while seconds < budget_s:
+        scenario = decode_scenario(layers=sizes.randint(1, MAX_LAYERS), batch=sizes.randint(1, MAX_BATCH),
+                                   forwards=STEPS)
+        run = subject_alone(subject, scenario, compare=True)
+        started = time.perf_counter()
+        checks += run()
+        seconds += time.perf_counter() - started
+    return checks, seconds
+
+
 def fuzz_checks_per_s(info: SubjectInfo, profile: str, budget_s: float, seed: int = 0,
                       long_horizon: bool = False) -> tuple[int, float]:
     """(checks, seconds) of swafuzz searching until the budget is spent. A subject it finds
@@ -159,31 +182,35 @@ def bench_peer(subjects=("uncached", "step-keyed"), profiles=("realistic", "adve
                rounds: int = 3, round_s: float = 2.0, seeds: int = 10,
                out: Callable[[str], None] = print) -> dict[str, float]:
     """Print both tools' layer checks per second and time to the seed-000 bug, and return
-    the ratios (swafuzz over the machine for throughput, machine over swafuzz for time)."""
+    the ratios (swafuzz over the machine for throughput, machine over swafuzz for time).
+    Each throughput row also prints the bound (:func:`bound_checks_per_s` over the machine's
+    rate), measured in the same rounds: the ratio the row's would be if swafuzz's search,
+    engine model and lifecycle cost nothing."""
     torch.set_num_threads(1)
     load_capture_machinery()
     ratios: dict[str, float] = {}
     out(f"peer: swafuzz against a hand-written RuleBasedStateMachine ({MAX_LAYERS} layers max, "
         f"batch {MAX_BATCH} max, {STEPS} steps), interleaved, one torch thread")
     out(f"{'subject':12s} {'profile':12s} {'scenarios':13s} {'swafuzz checks/s':>17s} {'machine checks/s':>17s} "
-        f"{'ratio':>7s}")
+        f"{'ratio':>7s} {'bound':>7s}")
     for name in subjects:
         info = resolve_subject(name)
         for profile in profiles:
             for long_horizon in (False, True):
-                ours, theirs = [0, 0.0], [0, 0.0]
+                ours, theirs, least = [0, 0.0], [0, 0.0], [0, 0.0]
                 for round_no in range(rounds):
                     for total, measured in (
                         (ours, fuzz_checks_per_s(info, profile, round_s, seed=round_no, long_horizon=long_horizon)),
                         (theirs, machine_checks_per_s(info.subject, round_s, seed=round_no)),
+                        (least, bound_checks_per_s(info.subject, round_s / 2, seed=round_no)),
                     ):
                         total[0] += measured[0]
                         total[1] += measured[1]
-                fuzz_rate, machine_rate = ours[0] / ours[1], theirs[0] / theirs[1]
+                fuzz_rate, machine_rate, bound_rate = ours[0] / ours[1], theirs[0] / theirs[1], least[0] / least[1]
                 kind = "long-horizon" if long_horizon else "default"
                 ratios[f"checks_per_s/{name}/{profile}/{kind}"] = fuzz_rate / machine_rate
                 out(f"{name:12s} {profile:12s} {kind:13s} {fuzz_rate:17.0f} {machine_rate:17.0f} "
-                    f"{fuzz_rate / machine_rate:6.2f}x")
+                    f"{fuzz_rate / machine_rate:6.2f}x {bound_rate / machine_rate:6.2f}x")
     info = resolve_subject(SEED_000_BUG)
     ours_s, theirs_s = [], []
     for seed in range(seeds):

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from harness import bench
+from harness import bench, peer
+from harness.builtin import Uncached
 
 
 def test_a_ratio_under_its_floor_is_named_and_one_above_is_not(monkeypatch):
@@ -31,3 +32,21 @@ def test_benchmark_ratios_stay_above_their_floors(suite, tmp_path):
     written = json.loads(out.read_text())
     assert written["suite"] == suite and written["ratios"]
     assert bench.ratios_below_floors(written["ratios"]) == []
+
+
+class _OffByOne(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        return super().swa_write_location(batch, layer_id) + 1
+
+
+def test_the_bound_makes_every_call_of_the_lifecycle_and_compares_each_answer():
+    scenario = bench.decode_scenario(layers=3, batch=5, forwards=4)
+    assert bench.subject_alone(Uncached, scenario, compare=True)() == 3 * 4
+    with pytest.raises(AssertionError, match="forward 0, layer 0 diverges"):
+        bench.subject_alone(_OffByOne, scenario, compare=True)()
+    assert bench.subject_alone(_OffByOne, scenario)() == 3 * 4  # the executor suite's "alone" compares nothing
+
+
+def test_the_peer_bound_measures_until_its_budget_is_spent():
+    checks, seconds = peer.bound_checks_per_s(Uncached, budget_s=0.05, seed=3)
+    assert checks > 0 and seconds >= 0.05
