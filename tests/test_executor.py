@@ -866,3 +866,32 @@ def test_mapping_rows_synced_one_by_one_keep_a_correct_subject_right(subject, pr
     result = fuzz(resolve_subject(subject), profile=profile, settings="ci", seed=3, max_examples=40)
     assert result.divergence is None, result.divergence.sentence
     assert result.checks > 0
+
+
+@pytest.mark.parametrize("rows_copied_whole_below", [0, executor._ROWS_COPIED_WHOLE_BELOW])
+@pytest.mark.parametrize("profile", ["realistic", "adversarial"])
+def test_the_diagnosis_copy_of_every_mapping_equals_the_engine_state_after_each_sync(
+        profile, rows_copied_whole_below, monkeypatch):
+    # the diagnosis rebuilds earlier mappings from this copy and the changes kept: a copy
+    # that missed a write would name the wrong source for a stale value
+    from hypothesis import given, settings
+    from strategies.scenarios import scenarios
+
+    monkeypatch.setattr(executor, "_ROWS_COPIED_WHOLE_BELOW", rows_copied_whole_below)
+    sync, syncs = executor._Run._sync, []
+
+    def checked_sync(run, what):
+        sync(run, what)
+        syncs.append(what)
+        for model, truth in run.state.mappings.items():
+            assert torch.equal(run.history.mappings[model], truth), f"{model} after the sync for {what}"
+
+    monkeypatch.setattr(executor._Run, "_sync", checked_sync)
+
+    @settings(max_examples=40, derandomize=True, database=None, deadline=None)
+    @given(scenarios(profile))
+    def every_sync_keeps_the_copy(scenario):
+        run_scenario(Uncached, scenario)
+
+    every_sync_keeps_the_copy()
+    assert len(syncs) > 40
