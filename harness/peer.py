@@ -202,6 +202,7 @@ def bench_peer(subjects=("uncached", "step-keyed"), profiles=("realistic", "adve
                     for total, measured in (
                         (ours, fuzz_checks_per_s(info, profile, round_s, seed=round_no, long_horizon=long_horizon)),
                         (theirs, machine_checks_per_s(info.subject, round_s, seed=round_no)),
+                        # half a round: prepared calls vary little, and the bench stays short
                         (least, bound_checks_per_s(info.subject, round_s / 2, seed=round_no)),
                     ):
                         total[0] += measured[0]
