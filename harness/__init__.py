@@ -1,6 +1,6 @@
 """swafuzz: differential fuzzing of cached SWA write locations against a reference.
 
-The public names load on first use, so that the program entry (:mod:`harness.entry`) can
+The public names load on first use, so that the program entry (:mod:`swafuzz.entry`) can
 take over signals before torch and the rest are imported.
 """
 
@@ -27,7 +27,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value
     return value

@@ -1,4 +1,4 @@
-"""``python -m harness``: the same as the ``swafuzz`` command."""
+"""``python -m swafuzz``: the same as the ``swafuzz`` command."""
 
 from .entry import entry
 

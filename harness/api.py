@@ -57,7 +57,7 @@ from typing import ClassVar
 
 import torch
 
-from reference import EngineConfig
+from .reference import EngineConfig
 
 SUBJECT_API_VERSION = 2
 # every version this harness runs: each later one only adds fields

@@ -16,7 +16,7 @@
 - ``peer``: swafuzz beside a hand-written Hypothesis state machine on the same subject,
   interleaved: layer checks per second and time to the seed-000 bug, and their ratios,
   with the bound on the throughput ratio that the subject's own calls set
-  (:mod:`harness.peer`).
+  (:mod:`swafuzz.peer`).
 - ``device``: per-layer cost of the uncached translation against the cached designs, for
   batch sizes 1 to 256, on a GPU (or ``--device cpu``).
 """
@@ -37,8 +37,8 @@ from typing import Callable
 
 import torch
 
-from reference import EngineState, ForwardPlan, Scenario, replay_events
-from strategies.features import scenario_size
+from .reference import EngineState, ForwardPlan, Scenario, replay_events
+from .strategies.features import scenario_size
 
 from .api import ForwardBatch, ForwardMode, ModelSpec
 from .executor import run_scenario
@@ -249,7 +249,7 @@ def bench_fuzz(seeds: int = 10, out=print) -> None:
 
 def _fuzz_in_fresh_process(name: str, profile: str, seed: int, report_dir: str) -> tuple[float, dict]:
     """(wall seconds, the JSON report) of ``swafuzz fuzz`` run as a user runs it."""
-    command = [sys.executable, "-m", "harness", "fuzz", "--subject", name, "--profile", profile,
+    command = [sys.executable, "-m", "swafuzz", "fuzz", "--subject", name, "--profile", profile,
                "--seed", str(seed), "--settings", "ci", "--max-examples", "2000", "--json",
                "--report-dir", report_dir]
     started = time.perf_counter()

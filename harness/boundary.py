@@ -4,7 +4,7 @@ A replay file may come from a pull request or a CI artifact, so reading one is b
 before any work is done on it: only a regular file is read, at most :data:`MAX_FILE_BYTES`
 bytes of it; JSON nesting deeper than :data:`MAX_JSON_DEPTH` and integers longer than
 :data:`MAX_INT_DIGITS` digits are refused before the parser builds them. The sizes inside a
-scenario are bounded by :data:`reference.scenario.LIMITS`. Every refusal is an
+scenario are bounded by :data:`swafuzz.reference.scenario.LIMITS`. Every refusal is an
 :class:`InputError` whose message is one line naming the file, the field and the limit.
 """
 
@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from reference.scenario import abbreviate
+from .reference.scenario import abbreviate
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # a real replay file is a few kilobytes
 MAX_JSON_DEPTH = 32  # a replay file nests six deep

@@ -1,7 +1,7 @@
 """Built-in subjects: faithful models of the cached designs, plus correct baselines.
 
 Each class models one design from the domain brief, bugs included; none of them knows
-which scenarios break it. The table of names and verdicts is in :mod:`harness.registry`.
+which scenarios break it. The table of names and verdicts is in :mod:`swafuzz.registry`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A fuzzing campaign: fuzz, gate and exhaustive runs, their worker processes, their
 interrupts, the replay files of what they find and the reports they end with.
 
-The command line (:mod:`harness.cli`) parses options into plain values and prints what a
+The command line (:mod:`swafuzz.cli`) parses options into plain values and prints what a
 campaign returns; the pytest plugin records divergences with the same :class:`DivergenceLog`.
 
     campaign = Campaign.open("fuzz", "uncached", device="cpu", report_dir=Path("reports"))
@@ -9,7 +9,7 @@ campaign returns; the pytest plugin records divergences with the same :class:`Di
     finished.report, finished.written, finished.exit_code
 
 Signals: while a run goes, an :class:`InterruptWatch` stops it on the first SIGINT or SIGTERM
-and the reports are still written, marked incomplete; :mod:`harness.entry` handles a signal
+and the reports are still written, marked incomplete; :mod:`swafuzz.entry` handles a signal
 before a run starts and after it ended.
 """
 
@@ -33,25 +33,23 @@ from queue import Empty
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import fuzz as fuzz_engine
-from .boundary import InputError, writable_directory
+from .boundary import InputError, parse_json, printable, read_regular_file, writable_directory
 from .database import DatabaseError, is_redis_url, open_database
 from .devices import enable_stream_sanitizer
 from .entry import note_signal, run_starting, signal_before_run
 from .fuzz import FuzzResult, Progress
+from .names import EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_OK
 from .progress import ProgressLine
 from .registry import SubjectInfo, resolve_subject
 from .replay import Replay, load_replay, write_replay
-from .reports import Report, write_reports
+from .reports import REPORT_FILES, Report, write_reports
 from .shard import WHOLE, SeedLane, Shard, seed_lane
 
 if TYPE_CHECKING:
-    from reference import Scenario
+    from .reference import Scenario
 
     from .diagnosis import Divergence
 
-EXIT_OK = 0
-EXIT_DIVERGENCE = 1
-EXIT_INTERNAL = 3  # a worker whose parent has gone
 
 WORKER_STOP_GRACE_S = 60.0
 
@@ -154,7 +152,7 @@ class FuzzJob:
     stream_delay_cycles: int = 0
     sanitize_streams: bool = False
     long_horizon: bool | None = None  # None: as the settings profile says
-    seed_stride: int = 1  # chunk k draws from seed + k * seed_stride (see harness.shard)
+    seed_stride: int = 1  # chunk k draws from seed + k * seed_stride (see swafuzz.shard)
     local_database_dir: str | None = None  # the local copy of a Redis database
     shard: str | None = None
 
@@ -616,6 +614,20 @@ class Campaign:
         else:
             code = watch.exit_code if interrupted else EXIT_OK
         return Finished(result, report, written, code)
+
+
+def earlier_reports(directory: Path) -> str | None:
+    """What the reports already in ``directory`` are of, when there are any: a run writing
+    there replaces them, and says so before it starts."""
+    found = directory / REPORT_FILES["json"]
+    if not found.is_file():
+        return None
+    try:
+        earlier = parse_json(read_regular_file(found, "report"), str(found))
+        return (f"{printable(str(earlier['command']))} of {printable(str(earlier['subject']))}, "
+                f"finished {printable(str(earlier['finished_at']))}")
+    except (InputError, KeyError, TypeError):
+        return "a run whose report.json cannot be read"
 
 
 def _prepare_report_dir(directory: Path) -> Path:

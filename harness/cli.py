@@ -1,4 +1,4 @@
-"""The ``swafuzz`` command line (also ``python -m harness``).
+"""The ``swafuzz`` command line (also ``python -m swafuzz``).
 
 Exit codes, for every subcommand:
 
@@ -9,38 +9,24 @@ Exit codes, for every subcommand:
 - 3: swafuzz itself failed (a bug in the harness, with its traceback)
 
 Once a divergence is recorded the code is 1, whatever signal follows; a closed stdout ends
-the command quietly with its own code (see :mod:`harness.entry`).
+the command quietly with its own code (see :mod:`swafuzz.entry`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-import torch
-
-from reference import ScenarioError
-
+# Nothing heavy here: --help, a usage error and 'subjects' answer without torch or Hypothesis;
+# a command's own module (swafuzz.commands) is imported once the command line is understood.
 from . import __version__
-from .boundary import InputError, describe_path, printable, writable_file
-from .campaign import EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_OK, Campaign, Finished, stdout_to_stderr
-from .entry import entry  # noqa: F401 - the console script of installs made before harness.entry
-from .executor import SubjectError
-from .merge import ReportError, merge_reports
-from .fuzz import PROFILES, SETTINGS_PROFILES
-from .registry import all_subjects, resolve_subject
-from .replay import Replay, ReplayError, emit_pytest, load_replay, recorded_subject, run_replay, same_divergence
-from .reports import REPORT_FILES, Report
+from .entry import entry  # noqa: F401 - the console script of installs made before swafuzz.entry
+from .names import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, SETTINGS_NAMES
 from .shard import Shard
-
-EXIT_USAGE = 2  # the other exit codes are a campaign's (harness.campaign)
+from .strategies.profiles import PROFILES
 
 GATE_BUDGET_S = 120.0
 
@@ -118,25 +104,6 @@ def _add_sglang_options(parser: argparse.ArgumentParser) -> None:
                              "default: $SWAFUZZ_SGLANG_SWITCHES, else each release's defaults)")
 
 
-def _apply_sglang_options(args: argparse.Namespace) -> None:
-    # through the environment, so that worker processes bind the same code
-    from .sglang import MODE_ENV, SOURCE_ENV, SWITCHES_ENV, switch_overrides
-
-    for value, name in ((getattr(args, "sglang_source", None), SOURCE_ENV),
-                        (getattr(args, "sglang_mode", None), MODE_ENV)):
-        if value:
-            os.environ[name] = str(value)
-    switches = getattr(args, "sglang_switch", None)
-    if switches:
-        subject = getattr(args, "subject", None)
-        if subject and not subject.startswith("sglang:"):
-            raise UsageError(f"--sglang-switch sets SGLang's engine switches; {subject!r} is not an "
-                             "sglang:<target> subject")
-        joined = ",".join(switches)
-        switch_overrides(joined)  # read as the workers will read it; a bad one is refused here
-        os.environ[SWITCHES_ENV] = joined
-
-
 def _add_device(parser: argparse.ArgumentParser, default: str | None = "cpu") -> None:
     parser.add_argument("--device", default=default, metavar="cpu|cuda",
                         help="where the subject's tensors live" + (f" (default: {default})" if default else ""))
@@ -203,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_subject(fuzz)
     fuzz.add_argument("--profile", choices=PROFILES, default="realistic",
                       help="scenario profile (default: realistic)")
-    fuzz.add_argument("--settings", choices=sorted(SETTINGS_PROFILES),
+    fuzz.add_argument("--settings", choices=sorted(SETTINGS_NAMES),
                       help="search settings profile (default: $SWAFUZZ_SETTINGS, else dev); "
                            "ci is deterministic and keeps no example database")
     fuzz.add_argument("--shard", type=_shard, metavar="I/N",
@@ -217,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(fuzz)
     _add_stream_options(fuzz)
     _add_outputs(fuzz)
-    fuzz.set_defaults(handler=_cmd_fuzz)
+    fuzz.set_defaults(handler='fuzz')
 
     gate = commands.add_parser(
         "gate", help="merge-gate preset: fuzz with CI settings and write JUnit and Markdown",
@@ -229,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(gate)
     _add_stream_options(gate)
     _add_outputs(gate)
-    gate.set_defaults(handler=_cmd_gate, budget=None)
+    gate.set_defaults(handler='gate', budget=None)
 
     replay = commands.add_parser("replay", help="re-run a replay file",
                                  description="Re-run a recorded divergence: exit 1 while it is there, 0 once fixed.")
@@ -240,12 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also write a standalone pytest regression test (no Hypothesis) to PATH")
     _add_device(replay, default=None)
     replay.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    replay.set_defaults(handler=_cmd_replay)
+    replay.set_defaults(handler='replay')
 
     subjects = commands.add_parser("subjects", help="list the subjects (built-in, and real SGLang targets when SGLang is found)")
     subjects.add_argument("--json", action="store_true", help="print a JSON list of subjects on stdout")
     _add_sglang_options(subjects)
-    subjects.set_defaults(handler=_cmd_subjects)
+    subjects.set_defaults(handler='subjects')
 
     exhaustive = commands.add_parser(
         "exhaustive", help="run every small scenario within bounds",
@@ -258,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     exhaustive.add_argument("--max-micro-batches", type=_positive_int, default=2, metavar="N", help="(default: 2)")
     _add_device(exhaustive)
     _add_outputs(exhaustive)
-    exhaustive.set_defaults(handler=_cmd_exhaustive)
+    exhaustive.set_defaults(handler='exhaustive')
 
     merge = commands.add_parser(
         "merge-reports", help="combine the reports of a sharded campaign into one",
@@ -268,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a report directory, or a report.json")
     merge.add_argument("--report-dir", type=Path, default=Path("reports") / "merged", metavar="DIR",
                        help="where the merged reports go (default: reports/merged)")
-    merge.set_defaults(handler=_cmd_merge_reports)
+    merge.set_defaults(handler='merge_reports')
 
     commands.add_parser("bench", add_help=False, help="benchmarks (arguments go to the benchmark runner)")
     return parser
@@ -284,175 +251,43 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_request:  # --help, --version, or a usage error already printed
         return exit_request.code if isinstance(exit_request.code, int) else EXIT_USAGE
     try:
-        _apply_sglang_options(args)
-        return args.handler(args)
-    except (UsageError, SubjectError, InputError) as exc:
-        message = " ".join(str(exc).splitlines())
-        print(f"swafuzz {args.command}: error: {message}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception:  # noqa: BLE001 - a harness bug: say so, never pass it off as a divergence
+        if args.handler == "subjects":
+            return _cmd_subjects(args)
+        from . import commands
+
+        commands.apply_sglang_options(args)
+        return getattr(commands, args.handler)(args)
+    except Exception as exc:  # noqa: BLE001 - a harness bug: say so, never pass it off as a divergence
+        if _is_usage_error(exc):
+            message = " ".join(str(exc).splitlines())
+            print(f"swafuzz {args.command}: error: {message}", file=sys.stderr)
+            return EXIT_USAGE
         print(f"swafuzz {args.command}: internal error (a bug in swafuzz):\n{traceback.format_exc()}",
               file=sys.stderr)
         return EXIT_INTERNAL
 
 
-# ---- shared checks -------------------------------------------------------------------------
+# bad input from the user, besides UsageError: (module, class); a module not loaded raised none
+_USAGE_ERRORS = (("executor", "SubjectError"), ("boundary", "InputError"))
 
 
-def check_device(text: str) -> str:
-    try:
-        device = torch.device(text)
-    except RuntimeError as exc:
-        raise UsageError(f"--device {text!r} is not a device name (use cpu or cuda): {exc}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device {text!r}: swafuzz runs on cpu or cuda, not {device.type}")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {text}: no CUDA or ROCm device is available here "
-                             "(torch.cuda.is_available() is False); use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f"--device {text}: this machine has {torch.cuda.device_count()} GPU(s)")
-    return str(device)
-
-
-def _print_json(data: dict[str, Any]) -> None:
-    print(json.dumps(data, indent=2))
-
-
-# ---- fuzz, gate, exhaustive ----------------------------------------------------------------
-
-
-def _campaign(args: argparse.Namespace) -> Campaign:
-    device = check_device(args.device)
-    for flag, used in (("--stream-delay", getattr(args, "stream_delay", 0)),
-                       ("--sanitize-streams", getattr(args, "sanitize_streams", False))):
-        if used and not device.startswith("cuda"):
-            raise UsageError(f"{flag} works on GPU streams: it needs --device cuda")
-    return Campaign.open(args.command, args.subject, device, args.report_dir, args.database, args.json)
-
-
-def _print_finished(campaign: Campaign, finished: Finished, print_markdown: bool = False) -> int:
-    report, written = finished.report, finished.written
-    if campaign.as_json:
-        _print_json({**report.to_dict(), "reports": {fmt: str(path) for fmt, path in written.items()}})
-    elif print_markdown:
-        print(written["markdown"].read_text(encoding="utf-8"))
-    else:
-        _print_summary(report, written)
-    return finished.exit_code
-
-
-def _print_summary(report: Report, written: dict[str, Path]) -> None:
-    head = f"swafuzz {report.command}: {report.verdict} in {report.subject}"
-    run = f"{report.examples} examples in {report.elapsed_s:.1f} s"
-    if report.seed is not None:
-        run += f", seed {report.seed}"
-    if not report.complete:
-        run += f"; interrupted by {report.interrupted_by or 'a signal'}, the report is marked incomplete"
-    print(f"{head} ({run})")
-    if report.divergence is not None:
-        print(f"  {report.divergence.sentence}")
-        print(f"  replay file: {report.replay_file}")
-        print(f"  reproduce:   {report.replay_command}")
-        if not report.shrink_complete:
-            print("  the budget ran out while shrinking: the scenario is the smallest found so far")
-    print(f"  features covered: {len(report.features_covered)}")
-    print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES)}")
-
-
-
-
-def _fuzz(args: argparse.Namespace, settings: str | None, profile: str, print_markdown: bool = False) -> int:
-    campaign = _campaign(args)
-    job = campaign.job(
-        profile, settings, seed=args.seed, budget_s=args.budget, max_examples=args.max_examples,
-        threads=getattr(args, "threads", False), stream_delay_cycles=getattr(args, "stream_delay", 0),
-        sanitize_streams=getattr(args, "sanitize_streams", False),
-        long_horizon=getattr(args, "long_horizon", False), shard=getattr(args, "shard", None),
-    )
-    finished = campaign.fuzz(job, workers=args.workers, shard=getattr(args, "shard", None))
-    return _print_finished(campaign, finished, print_markdown)
-
-
-def _cmd_fuzz(args: argparse.Namespace) -> int:
-    return _fuzz(args, settings=args.settings, profile=args.profile)
-
-
-def _cmd_gate(args: argparse.Namespace) -> int:
-    if args.budget is None:
-        args.budget = GATE_BUDGET_S
-    return _fuzz(args, settings="ci", profile="realistic", print_markdown=not args.json)
-
-
-def _cmd_exhaustive(args: argparse.Namespace) -> int:
-    campaign = _campaign(args)
-    finished = campaign.exhaustive(args.profile, max_forwards=args.max_forwards, max_layers=args.max_layers,
-                                   max_micro_batches=args.max_micro_batches)
-    code = _print_finished(campaign, finished)
-    if code == EXIT_OK and not campaign.as_json and finished.result.scope is not None:
-        for line in finished.result.scope.lines():
-            print(f"  {line}")
-    return code
-
-
-# ---- replay, subjects, bench ---------------------------------------------------------------
-
-
-def _cmd_replay(args: argparse.Namespace) -> int:
-    recorded = load_replay(args.file)
-    if args.emit_pytest is not None:
-        writable_file(args.emit_pytest, "--emit-pytest", not_the_same_as=args.file)
-    subject = args.subject or recorded.subject
-    try:
-        info = resolve_subject(args.subject) if args.subject else recorded_subject(recorded)
-    except ReplayError as exc:
-        raise ReplayError(f"{describe_path(args.file)}: {exc}") from None
-    device = check_device(args.device or recorded.device)
-    started = time.monotonic()
-    try:
-        with stdout_to_stderr(args.json):
-            run = run_replay(recorded, subject=args.subject, device=device)
-    except ScenarioError as exc:
-        raise ReplayError(f"{describe_path(args.file)}: the recorded scenario cannot run: {exc}") from None
-    elapsed = time.monotonic() - started
-    if args.emit_pytest is not None:
-        emit_pytest(replace(recorded, subject=subject, device=device), args.emit_pytest, source=str(args.file))
-    found = run.divergence
-    reproduced = found is not None and same_divergence(found, recorded.divergence)
-    if args.json:
-        report = Report(
-            command="replay", subject=subject, subject_info=info.to_dict(), profile=recorded.profile,
-            settings=recorded.settings, seed=recorded.seed, device=device, examples=1, elapsed_s=elapsed,
-            divergence=found, scenario=recorded.scenario if found else None,
-            replay_file=str(args.file) if found else None,
-        )
-        _print_json({**report.to_dict(), "reproduced": reproduced,
-                     "recorded_diagnosis": recorded.divergence.to_dict(),
-                     "emitted_pytest": str(args.emit_pytest) if args.emit_pytest else None})
-    else:
-        _print_replay(args, subject, recorded, found, reproduced, run.checks)
-    return EXIT_DIVERGENCE if found is not None else EXIT_OK
-
-
-def _print_replay(args: argparse.Namespace, subject: str, recorded: Replay, found: Any, reproduced: bool,
-                  checks: int) -> None:
-    if found is None:
-        print(f"swafuzz replay: fixed: {subject} matches the reference on {args.file} ({checks} stores checked)")
-        print(f"  recorded: {printable(recorded.divergence.sentence)}")
-    elif reproduced:
-        print(f"swafuzz replay: divergence still there in {subject}")
-        print(f"  {found.sentence}")
-    else:
-        print(f"swafuzz replay: {subject} still diverges on {args.file}, but differently")
-        print(f"  now:      {found.sentence}")
-        print(f"  recorded: {printable(recorded.divergence.sentence)}")
-    if args.emit_pytest is not None:
-        print(f"  regression test written to {args.emit_pytest}")
+def _is_usage_error(exc: Exception) -> bool:
+    kinds = [UsageError] + [getattr(sys.modules[f"{__package__}.{module}"], name)
+                            for module, name in _USAGE_ERRORS if f"{__package__}.{module}" in sys.modules]
+    return isinstance(exc, tuple(kinds))
 
 
 def _cmd_subjects(args: argparse.Namespace) -> int:
-    rows = [info.to_dict() for info in all_subjects()]
+    if args.sglang_source or args.sglang_mode or args.sglang_switch:
+        from . import commands  # SGLang is asked for: binding it takes the heavy modules anyway
+
+        commands.apply_sglang_options(args)
+    from .registry import subject_listing
+
+    rows = subject_listing()
     if args.json:
+        import json
+
         print(json.dumps(rows, indent=2))
         return EXIT_OK
     width = max(len(row["name"]) for row in rows)
@@ -462,16 +297,6 @@ def _cmd_subjects(args: argparse.Namespace) -> int:
               f"{', '.join(row['diverges_on']) or '-'}")
     print("\nA user subject is given as module:attr (a Subject class or a SubjectInfo).")
     return EXIT_OK
-
-
-def _cmd_merge_reports(args: argparse.Namespace) -> int:
-    try:
-        merged = merge_reports(args.dirs, args.report_dir)
-    except ReportError as exc:
-        raise UsageError(str(exc)) from None
-    print(merged.headline())
-    print(f"  reports: {', '.join(str(path) for path in merged.written.values())}")
-    return EXIT_DIVERGENCE if merged.diverged else EXIT_OK
 
 
 def _cmd_bench(argv: list[str]) -> int:

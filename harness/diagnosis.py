@@ -18,7 +18,7 @@ import re
 
 import torch
 
-from reference import DUMMY_SLOT, EngineConfig
+from .reference import DUMMY_SLOT, EngineConfig
 
 # What went wrong (the divergence kind).
 WRONG_ROWS = "wrong_rows"

@@ -1,4 +1,4 @@
-"""The program's entry point (the ``swafuzz`` console script and ``python -m harness``).
+"""The program's entry point (the ``swafuzz`` console script and ``python -m swafuzz``).
 
 It takes SIGINT and SIGTERM over before anything heavy is imported, so that an interrupt
 at any moment ends the program with its documented exit code and one line, never a
@@ -6,7 +6,7 @@ traceback:
 
 - before a run starts (start-up, option checks, a replay), the first signal ends the
   program: 130 for SIGINT, 143 for SIGTERM, nothing written;
-- while a run goes, the run's own watch (:class:`harness.campaign.InterruptWatch`) stops it and
+- while a run goes, the run's own watch (:class:`swafuzz.campaign.InterruptWatch`) stops it and
   the reports say what it found: 1 when that is a divergence;
 - once the command has its result, signals are ignored: the exit code says what was found
   and written, whatever signal follows.

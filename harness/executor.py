@@ -3,7 +3,7 @@
 Every store-location request is checked against the reference computed from the engine
 state at that moment (values, int32, length, device, padding on the dummy slot). The run
 stops at the first divergence and explains it. Whatever the subject does, raising, hanging
-or returning garbage, comes back as a :class:`~harness.diagnosis.Divergence`; only an
+or returning garbage, comes back as a :class:`~swafuzz.diagnosis.Divergence`; only an
 invalid scenario raises (:class:`reference.ScenarioError`).
 """
 
@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 
-from reference import PACKED_INPUTS, EngineState, ForwardPlan, Scenario, StepInputs
+from .reference import PACKED_INPUTS, EngineState, ForwardPlan, Scenario, StepInputs
 
 from . import diagnosis as dx
 from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, ForwardMode, ModelSpec, Subject, Truth
@@ -764,7 +764,7 @@ _BATCH_INPUTS = tuple({
 
 
 class _Where(NamedTuple):
-    """Where a call happens; turned into a :class:`~harness.diagnosis.Site` only when needed."""
+    """Where a call happens; turned into a :class:`~swafuzz.diagnosis.Site` only when needed."""
 
     plan: ForwardPlan | None = None
     step: int = 0

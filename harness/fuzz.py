@@ -19,17 +19,18 @@ import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given
 from hypothesis.errors import HypothesisWarning
 
-from reference import Scenario
-from strategies.exhaustive import ScopeStatement, enumerate_scenarios, scope_statement
-from strategies.features import features_of
-from strategies.restrictions import scenarios_without
-from strategies.scenarios import PROFILES, REALISTIC, weakest_profile
+from .reference import Scenario
+from .strategies.exhaustive import ScopeStatement, enumerate_scenarios, scope_statement
+from .strategies.features import features_of
+from .strategies.restrictions import scenarios_without
+from .strategies.scenarios import PROFILES, REALISTIC, weakest_profile
 
 from .database import open_database
 from .diagnosis import Divergence
 from .devices import timeline_for
 from .executor import DEFAULT_TIMEOUT_S, DeadlinePassed, RunResult, check_device, run_scenario
 from .graphs import load_capture_machinery
+from .names import LONG_HORIZON_SETTINGS, PROFILE_PREFIX, SETTINGS_NAMES
 from .registry import SubjectInfo
 
 SETTINGS_ENV = "SWAFUZZ_SETTINGS"
@@ -43,9 +44,6 @@ NO_EXAMPLE_LIMIT = 10**9
 PROGRESS_EVERY_S = 0.25
 
 
-PROFILE_PREFIX = "swafuzz-"
-# scenario shape is not a Hypothesis setting: these profiles draw long-horizon scenarios
-LONG_HORIZON_PROFILES = frozenset({"nightly-long"})
 
 
 def _register_settings_profiles() -> tuple[str, ...]:
@@ -63,7 +61,7 @@ def _register_settings_profiles() -> tuple[str, ...]:
       suits the CLI's ``--budget`` and HypoFuzz, not a pytest run.
     - ``repro``: replays the database's saved failures first, verbosely.
     - ``nightly-long``: ``nightly`` with long-horizon scenarios (runs of hundreds of plain
-      decode forwards between the interesting ones; see :mod:`strategies.scenarios`). Its
+      decode forwards between the interesting ones; see :mod:`swafuzz.strategies.scenarios`). Its
       examples take up to a few seconds each, so it suits a budget of tens of minutes.
 
     Examples take a subject's time, not a unit test's: no deadline, and the health checks
@@ -75,16 +73,16 @@ def _register_settings_profiles() -> tuple[str, ...]:
         deadline=None, print_blob=False, suppress_health_check=list(HealthCheck),
         phases=[phase for phase in Phase if phase is not Phase.explain],
     )
-    profiles = {
-        "dev": hypothesis.settings(base, max_examples=300),
-        "ci": hypothesis.settings(base, max_examples=200, derandomize=True, database=None),
-        "nightly": hypothesis.settings(base, max_examples=NO_EXAMPLE_LIMIT),
-        "repro": hypothesis.settings(base, max_examples=100, verbosity=Verbosity.verbose),
-        "nightly-long": hypothesis.settings(base, max_examples=NO_EXAMPLE_LIMIT),
+    differences = {
+        "dev": {"max_examples": 300},
+        "ci": {"max_examples": 200, "derandomize": True, "database": None},
+        "nightly": {"max_examples": NO_EXAMPLE_LIMIT},
+        "repro": {"max_examples": 100, "verbosity": Verbosity.verbose},
+        "nightly-long": {"max_examples": NO_EXAMPLE_LIMIT},
     }
-    for name, profile in profiles.items():
-        hypothesis.settings.register_profile(PROFILE_PREFIX + name, profile)
-    return tuple(profiles)
+    for name in SETTINGS_NAMES:  # named in swafuzz.names, for the command line
+        hypothesis.settings.register_profile(PROFILE_PREFIX + name, hypothesis.settings(base, **differences[name]))
+    return SETTINGS_NAMES
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,7 @@ class SettingsProfile:
 
     @property
     def long_horizon(self) -> bool:
-        return self.name in LONG_HORIZON_PROFILES
+        return self.name in LONG_HORIZON_SETTINGS
 
 
 SETTINGS_PROFILES = {name: SettingsProfile(name) for name in _register_settings_profiles()}
@@ -222,7 +220,7 @@ def scenario_test(
     example; a diverging scenario has its threaded call orders pinned (see
     :func:`pin_schedules`). Past ``deadline`` (a
     ``time.monotonic()`` reading) an example does not start, or stops after the subject call
-    that passed it, raising :class:`~harness.executor.DeadlinePassed`. ``long_horizon``
+    that passed it, raising :class:`~swafuzz.executor.DeadlinePassed`. ``long_horizon``
     draws long runs of plain decode forwards. ``exclude`` names lifecycle features never
     drawn (an engine configuration without them); under the realistic profile, so are
     those the subject's ``realistic_exclusions`` names (the features its engine release
@@ -285,14 +283,14 @@ def fuzz(
 
     ``long_horizon`` draws scenarios with long runs of plain decode forwards (default: as the
     settings profile says; ``nightly-long`` does). ``exclude`` names lifecycle features
-    never drawn (see :func:`strategies.restrictions.scenarios_without`).
+    never drawn (see :func:`swafuzz.strategies.restrictions.scenarios_without`).
 
     A seeded run's k-th chunk of examples draws from seed ``seed + k * seed_stride``, so
     runs whose seeds are ``0..stride-1`` apart never draw the same chunk (see
-    :mod:`harness.shard`). A seeded run repeats exactly: it never replays the database,
+    :mod:`swafuzz.shard`). A seeded run repeats exactly: it never replays the database,
     but where its settings profile has one, it saves the failures it finds there.
     ``database_dir`` is a directory or a Redis URL; a Redis database keeps a local copy in
-    ``local_database_dir`` (see :mod:`harness.database`).
+    ``local_database_dir`` (see :mod:`swafuzz.database`).
 
     ``threads`` is the stress mode: micro-batches call the subject from real threads. Thread
     interleavings do not repeat, so nothing is shrunk or stored in the database; instead the
@@ -448,7 +446,7 @@ def exhaustive(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> FuzzResult:
-    """Run every scenario within the bounds (see :mod:`strategies.exhaustive`).
+    """Run every scenario within the bounds (see :mod:`swafuzz.strategies.exhaustive`).
 
     With no divergence, ``examples`` is the number of scenarios checked: the subject is
     equivalent to the reference on that whole scope, and ``scope`` states which features the

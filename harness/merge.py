@@ -9,8 +9,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from reference import Scenario, ScenarioError
-from strategies.features import ALL_FEATURES
+from .reference import Scenario, ScenarioError
+from .strategies.features import ALL_FEATURES
 
 from .reports import (
     DIVERGENCE,
@@ -78,7 +78,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
 
 def load_report(path: str | os.PathLike) -> tuple[Path, Report]:
     """The report in ``path`` (a report directory or its ``report.json``), read within the
-    limits of any file from elsewhere (:mod:`harness.boundary`): other machines wrote it."""
+    limits of any file from elsewhere (:mod:`swafuzz.boundary`): other machines wrote it."""
     path = Path(path)
     source = path / _REPORT_JSON if path.is_dir() else path
     name = describe_path(source)

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, Verbosity
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
-from reference import DUMMY_SLOT, EngineConfig
+from .reference import DUMMY_SLOT, EngineConfig
 
 from .api import ForwardBatch, ForwardMode, ModelSpec, Subject
 from .fuzz import FuzzResult, fuzz

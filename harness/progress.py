@@ -1,8 +1,10 @@
-"""A live progress line for long runs, drawn on a terminal and silent anywhere else.
+"""Progress of long runs: a live line on a terminal, a plain line now and then in a log.
 
-The line is redrawn in place (carriage return), at most every ``min_interval_s``, so a
-fast fuzzer does not spend its time printing. Redirected output (CI logs, pipes, ``--json``)
-gets nothing: progress is for people watching a terminal.
+On a terminal the line is redrawn in place (carriage return), at most every
+``min_interval_s``, so a fast fuzzer does not spend its time printing. Redirected output (a
+CI log, a pipe) gets the same line as a line of its own every ``log_interval_s``, so that a
+gate running for minutes in CI shows it is alive while a short run prints nothing; ``--json``
+gets none.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from strategies.features import ALL_FEATURES
+from .strategies.features import ALL_FEATURES
 
 from .fuzz import Progress
 
@@ -39,29 +41,37 @@ def format_progress(progress: Progress, total_features: int = len(ALL_FEATURES))
 
 
 class ProgressLine:
-    """Feed it :class:`~harness.fuzz.Progress` updates; call :meth:`close` at the end."""
+    """Feed it :class:`~swafuzz.fuzz.Progress` updates; call :meth:`close` at the end."""
 
     def __init__(self, stream: TextIO | None = None, *, enabled: bool = True,
-                 min_interval_s: float = 0.2, clock: Callable[[], float] = time.monotonic):
+                 min_interval_s: float = 0.2, log_interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled and _is_terminal(self.stream)
-        self.min_interval_s = min_interval_s
+        self.enabled = enabled
+        self.live = _is_terminal(self.stream)
+        self.interval_s = min_interval_s if self.live else log_interval_s
         self.clock = clock
-        self._last_draw = float("-inf")
+        # a log's first line comes one interval into the run
+        self._last_draw = float("-inf") if self.live else clock()
         self._width = 0
 
     def update(self, progress: Progress) -> None:
         if not self.enabled:
             return
         now = self.clock()
-        if now - self._last_draw < self.min_interval_s:
+        if now - self._last_draw < self.interval_s:
             return
         self._last_draw = now
-        self._draw(format_progress(progress))
+        if self.live:
+            self._draw(format_progress(progress))
+        else:
+            self.stream.write(format_progress(progress) + "\n")
+            self.stream.flush()
 
     def note(self, text: str) -> None:
-        """Print a line of its own above the progress line (a divergence was found, ...)."""
-        if not self.enabled:
+        """Print a line of its own above the live line (a divergence was found, ...); a log
+        gets the finding in the run's summary instead."""
+        if not (self.enabled and self.live):
             return
         self._erase()
         self.stream.write(text + "\n")
@@ -69,7 +79,7 @@ class ProgressLine:
         self._last_draw = float("-inf")
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.live:
             self._erase()
 
     def _draw(self, line: str) -> None:

@@ -6,12 +6,12 @@ Installed with swafuzz (entry point ``pytest11``) and inert until asked for, in 
   [--swafuzz-profile adversarial]`` adds one test per subject and profile;
 - in a test file, ``test_my_cache = fuzz_test("my_module:MyCache", profile="adversarial")``.
 
-Either way the test is an ordinary Hypothesis ``@given`` test (:func:`harness.fuzz.scenario_test`):
+Either way the test is an ordinary Hypothesis ``@given`` test (:func:`swafuzz.fuzz.scenario_test`):
 pytest-xdist distributes it, ``--hypothesis-profile`` (``swafuzz-ci``, ``swafuzz-dev``, ...),
 ``--hypothesis-seed`` and ``--hypothesis-show-statistics`` apply to it, and HypoFuzz or any
 other runner of Hypothesis tests can fuzz it unchanged. A failure says the diagnosis sentence
 and the command that replays it, whose replay file is written where, and as, the CLI writes its own
-(:class:`harness.campaign.DivergenceLog`).
+(:class:`swafuzz.campaign.DivergenceLog`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
+from .names import PROFILE_PREFIX
+
 if TYPE_CHECKING:
     import hypothesis
 
-    from reference import Scenario
+    from .reference import Scenario
 
     from .executor import RunResult
 
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 DEFAULT_REPORT_DIR = Path("reports")
 # replay files of pytest runs are named <subject>-<profile>-pytest.json
 RUN_NAME = "pytest"
-PROFILE_PREFIX = "swafuzz-"  # harness.fuzz.PROFILE_PREFIX, known here without importing it
 
 _report_dir = DEFAULT_REPORT_DIR  # --swafuzz-report-dir, for the tests of this session
 
@@ -104,11 +105,11 @@ def pytest_configure(config: pytest.Config) -> None:
     _report_dir = config.getoption("swafuzz_report_dir") or config.rootpath / DEFAULT_REPORT_DIR
     hypothesis_profile = config.getoption("hypothesis_profile", None) or ""
     if hypothesis_profile.startswith(PROFILE_PREFIX):
-        import harness.fuzz  # noqa: F401 - registers the swafuzz-* profiles
+        import swafuzz.fuzz  # noqa: F401 - registers the swafuzz-* profiles
     subjects = config.getoption("swafuzz_subject")
     if not subjects:
         return
-    from strategies.scenarios import PROFILES
+    from .strategies.scenarios import PROFILES
 
     from .registry import resolve_subject
 

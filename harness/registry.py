@@ -8,12 +8,14 @@ tests check them by *running* scenarios, never by reading them back.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Mapping
 
-from strategies.features import (
+from .strategies.features import (
     DRAFT_MULTISTEP,
     FIRST_SWA_LAYER_NOT_START,
     GPU_STREAMS,
@@ -26,13 +28,27 @@ from strategies.features import (
     SKIP_METADATA_INIT,
 )
 
-from . import builtin
-from .api import Subject
-from .boundary import show
-from .executor import SubjectError, check_subject
+from .names import SGLANG_SOURCE_ENV
+
+if TYPE_CHECKING:
+    from .api import Subject
 
 DIVERGES = "diverges"
 EQUIVALENT = "equivalent"
+POOL, RING = "pool", "ring"  # the values of swafuzz.api.Truth
+
+
+def listing(name: str, kind: str, truth: str, expected: str, diverges_on: tuple[str, ...],
+            requires: tuple[str, ...], summary: str) -> dict:
+    """A subject as ``swafuzz subjects --json`` lists it and a report records it."""
+    return {"name": name, "kind": kind, "truth": truth, "expected": expected, "diverges_on": list(diverges_on),
+            "requires": sorted(requires), "summary": summary}
+
+
+def first_paragraph(text: str | None) -> str:
+    """A docstring's summary: its first paragraph on one line, however many lines it takes."""
+    paragraph = (text or "").strip().split("\n\n", 1)[0]
+    return " ".join(paragraph.split())
 
 
 @dataclass(frozen=True)
@@ -49,71 +65,122 @@ class SubjectInfo:
         return self.subject.truth.value
 
     def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "truth": self.truth,
-            "expected": self.expected,
-            "diverges_on": list(self.diverges_on),
-            "requires": sorted(getattr(self.subject, "requires", ())),
-            "summary": self.summary or ((self.subject.__doc__ or "").strip().splitlines() or [""])[0],
-        }
+        return listing(self.name, self.kind, self.truth, self.expected, self.diverges_on,
+                       tuple(getattr(self.subject, "requires", ())),
+                       self.summary or first_paragraph(self.subject.__doc__))
 
 
-BUILTIN_SUBJECTS: tuple[SubjectInfo, ...] = (
-    SubjectInfo("uncached", builtin.Uncached, EQUIVALENT),
-    SubjectInfo("uncached-ring", builtin.UncachedRing, EQUIVALENT),
-    SubjectInfo("step-keyed", builtin.StepKeyed, DIVERGES, (GRAPH_REPLAY,)),
-    SubjectInfo("step-keyed-ring", builtin.StepKeyedRing, DIVERGES, (GRAPH_REPLAY,)),
-    SubjectInfo(
-        "pool-start-layer", builtin.PoolStartLayer, DIVERGES,
-        (FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD),
-    ),
-    SubjectInfo(
-        "pool-layer0", builtin.PoolLayer0, DIVERGES,
-        (PIPELINE_STAGE, FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD),
-    ),
-    SubjectInfo(
-        "pool-no-invalidate", builtin.PoolNoInvalidate, DIVERGES,
-        (REGISTER_MAPPING, FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD),
-    ),
-    SubjectInfo(
-        "unified-metadata", builtin.UnifiedMetadata, DIVERGES,
-        (DRAFT_MULTISTEP, RAGGED_EXTEND, SKIP_METADATA_INIT, GRAPH_REPLAY),
-    ),
-    SubjectInfo(
-        "unified-metadata-mtp-bypass", builtin.UnifiedMetadataMtpBypass, DIVERGES,
-        (RAGGED_EXTEND, SKIP_METADATA_INIT, GRAPH_REPLAY),
-    ),
-    SubjectInfo(
-        "swa-out-shape-guard", builtin.SwaOutShapeGuard, DIVERGES,
-        (DRAFT_MULTISTEP, SKIP_METADATA_INIT, MAPPING_CHANGE_IN_FORWARD),
-    ),
-    SubjectInfo(
-        "unified-graph-assign", builtin.UnifiedGraphAssign, DIVERGES,
-        (GRAPH_REPLAY, RAGGED_EXTEND, SKIP_METADATA_INIT),
-    ),
-    SubjectInfo(
-        "unified-graph-copy", builtin.UnifiedGraphCopy, DIVERGES,
-        (RAGGED_EXTEND, SKIP_METADATA_INIT),
-    ),
-    SubjectInfo("stream-unsynced", builtin.StreamUnsynced, DIVERGES, (GPU_STREAMS,)),
-    SubjectInfo("step-keyed-capture", builtin.StepKeyedCapture, EQUIVALENT),
-    SubjectInfo("step-keyed-capture-ring", builtin.StepKeyedCaptureRing, EQUIVALENT),
+@dataclass(frozen=True)
+class BuiltinSubject:
+    """A row of the built-in table. What ``swafuzz subjects`` lists is stated here, so that
+    listing them imports neither their classes nor torch; a test holds each row's truth and
+    requirements to its class's."""
+
+    name: str
+    class_name: str  # in swafuzz.builtin
+    truth: str
+    expected: str
+    summary: str
+    diverges_on: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return listing(self.name, "builtin", self.truth, self.expected, self.diverges_on, self.requires,
+                       self.summary)
+
+    def info(self) -> SubjectInfo:
+        from . import builtin
+
+        return SubjectInfo(self.name, getattr(builtin, self.class_name), self.expected, self.diverges_on,
+                           summary=self.summary)
+
+
+BUILTIN_TABLE: tuple[BuiltinSubject, ...] = (
+    BuiltinSubject("uncached", "Uncached", POOL, EQUIVALENT,
+                   "Translates out_cache_loc through the mapping in every layer: the behaviour before any caching."),
+    BuiltinSubject("uncached-ring", "UncachedRing", RING, EQUIVALENT,
+                   "Computes the unified ring rows in every layer, expanding request slots by each one's tokens."),
+    BuiltinSubject("step-keyed", "StepKeyed", POOL, DIVERGES,
+                   "A cache keyed on the forward, the draft step and the mapping, kept per micro-batch: right "
+                   "in eager forwards, stale under graph replay, where the captured layers hit a warm-up's rows.",
+                   (GRAPH_REPLAY,)),
+    BuiltinSubject("step-keyed-ring", "StepKeyedRing", RING, DIVERGES,
+                   "The forward-keyed cache for the unified ring: stale under graph replay, like step-keyed.",
+                   (GRAPH_REPLAY,)),
+    BuiltinSubject("pool-start-layer", "PoolStartLayer", POOL, DIVERGES,
+                   "A pool-level cache of the translated locations, refreshed at the stage's start_layer "
+                   "(or when empty).",
+                   (FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD)),
+    BuiltinSubject("pool-layer0", "PoolLayer0", POOL, DIVERGES,
+                   "A pool-level cache refreshed at layer 0, whatever stage it runs.",
+                   (PIPELINE_STAGE, FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD)),
+    BuiltinSubject("pool-no-invalidate", "PoolNoInvalidate", POOL, DIVERGES,
+                   "A pool-level cache that survives register_mapping, as the inline cache of release 0.5.12.",
+                   (REGISTER_MAPPING, FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, MAPPING_CHANGE_IN_FORWARD)),
+    BuiltinSubject("unified-metadata", "UnifiedMetadata", RING, DIVERGES,
+                   "Decode metadata carries the ring rows, trusted whenever their length matches the batch, "
+                   "with a uniform repeat_interleave fallback for other batches.",
+                   (DRAFT_MULTISTEP, RAGGED_EXTEND, SKIP_METADATA_INIT, GRAPH_REPLAY)),
+    BuiltinSubject("unified-metadata-mtp-bypass", "UnifiedMetadataMtpBypass", RING, DIVERGES,
+                   "The unified metadata cache with the later fix: multi-step draft decode always recomputes.",
+                   (RAGGED_EXTEND, SKIP_METADATA_INIT, GRAPH_REPLAY)),
+    BuiltinSubject("swa-out-shape-guard", "SwaOutShapeGuard", POOL, DIVERGES,
+                   "Metadata init translates out_cache_loc, and the getter trusts the result whenever its "
+                   "length matches the batch.",
+                   (DRAFT_MULTISTEP, SKIP_METADATA_INIT, MAPPING_CHANGE_IN_FORWARD)),
+    BuiltinSubject("unified-graph-assign", "UnifiedGraphAssign", RING, DIVERGES,
+                   "The unified metadata under graphs, the ring rows in the merge's assign list (re-pointed "
+                   "before replay), as in releases 0.5.14-0.5.19.",
+                   (GRAPH_REPLAY, RAGGED_EXTEND, SKIP_METADATA_INIT)),
+    BuiltinSubject("unified-graph-copy", "UnifiedGraphCopy", RING, DIVERGES,
+                   "The unified metadata under graphs, the ring rows in the merge's copy list (written in place "
+                   "before replay), as in release 0.5.20.",
+                   (RAGGED_EXTEND, SKIP_METADATA_INIT)),
+    BuiltinSubject("stream-unsynced", "StreamUnsynced", POOL, DIVERGES,
+                   "Translates once per forward on the engine's side stream and reads the result without "
+                   "waiting for that stream: found on a GPU, not checkable elsewhere.",
+                   (GPU_STREAMS,), requires=(GPU_STREAMS,)),
+    BuiltinSubject("step-keyed-capture", "StepKeyedCapture", POOL, EQUIVALENT,
+                   "The forward-keyed cache, also keyed on whether the call is being captured: correct, and "
+                   "as cheap as the others."),
+    BuiltinSubject("step-keyed-capture-ring", "StepKeyedCaptureRing", RING, EQUIVALENT,
+                   "The capture-aware forward-keyed cache for the unified ring: correct."),
 )
 
-_BY_NAME = {info.name: info for info in BUILTIN_SUBJECTS}
+
+def __getattr__(name: str) -> Any:
+    # the classes, and torch with them, load only when a subject is to run
+    if name == "BUILTIN_SUBJECTS":
+        value = tuple(row.info() for row in BUILTIN_TABLE)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def subject_names() -> list[str]:
-    return [info.name for info in BUILTIN_SUBJECTS]
+    return [row.name for row in BUILTIN_TABLE]
+
+
+def builtin_subject(name: str) -> SubjectInfo | None:
+    return next((info for info in __getattr__("BUILTIN_SUBJECTS") if info.name == name), None)
 
 
 def all_subjects() -> list[SubjectInfo]:
     """The built-in subjects, then the real SGLang targets the default SGLang source has."""
     from . import sglang
 
-    return [*BUILTIN_SUBJECTS, *sglang.discover()]
+    return [*__getattr__("BUILTIN_SUBJECTS"), *sglang.discover()]
+
+
+def subject_listing() -> list[dict]:
+    """What ``swafuzz subjects --json`` prints: the built-in rows as stated, then the real SGLang
+    targets where an SGLang source is found (binding those imports torch; nothing else does)."""
+    rows = [row.to_dict() for row in BUILTIN_TABLE]
+    if os.environ.get(SGLANG_SOURCE_ENV) or importlib.util.find_spec("sglang") is not None:
+        from . import sglang
+
+        rows += [info.to_dict() for info in sglang.discover()]
+    return rows
 
 
 def resolve_subject(spec: str, allow_import: bool = True,
@@ -129,13 +196,17 @@ def resolve_subject(spec: str, allow_import: bool = True,
     ``allow_import`` false (a spec read from a file) only built-in names and ``sglang:``
     targets resolve.
     """
+    from .boundary import show
+    from .executor import SubjectError, check_subject
+
     if engine_switches and not spec.startswith("sglang:"):
         raise SubjectError(f"engine switches ({', '.join(engine_switches)}) are SGLang's; {show(spec)} "
                            "is not an sglang:<target> subject")
-    if spec in _BY_NAME:
-        return _BY_NAME[spec]
+    found = builtin_subject(spec)
+    if found is not None:
+        return found
     if spec.startswith("sglang:"):  # before module:attr, since "sglang" is a module too
-        from . import sglang  # harness.sglang imports this module
+        from . import sglang  # swafuzz.sglang imports this module
 
         return sglang.resolve(spec, switches=engine_switches)
     if ":" not in spec:
@@ -151,7 +222,7 @@ def resolve_subject(spec: str, allow_import: bool = True,
     module_name, _, attr = spec.partition(":")
     _look_in_the_working_directory()
     try:
-        module = importlib.import_module(module_name)
+        module = _import_subject_module(module_name)
     except Exception as exc:  # noqa: BLE001 - report any import failure as a usage error
         raise SubjectError(f"cannot import module {module_name!r} for subject {spec!r}: {exc}") from exc
     try:
@@ -162,6 +233,21 @@ def resolve_subject(spec: str, allow_import: bool = True,
         return target
     check_subject(target)
     return SubjectInfo(spec, target, expected="unknown", kind="user")
+
+
+# Before swafuzz was installed under one import name its three packages were top-level;
+# replay files, databases and commands written then still name subjects by those modules.
+_FORMER_PACKAGES = {"harness": "swafuzz", "reference": "swafuzz.reference", "strategies": "swafuzz.strategies"}
+
+
+def _import_subject_module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        top, dot, rest = name.partition(".")
+        if top not in _FORMER_PACKAGES or exc.name != top:
+            raise
+    return importlib.import_module(_FORMER_PACKAGES[top] + dot + rest)
 
 
 def _look_in_the_working_directory() -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from reference import Scenario, ScenarioError
+from .reference import Scenario, ScenarioError
 
 from . import __version__
 from .boundary import InputError, describe_path, parse_json, read_regular_file, show
@@ -212,9 +212,9 @@ importable where this test runs."""
 import pytest
 import torch
 
-from harness import run_scenario
-from harness.registry import resolve_subject
-from reference import Scenario
+from swafuzz import run_scenario
+from swafuzz.reference import Scenario
+from swafuzz.registry import resolve_subject
 
 SUBJECT = {subject!r}
 DEVICE = {device!r}

@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from reference import EngineState, Scenario, ScenarioError, replay_events
-from strategies.features import ALL_FEATURES
+from .reference import EngineState, Scenario, ScenarioError, replay_events
+from .strategies.features import ALL_FEATURES
 
 from . import __version__
 from . import diagnosis as dx

@@ -1,7 +1,7 @@
 """Sharded campaigns: N machines of a CI matrix search disjoint parts of one seed space.
 
 A seeded fuzzing process draws its k-th chunk of examples from seed ``seed + k * stride``
-(see :func:`harness.fuzz.fuzz`). Shard ``I/N`` running ``W`` worker processes gives its
+(see :func:`swafuzz.fuzz.fuzz`). Shard ``I/N`` running ``W`` worker processes gives its
 worker ``w`` the lane ``offset = (I - 1) * W + w`` of ``N * W`` lanes, so the chunk seeds of
 all shards and workers are disjoint and together cover every seed from the base seed on.
 Every shard must run the same number of workers.

@@ -2,7 +2,7 @@
 
 It owns request slots, a paged full pool shared by every model, one paged SWA pool and
 ``full_to_swa`` mapping per model (target, and draft when configured), and applies the
-lifecycle events of a :class:`~reference.scenario.Scenario`. The mapping tensors here are
+lifecycle events of a :class:`~swafuzz.reference.scenario.Scenario`. The mapping tensors here are
 the truth; callers that hand a mapping to code under test keep their own copy and follow
 :attr:`EngineState.mapping_epoch` (a new tensor was registered) and
 :attr:`EngineState.version` (something changed in place: the model writes the mappings

@@ -6,7 +6,7 @@ says nothing about which subject it breaks; the tests run every subject on every
 
 from __future__ import annotations
 
-from reference import Scenario
+from ..reference import Scenario
 
 
 def _scenario(config: dict, events: list[dict]) -> Scenario:

@@ -9,7 +9,7 @@ a bystander whose departure frees slots; after the bystander's own decode, up to
 lifecycle feature switched on alone), with any one state event between consecutive forwards
 (a clear re-admits three requests, which take the places of the three before).
 
-Every realistic feature (:data:`strategies.scenarios.REALISTIC_FEATURES`) is in the scope at
+Every realistic feature (:data:`swafuzz.strategies.scenarios.REALISTIC_FEATURES`) is in the scope at
 its smallest size; :func:`scope_statement` says what a scope covers and what it leaves out.
 """
 
@@ -20,7 +20,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Iterator
 
-from reference import EngineConfig, Scenario
+from ..reference import EngineConfig, Scenario
 
 from .features import ALL_FEATURES
 from .scenarios import ADVERSARIAL, REALISTIC, adversarial_reasons

@@ -6,7 +6,10 @@ and reports group findings by them: all three use these names.
 
 from __future__ import annotations
 
-from reference import Scenario, store_schedule
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..reference import Scenario
 
 FIRST_SWA_LAYER_NOT_START = "first_swa_layer_not_start"
 PIPELINE_STAGE = "pipeline_stage"
@@ -38,6 +41,8 @@ ALL_FEATURES = (
 
 def features_of(scenario: Scenario) -> set[str]:
     """Every feature the scenario's configuration and events exercise."""
+    from ..reference import store_schedule  # here, so that the names above load without torch
+
     c = scenario.config
     found: set[str] = set()
     if c.start_layer > 0:

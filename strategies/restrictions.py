@@ -3,7 +3,7 @@
 A profile says what an engine may do in general; a given engine build with given switch
 settings may lack some of it (a release whose graph replay takes another metadata path).
 :func:`scenarios_without` draws the profile's scenarios that exercise none of the excluded
-features (names of :mod:`strategies.features`), so such a run never draws what that
+features (names of :mod:`swafuzz.strategies.features`), so such a run never draws what that
 engine cannot do. Which features a configuration excludes is the caller's knowledge.
 """
 
@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from hypothesis import strategies as st
 
-from reference import Scenario
+from ..reference import Scenario
 
 from .features import ALL_FEATURES, features_of
 from .scenarios import scenarios

@@ -52,7 +52,8 @@ from functools import lru_cache
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from reference import EngineConfig, Event, LimitExceeded, Mutation, Scenario
+from ..reference import EngineConfig, Event, LimitExceeded, Mutation, Scenario
+from .profiles import ADVERSARIAL, PROFILES, REALISTIC
 
 MAX_FORWARDS = 6  # interesting forwards, runs left out
 # Plain decode forwards in a default scenario's run: half an 8-bit step counter's period,
@@ -63,9 +64,6 @@ MAX_RUN = 128
 # counter or table that wraps at 256 goes stale wherever the runs start.
 MAX_LONG_RUN = 512
 
-REALISTIC = "realistic"
-ADVERSARIAL = "adversarial"
-PROFILES = (REALISTIC, ADVERSARIAL)
 
 REALISTIC_FEATURES = {
     "pipeline stage (start_layer > 0)": "layers of one stage [start_layer, end_layer) run in "

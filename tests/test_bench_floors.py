@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from harness import bench, peer
-from harness.builtin import Uncached
+from swafuzz import bench, peer
+from swafuzz.builtin import Uncached
 
 
 def test_a_ratio_under_its_floor_is_named_and_one_above_is_not(monkeypatch):

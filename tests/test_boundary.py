@@ -19,13 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import cli, run_scenario
-from harness.boundary import MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_JSON_DEPTH, InputError, parse_json
-from harness.registry import resolve_subject
-from harness.replay import Replay, ReplayError, load_replay, write_replay
-from reference import LIMITS, EngineState, Scenario, ScenarioError, replay_events
-from strategies.examples import EXAMPLES
-from strategies.scenarios import ADVERSARIAL, scenarios
+from swafuzz import cli, run_scenario
+from swafuzz.boundary import MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_JSON_DEPTH, InputError, parse_json
+from swafuzz.registry import resolve_subject
+from swafuzz.replay import Replay, ReplayError, load_replay, write_replay
+from swafuzz.reference import LIMITS, EngineState, Scenario, ScenarioError, replay_events
+from swafuzz.strategies.examples import EXAMPLES
+from swafuzz.strategies.scenarios import ADVERSARIAL, scenarios
 
 STALE_EXAMPLE = "first-swa-layer-not-start"
 
@@ -116,7 +116,7 @@ def test_what_a_scenario_adds_up_to_is_bounded_before_it_runs(config, events, li
 
 
 def test_every_configuration_size_has_a_limit_applied_to_programmatic_configs_too():
-    from reference import EngineConfig
+    from swafuzz.reference import EngineConfig
 
     for name, value in EngineConfig().to_dict().items():
         if isinstance(value, bool):
@@ -129,8 +129,8 @@ def test_every_configuration_size_has_a_limit_applied_to_programmatic_configs_to
 
 def test_every_size_an_event_or_mutation_holds_has_a_limit():
     # a new field gets its entry in LIMITS, and, if it multiplies the work of a forward, its
-    # share in what reference.scenario._check_work adds up
-    from reference import Event, Mutation
+    # share in what swafuzz.reference.scenario._check_work adds up
+    from swafuzz.reference import Event, Mutation
 
     for kind in (Event, Mutation):
         for field in dataclasses.fields(kind):
@@ -194,7 +194,7 @@ def test_a_recorded_sentence_cannot_write_escape_sequences_to_the_terminal(capsy
 TRIPWIRE = '''
 import pathlib
 pathlib.Path(__file__).with_name("imported").write_text("the module ran")
-from harness.builtin import PoolStartLayer as Stale
+from swafuzz.builtin import PoolStartLayer as Stale
 '''
 
 
@@ -214,7 +214,7 @@ def test_a_replay_file_never_imports_the_module_it_names(capsys, tmp_path, tripw
     assert "names code to import" in err and f"--subject {subject!r}" in err
     assert not tripwire.exists()
     with pytest.raises(ReplayError, match="names code to import"):
-        from harness.replay import run_replay
+        from swafuzz.replay import run_replay
 
         run_replay(load_replay(path))
     assert not tripwire.exists()
@@ -223,7 +223,7 @@ def test_a_replay_file_never_imports_the_module_it_names(capsys, tmp_path, tripw
 def test_a_release_a_replay_file_names_is_fetched_as_a_wheel_never_built(monkeypatch, tmp_path):
     # building a source distribution runs its setup code; `sglang:<target>@<version>` may
     # come from a file
-    from harness.sglang import locate
+    from swafuzz.sglang import locate
 
     commands = []
 
@@ -245,7 +245,7 @@ def test_the_person_loads_user_code_with_subject_on_the_command_line(capsys, tmp
 
 
 def test_a_user_subject_is_found_in_the_working_directory(tmp_path, monkeypatch):
-    (tmp_path / "cwd_only_subject.py").write_text("from harness.builtin import Uncached as Mine\n")
+    (tmp_path / "cwd_only_subject.py").write_text("from swafuzz.builtin import Uncached as Mine\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     try:

@@ -9,8 +9,8 @@ from pathlib import Path
 import junitparser
 import pytest
 
-from harness.cli import main as swafuzz
-from harness.shard import Shard, seed_lane
+from swafuzz.cli import main as swafuzz
+from swafuzz.shard import Shard, seed_lane
 
 
 @pytest.mark.parametrize("total,workers", [(1, 1), (4, 1), (3, 2), (5, 3)])

@@ -1,4 +1,4 @@
-"""Specification of the engine model (``reference.engine.EngineState``).
+"""Specification of the engine model (``swafuzz.reference.engine.EngineState``).
 
 Random, valid sequences of lifecycle events are applied to the model while a mirror kept
 here follows only what the model publishes (the forward plans and the mapping tensors) and
@@ -17,9 +17,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import (
+from swafuzz.reference import (
     DUMMY_SLOT, EngineConfig, EngineState, Event, ScenarioError, TruthError, ring_rows, translate_pool,
 )
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -691,7 +693,7 @@ def _observed_run(scenario_events, config: EngineConfig, blocks: bool) -> list:
 
 def _drawn_events(data, profile: str) -> tuple[EngineConfig, list]:
     """A drawn scenario's configuration and its events, stuttered (see below)."""
-    from strategies.scenarios import scenarios
+    from swafuzz.strategies.scenarios import scenarios
 
     scenario = data.draw(scenarios(profile), label="scenario")
     return scenario.config, _stuttered(data, scenario.events)

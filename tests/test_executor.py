@@ -11,15 +11,17 @@ import time
 import pytest
 import torch
 
-from harness import SUBJECT_API_VERSION, RunResult, Subject, SubjectError, Truth, run_scenario
-from harness.builtin import PoolStartLayer, Uncached, UncachedRing
-from harness.diagnosis import Divergence
-from harness import executor
-from harness.devices import HostTimeline
-from harness.executor import check_subject
-from harness.registry import resolve_subject
-from reference import Scenario
-from strategies.examples import EXAMPLES
+from swafuzz import SUBJECT_API_VERSION, RunResult, Subject, SubjectError, Truth, run_scenario
+from swafuzz.builtin import PoolStartLayer, Uncached, UncachedRing
+from swafuzz.diagnosis import Divergence
+from swafuzz import executor
+from swafuzz.devices import HostTimeline
+from swafuzz.executor import check_subject
+from swafuzz.registry import resolve_subject
+from swafuzz.reference import Scenario
+from swafuzz.strategies.examples import EXAMPLES
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
 QUICK = 0.5  # seconds a hanging subject is given
 
@@ -843,7 +845,7 @@ def _everything_seen(subject, scenario: Scenario) -> tuple:
 @pytest.mark.parametrize("scenario", [_decode_run(), _decode_run(graph=True), _decode_run(micro_batches=2)])
 def test_a_run_planned_as_blocks_is_checked_and_diagnosed_as_forward_by_forward(subject, scenario, monkeypatch):
     blocked = _everything_seen(subject, scenario)
-    monkeypatch.setattr("reference.engine._MAX_BLOCK", 1)
+    monkeypatch.setattr("swafuzz.reference.engine._MAX_BLOCK", 1)
     assert blocked == _everything_seen(subject, scenario)
     assert blocked[0].forwards == 12
 
@@ -851,7 +853,7 @@ def test_a_run_planned_as_blocks_is_checked_and_diagnosed_as_forward_by_forward(
 def test_a_divergence_inside_a_block_stops_the_run_where_forward_by_forward_planning_does(monkeypatch):
     blocked = run_scenario(_StaleAtFifth, _decode_run())
     assert blocked.divergence.forward == 5 and "the rows of forward 4" in blocked.divergence.sentence
-    monkeypatch.setattr("reference.engine._MAX_BLOCK", 1)
+    monkeypatch.setattr("swafuzz.reference.engine._MAX_BLOCK", 1)
     assert blocked == run_scenario(_StaleAtFifth, _decode_run())
 
 
@@ -860,7 +862,7 @@ def test_a_divergence_inside_a_block_stops_the_run_where_forward_by_forward_plan
 def test_mapping_rows_synced_one_by_one_keep_a_correct_subject_right(subject, profile, monkeypatch):
     # step-keyed-capture keys its cache on the mapping's in-place version: a row written
     # without moving it would show as a stale answer
-    from harness.fuzz import fuzz
+    from swafuzz.fuzz import fuzz
 
     monkeypatch.setattr(executor, "_ROWS_COPIED_WHOLE_BELOW", 0)
     result = fuzz(resolve_subject(subject), profile=profile, settings="ci", seed=3, max_examples=40)
@@ -875,7 +877,7 @@ def test_the_diagnosis_copy_of_every_mapping_equals_the_engine_state_after_each_
     # the diagnosis rebuilds earlier mappings from this copy and the changes kept: a copy
     # that missed a write would name the wrong source for a stale value
     from hypothesis import given, settings
-    from strategies.scenarios import scenarios
+    from swafuzz.strategies.scenarios import scenarios
 
     monkeypatch.setattr(executor, "_ROWS_COPIED_WHOLE_BELOW", rows_copied_whole_below)
     sync, syncs = executor._Run._sync, []

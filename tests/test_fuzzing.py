@@ -15,18 +15,18 @@ import time
 import pytest
 import torch
 
-from harness import Subject, Truth, run_scenario
-from harness import fuzz as fuzz_engine
-from harness.builtin import Uncached
-from harness.executor import NotCheckable
-from harness.fuzz import exhaustive, fuzz, pin_schedules
-from harness.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT, SubjectInfo, resolve_subject
-from harness.shard import WHOLE, seed_lane
-from reference import Scenario
-from strategies.examples import EXAMPLES
-from strategies.exhaustive import enumerate_scenarios
-from strategies.features import ALL_FEATURES, scenario_size
-from strategies.scenarios import ADVERSARIAL, PROFILES, REALISTIC
+from swafuzz import Subject, Truth, run_scenario
+from swafuzz import fuzz as fuzz_engine
+from swafuzz.builtin import Uncached
+from swafuzz.executor import NotCheckable
+from swafuzz.fuzz import exhaustive, fuzz, pin_schedules
+from swafuzz.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT, SubjectInfo, resolve_subject
+from swafuzz.shard import WHOLE, seed_lane
+from swafuzz.reference import Scenario
+from swafuzz.strategies.examples import EXAMPLES
+from swafuzz.strategies.exhaustive import enumerate_scenarios
+from swafuzz.strategies.features import ALL_FEATURES, scenario_size
+from swafuzz.strategies.scenarios import ADVERSARIAL, PROFILES, REALISTIC
 
 CHECKABLE_ON_CPU = [info for info in BUILTIN_SUBJECTS if not info.subject.requires]
 DIVERGING = [info for info in CHECKABLE_ON_CPU if info.expected == DIVERGES]
@@ -316,8 +316,8 @@ def test_seeded_parallel_workers_do_not_repeat_each_other(monkeypatch):
 
 _CLOCK_PROBE = """
 import sys, time
-import harness.fuzz as fuzz_module
-from harness.registry import resolve_subject
+import swafuzz.fuzz as fuzz_module
+from swafuzz.registry import resolve_subject
 
 class Clock:
     def __getattr__(self, name):
@@ -342,8 +342,8 @@ def test_the_one_time_import_of_the_first_graph_capture_happens_before_the_clock
 
 _GC_PROBE = """
 import gc, time
-import harness.fuzz as fuzz_module
-from harness.registry import resolve_subject
+import swafuzz.fuzz as fuzz_module
+from swafuzz.registry import resolve_subject
 
 class Clock:
     started = False

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from harness import run_scenario
-from harness.fuzz import fuzz
-from harness.registry import BUILTIN_SUBJECTS, resolve_subject
-from strategies.examples import EXAMPLES
+from swafuzz import run_scenario
+from swafuzz.fuzz import fuzz
+from swafuzz.registry import BUILTIN_SUBJECTS, resolve_subject
+from swafuzz.strategies.examples import EXAMPLES
 
 pytestmark = [
     pytest.mark.gpu,
@@ -51,9 +51,9 @@ def test_unsynced_side_stream_read_diverges_once_the_producer_is_delayed():
 
 def test_stream_sanitizer_reports_the_unsynced_read_as_a_race():
     program = (
-        "from harness.devices import enable_stream_sanitizer; enable_stream_sanitizer();"
-        "from harness import run_scenario; from harness.registry import resolve_subject;"
-        "from strategies.examples import EXAMPLES;"
+        "from swafuzz.devices import enable_stream_sanitizer; enable_stream_sanitizer();"
+        "from harness import run_scenario; from swafuzz.registry import resolve_subject;"
+        "from swafuzz.strategies.examples import EXAMPLES;"
         "r = run_scenario(resolve_subject('stream-unsynced').subject, EXAMPLES['pipeline-stage'], device='cuda');"
         "print(r.divergence.kind if r.divergence else 'passed')"
     )

@@ -1,4 +1,4 @@
-"""Specification of ``harness.guard.CallGuard``: subject calls that raise become failures,
+"""Specification of ``swafuzz.guard.CallGuard``: subject calls that raise become failures,
 calls that overrun their deadline are interrupted, and nothing of either leaks out of the
 call that caused it."""
 
@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from harness.guard import CallGuard, SubjectFailure, SubjectTimeout
+from swafuzz.guard import CallGuard, SubjectFailure, SubjectTimeout
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
 
 def _spin(seconds: float) -> str:

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import harness
-from harness.replay import load_replay
+from swafuzz.replay import load_replay
 
 # subprocesses import this checkout, whichever one is installed
-HARNESS_ROOT = Path(harness.__file__).resolve().parent.parent
 
 # Diverges in nearly every scenario with two forwards, and is slow only when it diverges: the
 # search finds it at once, shrinking takes seconds, and a signal sent as soon as the first
@@ -29,7 +27,7 @@ SLOW_STALE_SUBJECT = '''
 
     import torch
 
-    from harness.api import Subject, Truth
+    from swafuzz.api import Subject, Truth
 
 
     class SlowStale(Subject):
@@ -47,14 +45,14 @@ SLOW_STALE_SUBJECT = '''
 
 
 def environment(tmp_path: Path) -> dict[str, str]:
-    paths = [str(tmp_path), str(HARNESS_ROOT), os.environ.get("PYTHONPATH")]
+    paths = [str(tmp_path), os.environ.get("PYTHONPATH")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
 
 
 def start_fuzz(tmp_path: Path, *options: str, command: str = "fuzz") -> subprocess.Popen:
     env = environment(tmp_path)
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", command, "--report-dir", str(tmp_path / "reports"), "--json", *options],
+        [sys.executable, "-m", "swafuzz", command, "--report-dir", str(tmp_path / "reports"), "--json", *options],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -131,7 +129,7 @@ def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path, signum):
     assert any(path.is_file() for path in database.rglob("*"))  # an unseeded run keeps its database
 
     # and the replay file replays, still diverging
-    replayed = subprocess.run([sys.executable, "-m", "harness", "replay", str(replay_file),
+    replayed = subprocess.run([sys.executable, "-m", "swafuzz", "replay", str(replay_file),
                                "--subject", "slow_subject:SlowStale"], cwd=tmp_path,
                               env=environment(tmp_path), capture_output=True, text=True,
                               timeout=120)
@@ -180,7 +178,7 @@ LINGERING_SUBJECT = '''
     import atexit
     import time
 
-    from harness.builtin import PoolStartLayer as Stale
+    from swafuzz.builtin import PoolStartLayer as Stale
 
     atexit.register(time.sleep, 2)  # the process lingers after its result is known
 '''

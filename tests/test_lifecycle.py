@@ -16,17 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import harness
-from harness import Subject, Truth, run_scenario
-from harness.arena import Arena
-from harness.builtin import StepKeyed, StepKeyedCapture, StepKeyedCaptureRing, StepKeyedRing, Uncached
-from harness.fuzz import fuzz
-from harness.registry import DIVERGES, SubjectInfo
-from harness.replay import Replay, emit_pytest, load_replay, run_replay, write_replay
-from reference import Scenario, ScenarioError
-from strategies.examples import EXAMPLES
+from swafuzz import Subject, Truth, run_scenario
+from swafuzz.arena import Arena
+from swafuzz.builtin import StepKeyed, StepKeyedCapture, StepKeyedCaptureRing, StepKeyedRing, Uncached
+from swafuzz.fuzz import fuzz
+from swafuzz.registry import DIVERGES, SubjectInfo
+from swafuzz.replay import Replay, emit_pytest, load_replay, run_replay, write_replay
+from swafuzz.reference import Scenario, ScenarioError
+from swafuzz.strategies.examples import EXAMPLES
 
-ROOT = Path(harness.__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 
 
@@ -255,11 +253,12 @@ class AddressKeyed(Subject):
 
 
 def _env() -> dict:
-    paths = [str(TESTS), str(ROOT), os.environ.get("PYTHONPATH")]
+    paths = [str(TESTS), os.environ.get("PYTHONPATH")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
 
 
-def test_an_address_keyed_cache_is_found_and_its_replay_file_diverges_alike_in_a_fresh_process(tmp_path):
+def test_an_address_keyed_cache_is_found_and_its_replay_file_diverges_alike_in_a_fresh_process(
+        tmp_path, run_pytest_in_subprocess):
     info = SubjectInfo("test_lifecycle:AddressKeyed", AddressKeyed, DIVERGES, kind="user")
     found = fuzz(info, settings="ci", seed=0, max_examples=300)
     assert found.divergence is not None and found.divergence.kind == "wrong_rows"
@@ -269,12 +268,11 @@ def test_an_address_keyed_cache_is_found_and_its_replay_file_diverges_alike_in_a
     # a replay file never imports code: the person names the user subject
     assert run_replay(load_replay(path), subject=info.name).divergence == found.divergence
 
-    fresh = subprocess.run([sys.executable, "-m", "harness", "replay", str(path), "--subject", info.name],
+    fresh = subprocess.run([sys.executable, "-m", "swafuzz", "replay", str(path), "--subject", info.name],
                            capture_output=True, text=True, env=_env(), timeout=120)
     assert fresh.returncode == 1, fresh.stdout + fresh.stderr
     assert found.divergence.sentence in fresh.stdout
 
-    emit_pytest(replay, tmp_path / "emitted" / "test_emitted.py", source=str(path))
-    emitted = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "."],
-                             capture_output=True, text=True, cwd=tmp_path / "emitted", env=_env(), timeout=120)
-    assert emitted.returncode == 1 and "1 failed" in emitted.stdout, emitted.stdout + emitted.stderr
+    emitted = emit_pytest(replay, tmp_path / "emitted" / "test_emitted.py", source=str(path))
+    outcome, outcomes = run_pytest_in_subprocess(emitted, extra_path=TESTS)
+    assert outcome.returncode == 1 and list(outcomes.values()) == ["failed"], outcome.stdout + outcome.stderr

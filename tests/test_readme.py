@@ -1,5 +1,6 @@
-"""The README's promises hold: its adapter example runs and diverges as described, typed as
-written into the installed command, and its command table matches the CLI."""
+"""The README's promises hold: every output block is what its command prints, its adapter
+example runs and diverges as described, typed as written into the installed command, and its
+command table matches the CLI."""
 
 from __future__ import annotations
 
@@ -14,15 +15,70 @@ from pathlib import Path
 
 import pytest
 
-from harness.fuzz import fuzz
-from harness.registry import SubjectInfo, subject_names
+from swafuzz.fuzz import fuzz
+from swafuzz.registry import SubjectInfo, subject_names
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+OUTPUT_OF = re.compile(r"<!-- output of: (.+) -->")
+# what varies from machine to machine in what a command prints: its time (and, with it, nothing
+# else: the commands shown run derandomized settings)
+MACHINE_DEPENDENT = re.compile(r"\b\d+(?:\.\d+)? s\b")
+
+
+def code_blocks(text: str) -> list[tuple[str, str | None, str]]:
+    """Each fenced block of ``text``: its language, the command an ``<!-- output of: ... -->``
+    line right above it names, and its text."""
+    blocks, lines, index = [], text.splitlines(), 0
+    while index < len(lines):
+        if lines[index].startswith("```"):
+            language = lines[index][3:].strip()
+            above = OUTPUT_OF.fullmatch(lines[index - 1]) if index else None
+            end = lines.index("```", index + 1)
+            blocks.append((language, above.group(1) if above else None, "\n".join(lines[index + 1:end])))
+            index = end
+        index += 1
+    return blocks
+
+
+OUTPUT_BLOCKS = [(command, text) for language, command, text in code_blocks(README) if not language]
+_printed: dict[str, str] = {}
+
+
+def printed_by(command: str, directory: Path) -> str:
+    """What ``command`` (a ``swafuzz`` or ``pytest`` command line of the README) prints, run
+    once per test session in a directory of its own, as a new user runs it in a fresh checkout."""
+    if command not in _printed:
+        program, *arguments = shlex.split(command)
+        runner = {"swafuzz": [sys.executable, "-m", "swafuzz"],
+                  "pytest": [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]}[program]
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("SWAFUZZ_", "PYTEST_"))}
+        done = subprocess.run([*runner, *arguments], cwd=directory, env=env, capture_output=True, text=True,
+                              timeout=600)
+        _printed[command] = done.stdout + done.stderr
+    return _printed[command]
+
+
+def test_every_output_block_of_the_readme_names_the_command_that_prints_it():
+    assert OUTPUT_BLOCKS and all(command for command, _ in OUTPUT_BLOCKS), [
+        text.splitlines()[0] for command, text in OUTPUT_BLOCKS if not command]
+
+
+@pytest.mark.parametrize("command, shown", OUTPUT_BLOCKS, ids=[f"block{i}" for i in range(len(OUTPUT_BLOCKS))])
+def test_each_output_block_of_the_readme_is_what_its_command_prints(command, shown, tmp_path_factory):
+    printed = printed_by(command, tmp_path_factory.mktemp("readme")).splitlines()
+    # each shown line is in a line printed, in the order shown (pytest indents and interleaves)
+    at = 0
+    for line in shown.splitlines():
+        wanted = MACHINE_DEPENDENT.sub("T s", line.strip())
+        found = next((i for i in range(at, len(printed)) if wanted in MACHINE_DEPENDENT.sub("T s", printed[i])),
+                     None)
+        assert found is not None, f"README shows {line!r}; {command!r} printed:\n" + "\n".join(printed[at:])
+        at = found + 1
 
 
 def test_readme_adapter_example_is_found_to_diverge():
-    block = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    block = next(text for language, _, text in code_blocks(README) if language == "python")
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)
     info = SubjectInfo("readme-example", namespace["MetadataCachedTranslation"], expected="diverges")
@@ -49,13 +105,12 @@ def test_readme_adapter_example_diverges_through_the_installed_command(tmp_path)
     script = console_script()
     if script is None:
         pytest.skip("the swafuzz command is not installed (scripts/install puts it on PATH)")
-    block = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    block = next(text for language, _, text in code_blocks(README) if language == "python")
     file_name, command = re.search(r"Save it as `([^`]+)` and run `(swafuzz fuzz [^`]+)`", README).groups()
     (tmp_path / file_name).write_text(block)
     argv = shlex.split(command)
-    # this checkout's code, whichever one the command was installed from; the working
-    # directory, where the example was saved, is deliberately not on the path
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the working directory, where the example was saved, is deliberately not on the path
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     outcome = subprocess.run([script, *argv[1:], "--settings", "ci", "--json", "--report-dir", "reports"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert outcome.returncode == 1, outcome.stderr

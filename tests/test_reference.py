@@ -11,7 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import DUMMY_SLOT, INT32_MAX, TruthError, ring_rows, ring_size, translate_pool
+from swafuzz.reference import DUMMY_SLOT, INT32_MAX, TruthError, ring_rows, ring_size, translate_pool
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
 FAST = settings(max_examples=75, deadline=None)
 

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-import harness
-from harness import run_scenario
-from harness.registry import resolve_subject
-from harness.replay import (
+from swafuzz import run_scenario
+from swafuzz.registry import resolve_subject
+from swafuzz.replay import (
     FORMAT,
     SCHEMA_VERSION,
     Replay,
@@ -26,7 +22,7 @@ from harness.replay import (
     same_divergence,
     write_replay,
 )
-from strategies.examples import EXAMPLES
+from swafuzz.strategies.examples import EXAMPLES
 
 STALE_EXAMPLE = "first-swa-layer-not-start"
 
@@ -38,16 +34,6 @@ def recorded(subject: str = "pool-start-layer", example: str = STALE_EXAMPLE, **
     assert divergence is not None
     return Replay(subject=subject, profile="realistic", scenario=scenario, divergence=divergence,
                   seed=7, settings="dev", **fields)
-
-
-def run_pytest(directory: Path, extra_path: Path) -> subprocess.CompletedProcess:
-    harness_root = Path(harness.__file__).resolve().parent.parent  # this checkout, whichever is installed
-    paths = [str(extra_path), str(harness_root), os.environ.get("PYTHONPATH")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "."],
-        capture_output=True, text=True, cwd=directory, env=env, timeout=120,
-    )
 
 
 # ---- schema --------------------------------------------------------------------------------
@@ -166,7 +152,7 @@ def test_same_divergence_compares_the_failure_and_its_store():
 
 USER_SUBJECT = '''
     """A user's subject living outside the harness."""
-    from harness.builtin import PoolStartLayer
+    from swafuzz.builtin import PoolStartLayer
 
 
     class MyCachedPool(PoolStartLayer):
@@ -174,7 +160,7 @@ USER_SUBJECT = '''
 '''
 
 
-def test_emitted_tests_are_standalone_and_fail_exactly_while_the_bug_is_there(tmp_path):
+def test_emitted_tests_are_standalone_and_fail_exactly_while_the_bug_is_there(tmp_path, run_pytest_in_subprocess):
     """One pytest run over three emitted files: a built-in subject with the bug, the same
     scenario against a correct subject, and a user's module:attr subject with the bug."""
     (tmp_path / "my_subjects.py").write_text(textwrap.dedent(USER_SUBJECT))
@@ -187,10 +173,10 @@ def test_emitted_tests_are_standalone_and_fail_exactly_while_the_bug_is_there(tm
     text = buggy.read_text()
     assert "import hypothesis" not in text and "from hypothesis" not in text
 
-    outcome = run_pytest(tests, extra_path=tmp_path)
+    outcome, outcomes = run_pytest_in_subprocess(tests, extra_path=tmp_path)
     assert outcome.returncode == 1, outcome.stdout + outcome.stderr
-    assert "2 failed, 1 passed" in outcome.stdout
-    assert "FAILED test_buggy.py" in outcome.stdout and "FAILED test_user.py" in outcome.stdout
+    assert {name.split("::")[0]: result for name, result in outcomes.items()} == {
+        "test_buggy.py": "failed", "test_fixed.py": "passed", "test_user.py": "failed"}
     assert "Stale cache" in outcome.stdout
 
 

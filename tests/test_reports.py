@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import diagnosis as dx
-from harness import run_scenario
-from harness.registry import resolve_subject
-from harness.reports import (
+from swafuzz import diagnosis as dx
+from swafuzz import run_scenario
+from swafuzz.registry import resolve_subject
+from swafuzz.reports import (
     ERROR,
     NOT_RUN,
     OK,
@@ -33,8 +33,8 @@ from harness.reports import (
     write_atomically,
     write_reports,
 )
-from reference import Scenario
-from strategies.examples import EXAMPLES
+from swafuzz.reference import Scenario
+from swafuzz.strategies.examples import EXAMPLES
 
 
 def diverging(subject: str, example: str) -> Report:

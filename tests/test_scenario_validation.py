@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
-from harness import run_scenario
-from harness.builtin import PoolStartLayer, Uncached
-from reference import SCENARIO_VERSION, EngineConfig, EngineState, Event, Scenario, ScenarioError
-from strategies.examples import EXAMPLES
+from swafuzz import run_scenario
+from swafuzz.builtin import PoolStartLayer, Uncached
+from swafuzz.reference import SCENARIO_VERSION, EngineConfig, EngineState, Event, Scenario, ScenarioError
+from swafuzz.strategies.examples import EXAMPLES
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
 FAST = settings(max_examples=75, deadline=None)
 

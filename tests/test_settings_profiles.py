@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import Verbosity, settings
 
-from harness.fuzz import SETTINGS_PROFILES, fuzz, settings_profile
-from harness.registry import resolve_subject
+from swafuzz.fuzz import SETTINGS_PROFILES, fuzz, settings_profile
+from swafuzz.registry import resolve_subject
 
 
 def test_the_pytest_plugin_knows_the_profile_names_without_importing_the_engine():
-    from harness import fuzz as engine
-    from harness import pytest_plugin
+    from swafuzz import fuzz as engine
+    from swafuzz import pytest_plugin
 
     assert pytest_plugin.PROFILE_PREFIX == engine.PROFILE_PREFIX
 

@@ -18,18 +18,18 @@ from pathlib import Path
 
 import pytest
 
-import harness.sglang as sglang
-from harness.diagnosis import GRAPH_CAPTURE, RAISED
-from harness.executor import check_subject, run_scenario
-from harness.fuzz import fuzz
-from harness.replay import load_replay
-from harness.sglang import BindError, ImportModeUnavailable, locate
-from harness.sglang.matrix import Finding, reachability, render, run_matrix
-from harness.sglang.reachability import releases
-from harness.sglang.targets import TARGETS, target
-from reference import Scenario
-from strategies.examples import EXAMPLES
-from strategies.features import GRAPH_REPLAY
+import swafuzz.sglang as sglang
+from swafuzz.diagnosis import GRAPH_CAPTURE, RAISED
+from swafuzz.executor import check_subject, run_scenario
+from swafuzz.fuzz import fuzz
+from swafuzz.replay import load_replay
+from swafuzz.sglang import BindError, ImportModeUnavailable, locate
+from swafuzz.sglang.matrix import Finding, reachability, render, run_matrix
+from swafuzz.sglang.reachability import releases
+from swafuzz.sglang.targets import TARGETS, target
+from swafuzz.reference import Scenario
+from swafuzz.strategies.examples import EXAMPLES
+from swafuzz.strategies.features import GRAPH_REPLAY
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 # the pool-level cache, the last release with assign-listed ring rows, and the newest (which

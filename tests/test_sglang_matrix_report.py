@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.sglang import locate, provenance
+from swafuzz.sglang import locate, provenance
 
 REPORT = provenance.REPO_ROOT / "reports" / "sglang-matrix.md"
 REGENERATE = "regenerate reports/sglang-matrix.md with `tox -e sglang-matrix`"

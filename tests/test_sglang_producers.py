@@ -24,8 +24,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.sglang import locate
-from harness.sglang.producers import (
+from swafuzz.sglang import locate
+from swafuzz.sglang.producers import (
     ATTN_METADATA_FILES,
     CUDA_IN_GRAPH_INIT,
     CUDA_WINDOW_GETTER,
@@ -51,9 +51,9 @@ from harness.sglang.producers import (
     check,
     idle,
 )
-from harness.sglang.real_classes import attributes
-from harness.sglang.targets import HIP_BACKEND_FILE
-from reference import (
+from swafuzz.sglang.real_classes import attributes
+from swafuzz.sglang.targets import HIP_BACKEND_FILE
+from swafuzz.reference import (
     TruthError,
     draft_step_slots,
     late_layer_tail_tokens,

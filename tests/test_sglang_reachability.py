@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.sglang import locate
-from harness.sglang.reachability import (
+from swafuzz.sglang import locate
+from swafuzz.sglang.reachability import (
     DRIVER_SWITCHES,
     MODEL,
     MODELLED_PATHS,
@@ -29,8 +29,8 @@ from harness.sglang.reachability import (
     releases,
     route_problems,
 )
-from harness.sglang.switches import SWITCHES, declared_default, switch
-from harness.sglang.targets import target
+from swafuzz.sglang.switches import SWITCHES, declared_default, switch
+from swafuzz.sglang.targets import target
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 DEFAULT_TEST_VERSIONS = ("0.5.12", "0.5.19", "0.5.23")

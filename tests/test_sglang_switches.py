@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 
-from harness.diagnosis import EARLIER_FORWARD, EARLIER_STEP, GRAPH_CAPTURE, RAISED, UNIFORM_REPEAT, Divergence
-from harness.replay import Replay, ReplayError, load_replay, write_replay
-from harness.sglang import locate, reachability
-from harness.sglang.matrix import (
+from swafuzz.diagnosis import EARLIER_FORWARD, EARLIER_STEP, GRAPH_CAPTURE, RAISED, UNIFORM_REPEAT, Divergence
+from swafuzz.replay import Replay, ReplayError, load_replay, write_replay
+from swafuzz.sglang import locate, reachability
+from swafuzz.sglang.matrix import (
     EXAMPLES_COLUMN,
     Cell,
     Finding,
@@ -31,9 +31,9 @@ from harness.sglang.matrix import (
     reachability as judge,
     render,
 )
-from harness.sglang.configure import configured
-from harness.sglang.runner_steps import Verdict
-from harness.sglang.reachability import (
+from swafuzz.sglang.configure import configured
+from swafuzz.sglang.runner_steps import Verdict
+from swafuzz.sglang.reachability import (
     EVERY_SCENARIO,
     PROBLEMS,
     Question,
@@ -42,12 +42,12 @@ from harness.sglang.reachability import (
     excluded_features,
     question,
 )
-from harness.sglang.switches import parse_override, settings_for
-from harness.sglang.targets import target
-from reference import Scenario
-from strategies.examples import EXAMPLES
-from strategies.features import GRAPH_REPLAY, features_of
-from strategies.restrictions import scenarios_without
+from swafuzz.sglang.switches import parse_override, settings_for
+from swafuzz.sglang.targets import target
+from swafuzz.reference import Scenario
+from swafuzz.strategies.examples import EXAMPLES
+from swafuzz.strategies.features import GRAPH_REPLAY, features_of
+from swafuzz.strategies.restrictions import scenarios_without
 
 PREP = "SGLANG_PREP_IN_CUDA_GRAPH"
 CACHE = "SGLANG_OPT_CACHE_SWA_TRANSLATION"
@@ -140,8 +140,8 @@ def test_a_restriction_names_only_known_features():
 def test_a_release_named_on_the_command_line_is_fuzzed_realistically_as_it_runs_by_default():
     if "0.5.17" not in locate.cached_releases():
         pytest.skip("needs the sglang 0.5.17 wheel in the cache")
-    import harness.sglang as sglang
-    from harness.fuzz import fuzz
+    import swafuzz.sglang as sglang
+    from swafuzz.fuzz import fuzz
 
     info = sglang.resolve("sglang:unified-metadata-merge@0.5.17")
     assert info.subject.realistic_exclusions == {GRAPH_REPLAY}
@@ -164,7 +164,7 @@ def _pool_cache_run(overrides: dict[str, bool] | None = None):
         tree = locate.wheel("0.5.12")
     except locate.SglangUnavailable as exc:
         pytest.skip(f"no sglang 0.5.12 wheel: {exc}")
-    from harness.executor import run_scenario
+    from swafuzz.executor import run_scenario
 
     item = target("pool-fused-store")
     subject = configured(item.info(tree, "source"), item, settings_for("0.5.12", overrides)).subject
@@ -250,14 +250,14 @@ def _pool_cache_replay(tmp_path: Path, engine_switches: dict[str, bool] | None) 
 @pytest.fixture
 def no_switches_in_environment(monkeypatch):
     # the command line hands switches to workers through the environment; restore it after
-    from harness.sglang import SWITCHES_ENV
+    from swafuzz.sglang import SWITCHES_ENV
 
     monkeypatch.delenv(SWITCHES_ENV, raising=False)
 
 
 @pytest.mark.usefixtures("no_switches_in_environment")
 def test_a_replay_runs_with_the_engine_switches_its_file_records(tmp_path: Path):
-    from harness.cli import main as swafuzz
+    from swafuzz.cli import main as swafuzz
 
     assert swafuzz(["replay", str(_pool_cache_replay(tmp_path, None))]) == 1
     assert swafuzz(["replay", str(_pool_cache_replay(tmp_path, {CACHE: False}))]) == 0
@@ -265,7 +265,7 @@ def test_a_replay_runs_with_the_engine_switches_its_file_records(tmp_path: Path)
 
 @pytest.mark.usefixtures("no_switches_in_environment")
 def test_a_switch_given_on_the_command_line_wins_over_the_replay_file(tmp_path: Path):
-    from harness.cli import main as swafuzz
+    from swafuzz.cli import main as swafuzz
 
     path = _pool_cache_replay(tmp_path, {CACHE: False})
     assert swafuzz(["replay", str(path), "--sglang-switch", f"{CACHE}=1"]) == 1
@@ -276,7 +276,7 @@ def test_a_fuzz_run_with_a_switch_set_finds_what_the_release_reaches_only_so_and
         tmp_path: Path):
     if "0.5.17" not in locate.cached_releases():
         pytest.skip("needs the sglang 0.5.17 wheel in the cache")
-    from harness.cli import main as swafuzz
+    from swafuzz.cli import main as swafuzz
 
     args = ["fuzz", "--subject", "sglang:unified-metadata-merge@0.5.17", "--settings", "ci", "--seed", "0",
             "--max-examples", "200", "--report-dir", str(tmp_path), "--json"]
@@ -293,7 +293,7 @@ def test_a_fuzz_run_with_a_switch_set_finds_what_the_release_reaches_only_so_and
 ])
 @pytest.mark.usefixtures("no_switches_in_environment")
 def test_a_switch_that_cannot_apply_is_refused_with_exit_code_2(args, message, capsys, tmp_path: Path):
-    from harness.cli import main as swafuzz
+    from swafuzz.cli import main as swafuzz
 
     assert swafuzz(["fuzz", *args, "--max-examples", "1", "--report-dir", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
@@ -519,7 +519,7 @@ def test_the_producer_batches_cover_decode_verify_ragged_extend_and_prefill():
 def test_the_matrix_finds_the_assign_listed_rows_only_with_in_graph_prep_off_and_records_the_setting(tmp_path):
     if "0.5.17" not in locate.cached_releases():
         pytest.skip("needs the sglang 0.5.17 wheel in the cache")
-    from harness.sglang.matrix import SWITCHED_COLUMN, run_matrix
+    from swafuzz.sglang.matrix import SWITCHED_COLUMN, run_matrix
 
     matrix = run_matrix(["0.5.17"], max_examples=150, replay_dir=tmp_path)
     (merge,) = [c for c in matrix.cells if c.target.name == "unified-metadata-merge"]
@@ -543,9 +543,9 @@ class DeepseekV4HipRadixBackend:
 
 
 def test_a_producer_that_assumes_equal_counts_is_named_wrong_at_its_first_ragged_batch(tmp_path: Path):
-    from harness.sglang.matrix import check_producers
-    from harness.sglang.producers import PREFILL_EXPANSION, VERIFY_EXPANSION
-    from harness.sglang.targets import HIP_BACKEND_FILE
+    from swafuzz.sglang.matrix import check_producers
+    from swafuzz.sglang.producers import PREFILL_EXPANSION, VERIFY_EXPANSION
+    from swafuzz.sglang.targets import HIP_BACKEND_FILE
 
     file = tmp_path / HIP_BACKEND_FILE
     file.parent.mkdir(parents=True)

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.database import SharedDatabase, open_database, redacted
+from swafuzz.database import SharedDatabase, open_database, redacted
 
-REPO = Path(__file__).resolve().parents[1]
 REDIS_SERVER = shutil.which("redis-server")
 redis = pytest.importorskip("redis", reason="the redis package is part of the test extra: pip install -e '.[test]'")
 
@@ -31,7 +30,7 @@ def _free_port() -> int:
 @pytest.fixture
 def redis_server(tmp_path):
     if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed (scripts/install installs it where apt-get is available)")
+        pytest.skip("redis-server is not installed (.ci/run installs it from the system's packages where apt-get is available)")
     port = _free_port()
     server = subprocess.Popen(
         [REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
@@ -56,9 +55,9 @@ def redis_server(tmp_path):
 
 def _fuzz(cwd: Path, report_dir: str, database: str, *argv: str, env: dict | None = None,
           wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
-    command = [sys.executable, "-m", "harness", "fuzz", "--settings", "dev", "--max-examples", "3000",
+    command = [sys.executable, "-m", "swafuzz", "fuzz", "--settings", "dev", "--max-examples", "3000",
                "--database", database, "--report-dir", report_dir, "--json", *argv]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(cwd)]), **(env or {})}
+    environment = {**os.environ, "PYTHONPATH": str(cwd), **(env or {})}
     if not wait:
         return subprocess.Popen(command, cwd=cwd, env=environment, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -83,7 +82,7 @@ WAITING_SUBJECT = """
     import time
     from pathlib import Path
 
-    from harness.builtin import PoolStartLayer
+    from swafuzz.builtin import PoolStartLayer
 
 
     class WaitsThenStale(PoolStartLayer):
@@ -132,7 +131,7 @@ def test_a_redis_url_opens_a_shared_database_with_a_local_copy(tmp_path):
 
 
 def test_a_bad_redis_url_exits_2(capsys, tmp_path):
-    from harness.cli import main as swafuzz
+    from swafuzz.cli import main as swafuzz
 
     assert swafuzz(["fuzz", "--subject", "uncached", "--database", "redis://host:port/0",
                     "--report-dir", str(tmp_path)]) == 2

@@ -7,15 +7,17 @@ from random import Random
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 
-from harness import run_scenario
-from harness.builtin import Uncached
-from reference import EngineState
-from strategies.examples import EXAMPLES
-from strategies.exhaustive import enumerate_scenarios
-from strategies.features import ALL_FEATURES, features_of
-from strategies.scenarios import (
+from swafuzz import run_scenario
+from swafuzz.builtin import Uncached
+from swafuzz.reference import EngineState
+from swafuzz.strategies.examples import EXAMPLES
+from swafuzz.strategies.exhaustive import enumerate_scenarios
+from swafuzz.strategies.features import ALL_FEATURES, features_of
+from swafuzz.strategies.scenarios import (
     ADVERSARIAL, MAX_FORWARDS, MAX_RUN, PROFILES, REALISTIC, adversarial_reasons, scenarios, weakest_profile,
 )
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -193,7 +195,7 @@ def test_each_profile_strategy_is_built_once_and_reused(profile):
 def test_chunks_spell_every_interleaving_and_none_means_two_batch_overlap():
     from itertools import permutations
 
-    from strategies.scenarios import _interleaving
+    from swafuzz.strategies.scenarios import _interleaving
 
     every = set(permutations([0, 0, 0, 1, 1, 1]))
     spelled = {_interleaving([(mb, 1) for mb in order], 2, 3) for order in every}

@@ -1,4 +1,4 @@
-"""Specification of what the subject API hands a subject (``harness.api``).
+"""Specification of what the subject API hands a subject (``swafuzz.api``).
 
 The spec and the batch carry what SGLang's pool and ``ForwardBatch`` carry, computed from the
 live engine state: a subject that derives its answer from them alone must match the
@@ -10,10 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, Subject, SubjectError, Truth, run_scenario
-from harness.builtin import PoolStartLayer, Uncached, UncachedRing
-from harness.executor import check_subject
-from reference import Scenario
+from swafuzz import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, Subject, SubjectError, Truth, run_scenario
+from swafuzz.builtin import PoolStartLayer, Uncached, UncachedRing
+from swafuzz.executor import check_subject
+from swafuzz.reference import Scenario
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
 
 def _scenario(config: dict, events: list[dict]) -> Scenario:

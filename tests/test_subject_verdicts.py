@@ -1,7 +1,7 @@
 """What every built-in subject does on every hand-written example, stated once as a table.
 
-Like an OpInfo table: the rows are ``harness.registry.BUILTIN_SUBJECTS``, the columns are
-``strategies.examples.EXAMPLES``, and each cell is the verdict the design must get when the
+Like an OpInfo table: the rows are ``swafuzz.registry.BUILTIN_SUBJECTS``, the columns are
+``swafuzz.strategies.examples.EXAMPLES``, and each cell is the verdict the design must get when the
 scenario is *run*. A cell left out means the subject passes that example. Every cell follows
 from the domain brief's description of the design (section 2) and the bug class the example
 triggers (section 4).
@@ -14,12 +14,12 @@ from functools import lru_cache
 
 import pytest
 
-from harness import executor, run_scenario
-from harness.diagnosis import STALE_SOURCES
-from harness.executor import NotCheckable
-from harness.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT
-from strategies.examples import EXAMPLES
-from strategies.features import features_of
+from swafuzz import executor, run_scenario
+from swafuzz.diagnosis import STALE_SOURCES
+from swafuzz.executor import NotCheckable
+from swafuzz.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT
+from swafuzz.strategies.examples import EXAMPLES
+from swafuzz.strategies.features import features_of
 
 PASS = None
 # A subject whose bug lives in GPU stream ordering: refused, never passed, on the CPU.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from ..names import SGLANG_SOURCE_ENV as SOURCE_ENV
 from ..registry import SubjectInfo
 from . import locate
 from .binding import BindError, ImportModeUnavailable
@@ -22,7 +23,6 @@ from .locate import RELEASES, SglangUnavailable, SourceTree
 from .switches import parse_override
 from .targets import TARGETS, Target, target
 
-SOURCE_ENV = "SWAFUZZ_SGLANG_SOURCE"
 MODE_ENV = "SWAFUZZ_SGLANG_MODE"
 SWITCHES_ENV = "SWAFUZZ_SGLANG_SWITCHES"
 MODES = ("auto", "import", "source")

@@ -3,7 +3,7 @@
 Its driver follows the switches it reads (:data:`.reachability.DRIVER_SWITCHES`), and the
 subject carries ``realistic_exclusions``: the lifecycle features its release never takes
 under those settings (:data:`.reachability.MODELLED_PATHS`), which the realistic profile
-then never draws for it (:func:`harness.fuzz.scenario_test`).
+then never draws for it (:func:`swafuzz.fuzz.scenario_test`).
 """
 
 from __future__ import annotations

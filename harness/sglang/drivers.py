@@ -223,7 +223,7 @@ class SglangSubject(Subject):
     # SGLANG_OPT_CACHE_SWA_TRANSLATION: the pool's cache is on (as the releases that read
     # the switch default it) unless a run sets the switch off
     cache_swa_translation: ClassVar[bool] = True
-    # lifecycle features the realistic profile does not draw for this release (harness.sglang.configure)
+    # lifecycle features the realistic profile does not draw for this release (swafuzz.sglang.configure)
     realistic_exclusions: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec):

@@ -16,7 +16,7 @@ inside the graph), the CUDA graph buffer of translated locations
 :data:`PRODUCERS` is the table: one row per producer, with how to bind it from a release
 and how to run it on a :class:`Batch`. :func:`bind_producers` binds every row a release has
 and says why each other is absent; :func:`check` runs one on a batch and names every row
-that differs from :mod:`reference.truth` (empty when all match). SGLang's own code runs
+that differs from :mod:`swafuzz.reference.truth` (empty when all match). SGLang's own code runs
 as the release has it, SGLang's records (``WindowLayout``, ``UnifiedKvMetadata``) are
 rebuilt from the release's field lists, and stand-ins remain only for what the scheduler
 and the allocator hand in (batch tensors, pools, metadata holders); each names the SGLang
@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from reference.truth import (
+from ..reference.truth import (
     DUMMY_SLOT,
     draft_step_slots,
     late_layer_tail_tokens,

@@ -23,7 +23,7 @@ import ast
 import functools
 from dataclasses import dataclass
 
-from strategies.features import GRAPH_REPLAY
+from ..strategies.features import GRAPH_REPLAY
 
 from .locate import RELEASES, SourceTree, release_key
 from .switches import SwitchSettings, settings_for, switch
@@ -432,7 +432,7 @@ EVERY_SCENARIO = "every scenario"  # a ModelledPath feature: the target's whole 
 
 @dataclass(frozen=True)
 class ModelledPath:
-    """A lifecycle feature (a name of :mod:`strategies.features`, or :data:`EVERY_SCENARIO`)
+    """A lifecycle feature (a name of :mod:`swafuzz.strategies.features`, or :data:`EVERY_SCENARIO`)
     that the targets' driver models through a path of SGLang's which a release takes only
     when ``switch`` is ``value``: under another setting the realistic profile does not draw
     the feature for those targets. ``hops`` say where a release that has the switch decides

@@ -1,0 +1,218 @@
+"""The commands of the ``swafuzz`` command line, once it has parsed their options
+(:mod:`swafuzz.cli` parses them without importing anything heavy)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .reference import ScenarioError
+from .strategies.features import ALL_FEATURES
+
+from .boundary import describe_path, printable, writable_file
+from .campaign import Campaign, Finished, earlier_reports, stdout_to_stderr
+from .cli import GATE_BUDGET_S, UsageError
+from . import merge
+from .merge import ReportError
+from .names import EXIT_DIVERGENCE, EXIT_OK
+from .registry import resolve_subject
+from .replay import Replay, ReplayError, emit_pytest, load_replay, recorded_subject, run_replay, same_divergence
+from .reports import REPORT_FILES, Report
+
+def apply_sglang_options(args: argparse.Namespace) -> None:
+    # through the environment, so that worker processes bind the same code
+    from .sglang import MODE_ENV, SOURCE_ENV, SWITCHES_ENV, switch_overrides
+
+    for value, name in ((getattr(args, "sglang_source", None), SOURCE_ENV),
+                        (getattr(args, "sglang_mode", None), MODE_ENV)):
+        if value:
+            os.environ[name] = str(value)
+    switches = getattr(args, "sglang_switch", None)
+    if switches:
+        subject = getattr(args, "subject", None)
+        if subject and not subject.startswith("sglang:"):
+            raise UsageError(f"--sglang-switch sets SGLang's engine switches; {subject!r} is not an "
+                             "sglang:<target> subject")
+        joined = ",".join(switches)
+        switch_overrides(joined)  # read as the workers will read it; a bad one is refused here
+        os.environ[SWITCHES_ENV] = joined
+
+
+# ---- shared checks -------------------------------------------------------------------------
+
+
+def check_device(text: str) -> str:
+    try:
+        device = torch.device(text)
+    except RuntimeError as exc:
+        raise UsageError(f"--device {text!r} is not a device name (use cpu or cuda): {exc}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {text!r}: swafuzz runs on cpu or cuda, not {device.type}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {text}: no CUDA or ROCm device is available here "
+                             "(torch.cuda.is_available() is False); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {text}: this machine has {torch.cuda.device_count()} GPU(s)")
+    return str(device)
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    print(json.dumps(data, indent=2))
+
+
+# ---- fuzz, gate, exhaustive ----------------------------------------------------------------
+
+
+def _campaign(args: argparse.Namespace) -> Campaign:
+    device = check_device(args.device)
+    for flag, used in (("--stream-delay", getattr(args, "stream_delay", 0)),
+                       ("--sanitize-streams", getattr(args, "sanitize_streams", False))):
+        if used and not device.startswith("cuda"):
+            raise UsageError(f"{flag} works on GPU streams: it needs --device cuda")
+    earlier = earlier_reports(args.report_dir)
+    if earlier is not None:
+        print(f"swafuzz {args.command}: note: {describe_path(args.report_dir)} holds the reports of an earlier "
+              f"run ({earlier}); this run replaces them (give another --report-dir to keep both)",
+              file=sys.stderr)
+    return Campaign.open(args.command, args.subject, device, args.report_dir, args.database, args.json)
+
+
+def _print_finished(campaign: Campaign, finished: Finished, print_markdown: bool = False) -> int:
+    report, written = finished.report, finished.written
+    if campaign.as_json:
+        _print_json({**report.to_dict(), "reports": {fmt: str(path) for fmt, path in written.items()}})
+    elif print_markdown:
+        print(written["markdown"].read_text(encoding="utf-8"))
+        _print_written(written)
+    else:
+        _print_summary(report, written)
+    return finished.exit_code
+
+
+def _print_summary(report: Report, written: dict[str, Path]) -> None:
+    head = f"swafuzz {report.command}: {report.verdict} in {report.subject}"
+    run = f"{report.examples} examples in {report.elapsed_s:.1f} s"
+    if report.seed is not None:
+        run += f", seed {report.seed}"
+    if not report.complete:
+        run += f"; interrupted by {report.interrupted_by or 'a signal'}, the report is marked incomplete"
+    print(f"{head} ({run})")
+    if report.divergence is not None:
+        print(f"  {report.divergence.sentence}")
+        print(f"  replay file: {report.replay_file}")
+        print(f"  reproduce:   {report.replay_command}")
+        if not report.shrink_complete:
+            print("  the budget ran out while shrinking: the scenario is the smallest found so far")
+    print(f"  features covered: {len(report.features_covered)} of {len(ALL_FEATURES)}")
+    _print_written(written)
+
+
+def _print_written(written: dict[str, Path]) -> None:
+    print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES)}")
+
+
+def _fuzz(args: argparse.Namespace, settings: str | None, profile: str, print_markdown: bool = False) -> int:
+    campaign = _campaign(args)
+    job = campaign.job(
+        profile, settings, seed=args.seed, budget_s=args.budget, max_examples=args.max_examples,
+        threads=getattr(args, "threads", False), stream_delay_cycles=getattr(args, "stream_delay", 0),
+        sanitize_streams=getattr(args, "sanitize_streams", False),
+        long_horizon=getattr(args, "long_horizon", False), shard=getattr(args, "shard", None),
+    )
+    finished = campaign.fuzz(job, workers=args.workers, shard=getattr(args, "shard", None))
+    return _print_finished(campaign, finished, print_markdown)
+
+
+def fuzz(args: argparse.Namespace) -> int:
+    return _fuzz(args, settings=args.settings, profile=args.profile)
+
+
+def gate(args: argparse.Namespace) -> int:
+    if args.budget is None:
+        args.budget = GATE_BUDGET_S
+    return _fuzz(args, settings="ci", profile="realistic", print_markdown=not args.json)
+
+
+def exhaustive(args: argparse.Namespace) -> int:
+    campaign = _campaign(args)
+    finished = campaign.exhaustive(args.profile, max_forwards=args.max_forwards, max_layers=args.max_layers,
+                                   max_micro_batches=args.max_micro_batches)
+    code = _print_finished(campaign, finished)
+    if code == EXIT_OK and not campaign.as_json and finished.result.scope is not None:
+        for line in finished.result.scope.lines():
+            print(f"  {line}")
+    return code
+
+
+# ---- replay, subjects, bench ---------------------------------------------------------------
+
+
+def replay(args: argparse.Namespace) -> int:
+    recorded = load_replay(args.file)
+    if args.emit_pytest is not None:
+        writable_file(args.emit_pytest, "--emit-pytest", not_the_same_as=args.file)
+    subject = args.subject or recorded.subject
+    try:
+        info = resolve_subject(args.subject) if args.subject else recorded_subject(recorded)
+    except ReplayError as exc:
+        raise ReplayError(f"{describe_path(args.file)}: {exc}") from None
+    device = check_device(args.device or recorded.device)
+    started = time.monotonic()
+    try:
+        with stdout_to_stderr(args.json):
+            run = run_replay(recorded, subject=args.subject, device=device)
+    except ScenarioError as exc:
+        raise ReplayError(f"{describe_path(args.file)}: the recorded scenario cannot run: {exc}") from None
+    elapsed = time.monotonic() - started
+    if args.emit_pytest is not None:
+        emit_pytest(replace(recorded, subject=subject, device=device), args.emit_pytest, source=str(args.file))
+    found = run.divergence
+    reproduced = found is not None and same_divergence(found, recorded.divergence)
+    if args.json:
+        report = Report(
+            command="replay", subject=subject, subject_info=info.to_dict(), profile=recorded.profile,
+            settings=recorded.settings, seed=recorded.seed, device=device, examples=1, elapsed_s=elapsed,
+            divergence=found, scenario=recorded.scenario if found else None,
+            replay_file=str(args.file) if found else None,
+        )
+        _print_json({**report.to_dict(), "reproduced": reproduced,
+                     "recorded_diagnosis": recorded.divergence.to_dict(),
+                     "emitted_pytest": str(args.emit_pytest) if args.emit_pytest else None})
+    else:
+        _print_replay(args, subject, recorded, found, reproduced, run.checks)
+    return EXIT_DIVERGENCE if found is not None else EXIT_OK
+
+
+def _print_replay(args: argparse.Namespace, subject: str, recorded: Replay, found: Any, reproduced: bool,
+                  checks: int) -> None:
+    if found is None:
+        print(f"swafuzz replay: fixed: {subject} matches the reference on {args.file} ({checks} stores checked)")
+        print(f"  recorded: {printable(recorded.divergence.sentence)}")
+    elif reproduced:
+        print(f"swafuzz replay: divergence still there in {subject}")
+        print(f"  {found.sentence}")
+    else:
+        print(f"swafuzz replay: {subject} still diverges on {args.file}, but differently")
+        print(f"  now:      {found.sentence}")
+        print(f"  recorded: {printable(recorded.divergence.sentence)}")
+    if args.emit_pytest is not None:
+        print(f"  regression test written to {args.emit_pytest}")
+
+
+def merge_reports(args: argparse.Namespace) -> int:
+    try:
+        merged = merge.merge_reports(args.dirs, args.report_dir)
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    print(merged.headline())
+    print(f"  reports: {', '.join(str(path) for path in merged.written.values())}")
+    return EXIT_DIVERGENCE if merged.diverged else EXIT_OK
