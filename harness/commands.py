@@ -110,6 +110,9 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
         print(f"  {report.divergence.sentence}")
         print(f"  replay file: {report.replay_file}")
         print(f"  reproduce:   {report.replay_command}")
+        if report.flaky:
+            print(f"  flaky: the shrunk scenario diverged in {report.replays_diverged} of {report.replays_run} "
+                  "replays; the replay file may pass while the bug is there")
         if not report.shrink_complete:
             print("  the budget ran out while shrinking: the scenario is the smallest found so far")
     print(f"  features covered: {len(report.features_covered)} of {len(ALL_FEATURES)}")

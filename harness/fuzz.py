@@ -40,6 +40,9 @@ DEFAULT_DATABASE = Path(".hypothesis") / "swafuzz"
 # Examples per Hypothesis run; each run draws from its own seed, so a long budget keeps
 # exploring instead of repeating itself. The budget itself is checked before every example.
 CHUNK = 100
+# replays of a shrunk divergence before it is reported: one that does not diverge in all of
+# them is reported as flaky, with how often it did
+REPLAYS_BEFORE_REPORT = 3
 NO_EXAMPLE_LIMIT = 10**9
 PROGRESS_EVERY_S = 0.25
 
@@ -147,8 +150,11 @@ class FuzzResult:
     seed: int | None = None
     coverage: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
-    # False when a threaded divergence did not reproduce with its recorded interleaving
+    # False when the shrunk scenario did not diverge in every replay of it before the report
+    # (a threaded divergence: its recorded interleaving, replayed once without threads)
     replays: bool = True
+    replays_run: int = 0  # replays of the shrunk scenario made before the report
+    replays_diverged: int = 0  # how many of them diverged
     # False when the budget ran out while shrinking: the scenario is the smallest found so far
     shrink_complete: bool = True
     # a clean exhaustive run: the scope its equivalence holds on, covered and left out
@@ -349,10 +355,17 @@ def fuzz(
         scenario, divergence = failures[-1]
         final = _found(result, scenario, divergence, elapsed(), coverage)
         final.shrink_complete = shrink_complete
+        # a subject wrong now and then looks deterministic once shrunk: replaying says which
+        replays = [run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s,
+                                stream_delay_cycles=0 if threads else stream_delay_cycles)
+                   for _ in range(1 if threads else REPLAYS_BEFORE_REPORT)]
+        final.replays_run = len(replays)
+        final.replays_diverged = sum(not replay.passed for replay in replays)
+        final.replays = final.replays_diverged == final.replays_run
         if threads:
-            replay = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
-            final.replays = not replay.passed
-            final.divergence = replay.divergence or divergence
+            final.divergence = replays[0].divergence or divergence
+        if not final.replays:
+            final.weakest_profile = None  # no profile reproduces it reliably
         if on_divergence is not None:
             on_divergence(final)
         report_progress(force=True)

@@ -72,7 +72,8 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
 _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "interrupted_by": str, "settings": str, "seed": int, "device": str, "budget_s": (int, float),
     "workers": int, "shard": str, "finished_at": str, "weakest_profile": str, "replay_file": str,
-    "replays": bool, "examples_to_divergence": int, "first_divergence_s": (int, float),
+    "replays": bool, "replays_run": int, "replays_diverged": int, "examples_to_divergence": int,
+    "first_divergence_s": (int, float),
 }
 
 

@@ -90,7 +90,9 @@ class Report:
     replay_file: str | None = None
     complete: bool = True
     interrupted_by: str | None = None  # the signal's name when a run was cut short
-    replays: bool = True  # False: a threaded divergence did not come back without threads
+    replays: bool = True  # False: the shrunk scenario did not diverge in every replay before the report
+    replays_run: int = 0  # replays of the shrunk scenario before the report
+    replays_diverged: int = 0  # how many of them diverged
     shrink_complete: bool = True  # False: the budget ran out while the scenario was shrinking
     scope: dict[str, Any] | None = None  # a clean exhaustive run: what its scope covers and leaves out
     shard: str | None = None  # "I/N" for one machine's part of a sharded campaign
@@ -101,6 +103,12 @@ class Report:
     @property
     def verdict(self) -> str:
         return DIVERGENCE if self.divergence is not None else NO_DIVERGENCE
+
+    @property
+    def flaky(self) -> bool:
+        """A divergence seen in the search that its shrunk scenario did not repeat in every
+        replay (a threaded one is judged by its interleaving's replay instead)."""
+        return self.divergence is not None and self.replays_run > 1 and not self.replays
 
     @property
     def features_covered(self) -> list[str]:
@@ -145,6 +153,9 @@ class Report:
             out["replay_file"] = self.replay_file
             out["replay_command"] = self.replay_command
             out["replays"] = self.replays
+            out["replays_run"] = self.replays_run
+            out["replays_diverged"] = self.replays_diverged
+            out["flaky"] = self.flaky
             out["shrink_complete"] = self.shrink_complete
             out["examples_to_divergence"] = self.examples_to_divergence
             out["first_divergence_s"] = (
@@ -178,6 +189,12 @@ _NO_REPLAY_NOTE = ("Found with threads; replaying its recorded interleaving with
                    "reproduce it, so the replay file may pass while the bug is there.")
 
 
+def _flaky_note(report: Report) -> str:
+    return (f"**Flaky:** the shrunk scenario diverged in {report.replays_diverged} of {report.replays_run} "
+            "replays: the subject does not answer the same scenario the same way every time, so the "
+            "replay file may pass while the bug is there.")
+
+
 _SHRINK_CUT_NOTE = ("The time budget ran out while shrinking: the scenario below is the smallest found "
                     "so far, not a minimal one.")
 
@@ -194,7 +211,9 @@ def render_markdown(report: Report) -> str:
         lines += [f"> **{_incomplete_note(report)}**", ""]
     if report.divergence is not None:
         lines += [f"> {report.divergence.sentence}", ""]
-        if not report.replays:
+        if report.flaky:
+            lines += [f"> {_flaky_note(report)}", ""]
+        elif not report.replays:
             lines += [f"> {_NO_REPLAY_NOTE}", ""]
         if not report.shrink_complete:
             lines += [f"> {_SHRINK_CUT_NOTE}", ""]
@@ -559,7 +578,8 @@ def render_html(report: Report, cells: tuple[list[ForwardRow], list[Cell]] | Non
     if not report.complete:
         body.append(f'<p class="verdict partial">{_esc(_incomplete_note(report))}</p>')
     if divergence is not None and not report.replays:
-        body.append(f'<p class="verdict partial">{_esc(_NO_REPLAY_NOTE)}</p>')
+        note = _flaky_note(report).replace("**", "") if report.flaky else _NO_REPLAY_NOTE
+        body.append(f'<p class="verdict partial">{_esc(note)}</p>')
     body.append(_facts_html(report))
     if divergence is not None and report.scenario is not None:
         rows, grid_cells = cells or cells_from_divergence(report.scenario, divergence)

@@ -3,6 +3,7 @@ an HTML grid whose colours say what each store returned."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -266,3 +267,14 @@ def test_write_reports_writes_every_format(tmp_path):
     assert {fmt: path.name for fmt, path in written.items()} == REPORT_FILES
     assert sorted(os.listdir(tmp_path)) == sorted(REPORT_FILES.values())
     assert json.loads(Path(written["json"]).read_text())["verdict"] == "divergence"
+
+
+def test_a_flaky_divergence_says_how_often_its_replays_diverged_in_every_format():
+    report = dataclasses.replace(diverging("pool-start-layer", "first-swa-layer-not-start"), replays=False,
+                                 replays_run=3, replays_diverged=1)
+    data = report.to_dict()
+    assert (data["flaky"], data["replays"], data["replays_run"], data["replays_diverged"]) == (True, False, 3, 1)
+    assert "**Flaky:** the shrunk scenario diverged in 1 of 3 replays" in render_markdown(report)
+    assert "diverged in 1 of 3 replays" in render_html(report, [])
+    steady = dataclasses.replace(report, replays=True, replays_diverged=3)
+    assert not steady.to_dict()["flaky"] and "Flaky" not in render_markdown(steady)
