@@ -26,14 +26,14 @@ import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from queue import Empty
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import fuzz as fuzz_engine
-from .boundary import InputError, parse_json, printable, read_regular_file, writable_directory
+from .boundary import InputError, describe_path, parse_json, printable, read_regular_file, writable_directory
 from .database import DatabaseError, is_redis_url, open_database
 from .devices import enable_stream_sanitizer
 from .entry import note_signal, run_starting, signal_before_run
@@ -41,7 +41,7 @@ from .fuzz import FuzzResult, Progress
 from .names import EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_OK
 from .progress import ProgressLine
 from .registry import SubjectInfo, resolve_subject
-from .replay import Replay, load_replay, write_replay
+from .replay import Replay, claim_replay_path, load_replay, replay_file_name, write_replay
 from .reports import REPORT_FILES, Report, write_reports
 from .shard import WHOLE, SeedLane, Shard, seed_lane
 
@@ -162,8 +162,9 @@ class DivergenceLog:
     what it found, for the command line's runs and the pytest plugin's tests alike.
 
     The fuzzer may report one divergence several times while it shrinks it; all reports of a
-    run go to the same file (named by subject, profile and ``run``), so the file always holds
-    the smallest scenario found so far.
+    run go to the same file (named by subject, profile and ``run``, numbered where another
+    run's file has that name), so the file always holds the smallest scenario found so far and
+    no run replaces another's.
     """
 
     def __init__(self, subject: str, profile: str, settings: str, device: str,
@@ -176,6 +177,7 @@ class DivergenceLog:
         self.run = run
         self.latest: FuzzResult | None = None
         self.path: Path | None = None
+        self.unwritten: str | None = None  # why the replay file could not be written (a full disk)
 
     @classmethod
     def of(cls, job: FuzzJob) -> "DivergenceLog":
@@ -189,7 +191,13 @@ class DivergenceLog:
             divergence=divergence, seed=seed, settings=settings or self.settings, device=self.device,
             engine_switches=_engine_switches(self.subject),
         )
-        self.path = write_replay(replay, self.replay_dir, self.run)
+        try:
+            if self.path is None:  # this run's own file, beside any other run's
+                self.path = claim_replay_path(self.replay_dir, replay_file_name(replay, self.run))
+            write_replay(replay, self.replay_dir, path=self.path)
+            self.unwritten = None
+        except OSError as exc:  # the run goes on: what it finds is still printed at the end
+            self.unwritten = f"{describe_path(self.path or self.replay_dir)}: {exc.strerror or exc}"
         return self.path
 
     def record(self, result: FuzzResult) -> Path | None:
@@ -483,6 +491,7 @@ class Finished:
     report: Report
     written: dict[str, Path]  # the report files, by format
     exit_code: int
+    unwritten: list[str] = field(default_factory=list)  # files that could not be written, and why
 
 
 @dataclass
@@ -593,8 +602,14 @@ class Campaign:
     def finish(self, result: FuzzResult, replay_path: Path | None, watch: InterruptWatch,
                budget_s: float | None = None, workers: int = 1, shard: str | None = None) -> Finished:
         """Write the reports of ``result``: 1 when it diverged, else the watch's code when a
-        signal cut the run short, else 0."""
+        signal cut the run short, else 0. A file that cannot be written (a full disk) is named
+        in ``unwritten``; the finding is still returned whole, to be printed."""
         interrupted = result.interrupted  # a signal after the run ended cut nothing short
+        unwritten = []
+        if result.divergence is not None and not _holds_a_replay(replay_path):
+            unwritten.append(f"{describe_path(replay_path or self.report_dir / 'replays')}: the replay file "
+                             "could not be written")
+            replay_path = None
         report = Report(
             command=self.command, subject=self.subject, subject_info=self.info.to_dict(),
             profile=result.profile, settings=result.settings, seed=result.seed, device=self.device,
@@ -609,12 +624,24 @@ class Campaign:
             shard=shard, examples_to_divergence=result.examples_to_divergence,
             first_divergence_s=result.first_divergence_s,
         )
-        written = write_reports(report, self.report_dir)
+        try:
+            written = write_reports(report, self.report_dir)
+        except OSError as exc:
+            written = {}
+            unwritten.append(f"{describe_path(self.report_dir)}: the reports could not be written: "
+                             f"{exc.strerror or exc}")
         if report.divergence is not None:
             code = EXIT_DIVERGENCE
         else:
             code = watch.exit_code if interrupted else EXIT_OK
-        return Finished(result, report, written, code)
+        return Finished(result, report, written, code, unwritten)
+
+
+def _holds_a_replay(path: Path | None) -> bool:
+    try:
+        return path is not None and path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def earlier_reports(directory: Path) -> str | None:

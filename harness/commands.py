@@ -89,12 +89,19 @@ def _campaign(args: argparse.Namespace) -> Campaign:
 def _print_finished(campaign: Campaign, finished: Finished, print_markdown: bool = False) -> int:
     report, written = finished.report, finished.written
     if campaign.as_json:
-        _print_json({**report.to_dict(), "reports": {fmt: str(path) for fmt, path in written.items()}})
-    elif print_markdown:
+        _print_json({**report.to_dict(), "reports": {fmt: str(path) for fmt, path in written.items()},
+                     "unwritten": finished.unwritten})
+    elif print_markdown and "markdown" in written:
         print(written["markdown"].read_text(encoding="utf-8"))
         _print_written(written)
     else:
         _print_summary(report, written)
+    for problem in finished.unwritten:
+        print(f"swafuzz {report.command}: could not write {problem}", file=sys.stderr)
+    if finished.unwritten and report.scenario is not None and not campaign.as_json:
+        # the finding lives only here now: its scenario, to save by hand and replay
+        print("  scenario (no replay file holds it):")
+        print(json.dumps(report.scenario.to_dict()))
     return finished.exit_code
 
 
@@ -107,9 +114,10 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
         run += f"; interrupted by {report.interrupted_by or 'a signal'}, the report is marked incomplete"
     print(f"{head} ({run})")
     if report.divergence is not None:
-        print(f"  {report.divergence.sentence}")
-        print(f"  replay file: {report.replay_file}")
-        print(f"  reproduce:   {report.replay_command}")
+        print(f"  {printable(report.divergence.sentence)}")  # what a subject says: escapes shown, not obeyed
+        if report.replay_file:
+            print(f"  replay file: {report.replay_file}")
+            print(f"  reproduce:   {report.replay_command}")
         if report.flaky:
             print(f"  flaky: the shrunk scenario diverged in {report.replays_diverged} of {report.replays_run} "
                   "replays; the replay file may pass while the bug is there")
@@ -120,7 +128,8 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
 
 
 def _print_written(written: dict[str, Path]) -> None:
-    print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES)}")
+    if written:
+        print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES if fmt in written)}")
 
 
 def _fuzz(args: argparse.Namespace, settings: str | None, profile: str, print_markdown: bool = False) -> int:

@@ -344,12 +344,14 @@ def fuzz(
         result.checks += outcome.checks
         report_progress()
         if not outcome.passed:
-            if not failures:
+            # recorded before anyone is told: an interrupt while the news is written down
+            # (a replay file) must not lose the finding
+            failures.append((scenario, outcome.divergence))
+            if len(failures) == 1:
                 result.examples_to_divergence = result.examples
                 result.first_divergence_s = elapsed()
                 if on_divergence is not None:
                     on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage))
-            failures.append((scenario, outcome.divergence))
 
     def finish_divergence(shrink_complete: bool) -> FuzzResult:
         scenario, divergence = failures[-1]

@@ -61,13 +61,15 @@ def fuzz_test(subject: str, profile: str = "realistic", *, settings: hypothesis.
     from .registry import resolve_subject
 
     info = resolve_subject(subject)
+    logs: list[DivergenceLog] = []  # one for the test: every failure of its search goes to one file
 
     def record(scenario: Scenario, features: list[str], outcome: RunResult) -> None:
         if outcome.passed:
             return
-        log = DivergenceLog(subject, profile, loaded_settings_profile(), device,
-                            Path(report_dir or _report_dir) / "replays", RUN_NAME)
-        path = _shown(log.write(scenario, outcome.divergence))
+        if not logs:
+            logs.append(DivergenceLog(subject, profile, loaded_settings_profile(), device,
+                                      Path(report_dir or _report_dir) / "replays", RUN_NAME))
+        path = _shown(logs[0].write(scenario, outcome.divergence))
         hypothesis.note(f"replay file: {path}\nreproduce:   swafuzz replay {path}")
 
     test = hypothesis.settings(

@@ -163,9 +163,27 @@ def replay_file_name(replay: Replay, run: str | None = None) -> str:
     return f"{_slug(replay.subject)}-{_slug(replay.profile)}-{_slug(run)}.json"
 
 
-def write_replay(replay: Replay, directory: str | os.PathLike, run: str | None = None) -> Path:
-    path = Path(directory) / replay_file_name(replay, run)
+def write_replay(replay: Replay, directory: str | os.PathLike, run: str | None = None, *,
+                 path: Path | None = None) -> Path:
+    """Write ``replay`` to ``path``, by default its name (:func:`replay_file_name`) in ``directory``."""
+    path = path or Path(directory) / replay_file_name(replay, run)
     return write_atomically(path, json.dumps(replay.to_dict(), indent=2) + "\n")
+
+
+def claim_replay_path(directory: str | os.PathLike, name: str) -> Path:
+    """The path of a new replay file called ``name`` (``x.json``), or ``x-2.json``, ``x-3.json``
+    and so on where another run's file has that name: created empty here, at once, so that two
+    runs writing into one directory at the same moment never take the same name."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    stem, number = name.removesuffix(".json"), 1
+    while True:
+        path = directory / (name if number == 1 else f"{stem}-{number}.json")
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return path
+        except FileExistsError:
+            number += 1
 
 
 def run_replay(replay: Replay, *, subject: str | None = None, device: str | None = None,

@@ -3,6 +3,7 @@ round trip fuzz -> replay file -> replay -> emitted pytest file."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import io
 import json
@@ -22,6 +23,8 @@ import torch
 import swafuzz
 from swafuzz import campaign, cli
 from swafuzz import fuzz as fuzz_engine
+from swafuzz import replay as replay_module
+from swafuzz import reports as reports_module
 from swafuzz import run_scenario
 from swafuzz.fuzz import FuzzResult, Progress
 from swafuzz.progress import ProgressLine, format_progress
@@ -29,6 +32,7 @@ from swafuzz.builtin import Uncached
 from swafuzz.registry import BUILTIN_SUBJECTS, BUILTIN_TABLE, SubjectInfo
 from swafuzz.replay import Replay, load_replay, write_replay
 from swafuzz.shard import WHOLE, seed_lane
+from swafuzz.reference import Scenario
 from swafuzz.strategies.examples import EXAMPLES
 
 STALE_EXAMPLE = "first-swa-layer-not-start"
@@ -308,6 +312,25 @@ def test_json_stdout_stays_one_object_when_the_subject_prints(capsys, tmp_path, 
     assert "debug: storing layer" in err
 
 
+def test_a_full_disk_still_prints_the_finding_and_its_scenario_and_exits_1(capsys, engine, tmp_path, monkeypatch):
+    engine.example = STALE_EXAMPLE
+
+    def disk_full(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(reports_module, "write_atomically", disk_full)
+    monkeypatch.setattr(replay_module, "write_atomically", disk_full)
+    code, out, err = run_cli(capsys, "fuzz", "--subject", "pool-start-layer", "--seed", "11",
+                             "--report-dir", str(tmp_path))
+    assert code == 1
+    sentence = run_scenario(BUILTIN_SUBJECTS[4].subject, EXAMPLES[STALE_EXAMPLE]).divergence.sentence
+    assert sentence in out and "replay file:" not in out
+    assert "the replay file could not be written" in err
+    assert f"the reports could not be written: {os.strerror(errno.ENOSPC)}" in err
+    printed = out.split("scenario (no replay file holds it):\n", 1)[1]
+    assert Scenario.from_dict(json.loads(printed)) == EXAMPLES[STALE_EXAMPLE]
+
+
 # ---- gate and exhaustive ------------------------------------------------------------------------
 
 
@@ -487,6 +510,18 @@ def test_a_divergence_reported_again_while_shrinking_rewrites_the_same_replay_fi
     assert again == first == log.path and list(tmp_path.iterdir()) == [first]
     recorded = load_replay(first)
     assert recorded.scenario == shrunk and recorded.seed == 3 and recorded.subject == "pool-start-layer"
+
+
+def test_runs_writing_one_replay_directory_never_share_a_replay_file(tmp_path):
+    scenario = EXAMPLES[STALE_EXAMPLE]
+    divergence = run_scenario(BUILTIN_SUBJECTS[4].subject, scenario).divergence
+    logs = [campaign.DivergenceLog("pool-start-layer", "realistic", "dev", "cpu", tmp_path, "20261201-101500")
+            for _ in range(3)]  # unseeded runs started in the same second
+    paths = [log.write(scenario, divergence) for log in logs]
+    assert [path.name for path in paths] == [
+        "pool-start-layer-realistic-20261201-101500.json", "pool-start-layer-realistic-20261201-101500-2.json",
+        "pool-start-layer-realistic-20261201-101500-3.json"]
+    assert all(load_replay(path).divergence == divergence for path in paths)
 
 
 def test_merge_results_keeps_the_winner_and_adds_up_the_rest():

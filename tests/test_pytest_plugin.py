@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+import swafuzz.commands  # noqa: F401 - see below
 from swafuzz.cli import main as swafuzz
 from swafuzz.strategies.features import ALL_FEATURES
 
 pytest_plugins = ["pytester"]
+# torch and the fuzzing modules are imported above, at collection: pytester drops the modules a
+# test imported when the test ends, and torch cannot be loaded a second time in one process
 
 PLUGIN = ("-p", "swafuzz.pytest_plugin", "-p", "no:cacheprovider")
 # a short search for the equivalent subjects: a passing gate is only as strong as its search,
