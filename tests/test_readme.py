@@ -117,3 +117,9 @@ def test_readme_adapter_example_diverges_through_the_installed_command(tmp_path)
     printed = json.loads(outcome.stdout)
     assert printed["verdict"] == "divergence"
     assert printed["diagnosis"]["source"]["kind"] in ("graph_capture", "earlier_step", "earlier_forward")
+
+
+def test_readme_states_the_gates_budget():
+    from swafuzz.cli import GATE_BUDGET_S
+
+    assert f"under the `ci` settings for {GATE_BUDGET_S:g} s" in README
