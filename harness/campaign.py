@@ -44,6 +44,7 @@ from .registry import SubjectInfo, resolve_subject
 from .replay import Replay, claim_replay_path, load_replay, replay_file_name, write_replay
 from .reports import REPORT_FILES, Report, write_reports
 from .shard import WHOLE, SeedLane, Shard, seed_lane
+from .supervisor import announce_divergence
 
 if TYPE_CHECKING:
     from .reference import Scenario
@@ -196,6 +197,7 @@ class DivergenceLog:
                 self.path = claim_replay_path(self.replay_dir, replay_file_name(replay, self.run))
             write_replay(replay, self.replay_dir, path=self.path)
             self.unwritten = None
+            announce_divergence(self.path)
         except OSError as exc:  # the run goes on: what it finds is still printed at the end
             self.unwritten = f"{describe_path(self.path or self.replay_dir)}: {exc.strerror or exc}"
         return self.path

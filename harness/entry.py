@@ -11,6 +11,10 @@ traceback:
 - once the command has its result, signals are ignored: the exit code says what was found
   and written, whatever signal follows.
 
+The commands that run a subject (fuzz, gate, exhaustive, replay) run it in a child process
+that this one supervises (:mod:`swafuzz.supervisor`): a signal reaches the supervisor, which
+passes it on, and the child's exit code is the program's.
+
 A closed stdout (``swafuzz replay FILE | head -1``) is not an error: output the reader no
 longer wants goes to the null device and the command exits with its own result code, which
 is what a script in the pipeline asks for (``set -o pipefail``).
@@ -92,10 +96,21 @@ def entry() -> None:
     for signum in SIGNALS:
         signal.signal(signum, _on_signal)
     sys.stdout = _ClosedPipeProof(sys.stdout)
+    supervisor = None
     try:
-        from .cli import main
+        from . import supervisor
 
-        code = main()
+        # a command that runs a subject runs in a child this process supervises; in the
+        # child, the pipe to the supervisor is taken before anything else
+        supervising = supervisor.wanted(sys.argv[1:]) and supervisor.CHANNEL_ENV not in os.environ
+        if not supervising:
+            supervisor.claim_channel()
+        if supervising:
+            code = supervisor.supervise(sys.argv[1:])
+        else:
+            from .cli import main
+
+            code = main()
     except KeyboardInterrupt:
         signum = _Signals.first or signal.SIGINT
         print(f"swafuzz: interrupted by {signal.Signals(signum).name} with no result; nothing was written",
@@ -105,6 +120,8 @@ def entry() -> None:
         signal.signal(signum, signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
+    if supervisor is not None:
+        supervisor.announce_exit(code)
     if _Signals.first is not None:
         # an interrupt that passed through library code can leave CPython flagged to end
         # the process by SIGINT at exit, which would replace the exit code

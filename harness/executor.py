@@ -28,6 +28,7 @@ from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
 from .guard import CallGuard, SubjectFailure, SubjectTimeout, failure_of
+from .supervisor import announce_scenario
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -150,6 +151,7 @@ def run_scenario(
     """
     if deadline is not None and monotonic() >= deadline:
         raise DeadlinePassed(0)
+    announce_scenario(scenario)  # to a supervising process, which reports it should this one die
     device = torch.device(device)
     check_device(check_subject(subject), device)
     timeline = timeline_for(device, stream_delay_cycles)

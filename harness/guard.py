@@ -171,3 +171,12 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+
+
+def call_in_flight() -> int | None:
+    """The serial of the subject call in flight on the main thread, or None between calls:
+    a supervising process (:mod:`swafuzz.supervisor`) ends a child whose call stays in flight
+    long after its own alarm should have ended it."""
+    guards = _WATCHDOG._guards
+    guard = guards[-1] if guards else None
+    return guard.serial if guard is not None and guard.in_call else None

@@ -198,6 +198,12 @@ def test_a_signal_after_the_divergence_was_reported_keeps_exit_code_1(tmp_path, 
     assert printed["verdict"] == "divergence" and printed["complete"] is True
 
 
+def descendants_of(pid: int) -> list[int]:
+    """The processes below ``pid``: the supervised run, its workers and their helpers."""
+    children = children_of(pid)
+    return children + [grandchild for child in children for grandchild in descendants_of(child)]
+
+
 def children_of(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -222,10 +228,11 @@ def running(pid: int) -> bool:
 def test_workers_and_their_helpers_die_with_a_killed_parent(tmp_path):
     process = start_fuzz(tmp_path, "--subject", "uncached", "--settings", "nightly", "--budget", "600",
                          "--workers", "2")
-    # two workers and the resource tracker; a worker catches SIGINT once it fuzzes
-    wait_for(lambda: sum(catches(pid, signal.SIGINT) for pid in children_of(process.pid)) >= 2, process)
-    helpers = children_of(process.pid)
-    assert len(helpers) >= 3
+    # the supervised run, its two workers and the resource tracker; a worker catches SIGINT
+    # once it fuzzes
+    wait_for(lambda: sum(catches(pid, signal.SIGINT) for pid in descendants_of(process.pid)) >= 3, process)
+    helpers = descendants_of(process.pid)
+    assert len(helpers) >= 4
     process.kill()
     process.wait(timeout=30)  # its pipes stay open as long as a worker holds them
     process.stdout.close()

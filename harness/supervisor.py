@@ -1,0 +1,363 @@
+"""A supervisor the subject cannot stop: the commands that run a subject run it in a child.
+
+The code under test is arbitrary Python. It can end its process (``os._exit``), block or
+ignore the signals the harness uses (SIGALRM for a call's timeout, SIGINT and SIGTERM for an
+interrupt), hold the interpreter in a loop that never returns, or leave a thread behind that
+keeps the process alive. Inside one process none of that can be caught, so ``swafuzz fuzz``,
+``gate``, ``exhaustive`` and ``replay`` (the console script and ``python -m swafuzz``) run
+the command in a child process, and this module, in the parent, owns the outcome:
+
+- the child tells the parent, over a pipe, each scenario before it runs it, each divergence
+  as soon as its replay file is written, a heartbeat with the subject call in flight, and
+  the exit code it ends with;
+- the parent never imports the subject and does no per-call work. It ends the child when the
+  child stops answering (no heartbeat, or one call in flight, for :data:`HANG_S`), when it
+  runs past its ``--budget`` by :data:`BUDGET_GRACE_S`, when it does not stop within
+  :data:`STOP_GRACE_S` of an interrupt passed on to it, or when it has said its exit code
+  and does not exit within :data:`EXIT_GRACE_S` (a thread left behind);
+- a child that ends without saying its exit code has lost its run: the scenario it was
+  running is reported as a divergence of kind ``exited``, ``killed`` or ``hung``, with a
+  replay file and the reports, exit code 1. A divergence the child had recorded keeps exit
+  code 1 whatever follows.
+
+``SWAFUZZ_SUPERVISOR=0`` runs the command in one process (for a debugger).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .names import EXIT_DIVERGENCE, EXIT_INTERNAL
+
+if TYPE_CHECKING:
+    from .diagnosis import Divergence
+
+CHANNEL_ENV = "SWAFUZZ_SUPERVISOR_FD"
+SWITCH_ENV = "SWAFUZZ_SUPERVISOR"
+SUPERVISED_COMMANDS = ("fuzz", "gate", "exhaustive", "replay")
+
+HEARTBEAT_S = 0.5
+# a call is ended by its own timeout (10 s by default) in the child; past this, the alarm
+# did not end it
+HANG_S = float(os.environ.get("SWAFUZZ_SUPERVISOR_HANG_S", 40.0))
+BUDGET_GRACE_S = 60.0  # the child stops at its budget, then shrinks what it found and writes
+STOP_GRACE_S = float(os.environ.get("SWAFUZZ_SUPERVISOR_STOP_GRACE_S", 20.0))
+EXIT_GRACE_S = 5.0
+
+EXITED, KILLED, HUNG = "exited", "killed", "hung"
+
+
+# ---- the child's side --------------------------------------------------------------------
+
+
+class _Channel:
+    """The child's end of the pipe: whole messages, one line each, from any thread."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.lock = threading.Lock()
+
+    def send(self, kind: str, payload: Any = None) -> bool:
+        """False once the parent is gone."""
+        data = (json.dumps([kind, payload]) + "\n").encode()
+        with self.lock:
+            try:
+                while data:
+                    data = data[os.write(self.fd, data):]
+            except OSError:
+                return False
+        return True
+
+
+_channel: _Channel | None = None
+
+
+def claim_channel() -> None:
+    """In a supervised child: take the pipe the parent gave, and keep it from this process's
+    own children (worker processes), then start the heartbeat."""
+    global _channel
+    fd = os.environ.pop(CHANNEL_ENV, None)
+    if fd is None:
+        return
+    _channel = _Channel(int(fd))
+    threading.Thread(target=_heartbeat, name="swafuzz-heartbeat", daemon=True).start()
+
+
+def announce_scenario(scenario: Any) -> None:
+    """The scenario about to run (a child that dies in it is reported with it)."""
+    if _channel is not None:
+        _channel.send("scenario", scenario.to_dict())
+
+
+def announce_divergence(replay_file: Path) -> None:
+    if _channel is not None:
+        _channel.send("divergence", str(replay_file))
+
+
+def announce_exit(code: int) -> None:
+    if _channel is not None:
+        _channel.send("exit", code)
+
+
+def _heartbeat() -> None:
+    from .guard import call_in_flight
+
+    while _channel.send("alive", call_in_flight()):
+        time.sleep(HEARTBEAT_S)
+    os._exit(EXIT_INTERNAL)  # the parent has gone, however it ended: nobody would get the result
+
+
+# ---- the parent's side -------------------------------------------------------------------
+
+
+def wanted(argv: list[str]) -> bool:
+    command = next((word for word in argv if not word.startswith("-")), None)
+    return (command in SUPERVISED_COMMANDS and os.environ.get(SWITCH_ENV, "1") != "0"
+            and not {"-h", "--help"} & set(argv))
+
+
+@dataclass
+class _Heard:
+    """What the child has said so far."""
+
+    scenario: dict | None = None
+    scenarios: int = 0
+    divergence_file: str | None = None
+    exit_code: int | None = None
+    exit_at: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    last_alive: float = field(default_factory=time.monotonic)
+    call: int | None = None  # the serial of the call in flight at the last heartbeat
+    call_since: float = 0.0
+
+    def hear(self, kind: str, payload: Any) -> None:
+        now = time.monotonic()
+        if kind == "scenario":
+            self.scenario = payload
+            self.scenarios += 1
+        elif kind == "divergence":
+            self.divergence_file = payload
+        elif kind == "exit":
+            self.exit_code, self.exit_at = payload, now
+        elif kind == "alive":
+            self.last_alive = now
+            if payload != self.call:
+                self.call, self.call_since = payload, now
+
+    def stuck_s(self, now: float) -> float:
+        silent = now - self.last_alive
+        in_call = now - self.call_since if self.call is not None else 0.0
+        return max(silent, in_call)
+
+
+def supervise(argv: list[str]) -> int:
+    """Run ``swafuzz ARGV`` in a child process and return the exit code the run earns."""
+    budget = _budget_of(argv)
+    heard, reason = _Heard(), None
+    interrupted: list[int] = []  # passed on to the child once it runs
+    previous = {signum: signal.signal(signum, lambda signum, frame: interrupted.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    read, write = os.pipe()
+    env = {**os.environ, CHANNEL_ENV: str(write)}
+    # a group of its own: a Ctrl-C reaches the supervisor alone, which passes it on once
+    child = subprocess.Popen([sys.executable, "-m", "swafuzz", *argv], env=env, pass_fds=(write,),
+                             process_group=0)
+    os.close(write)
+    started, buffer, stop_sent = time.monotonic(), b"", None
+    try:
+        while True:
+            ready, _, _ = select.select([read], [], [], HEARTBEAT_S)
+            if ready:
+                chunk = os.read(read, 1 << 16)
+                if chunk:
+                    buffer = _hear_lines(buffer + chunk, heard)
+            now = time.monotonic()
+            if child.poll() is not None:
+                break
+            if interrupted and stop_sent is None:
+                stop_sent = now
+                _signal(child, interrupted[0])
+            if heard.exit_code is not None:
+                if now - heard.exit_at > EXIT_GRACE_S:
+                    reason = "its subject left a thread running after the run ended"
+                    break
+            elif stop_sent is not None and now - stop_sent > STOP_GRACE_S:
+                reason = f"it did not stop within {STOP_GRACE_S:g} s of {signal.Signals(interrupted[0]).name}"
+                break
+            elif heard.stuck_s(now) > HANG_S:
+                reason = f"it stopped answering for {HANG_S:g} s (a subject call that the alarm did not end)"
+                break
+            elif budget is not None and now - started > budget + BUDGET_GRACE_S:
+                reason = f"it ran past its budget of {budget:g} s by {BUDGET_GRACE_S:g} s"
+                break
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        _hear_lines(buffer + _read_all(read), heard)
+        os.close(read)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if heard.exit_code is not None:
+        if reason is not None:
+            print(f"swafuzz: the run's process was ended: {reason}", file=sys.stderr)
+        return EXIT_DIVERGENCE if heard.divergence_file else heard.exit_code
+    return _lost_run(argv, child.returncode, reason, heard)
+
+
+def _hear_lines(data: bytes, heard: _Heard) -> bytes:
+    *lines, rest = data.split(b"\n")
+    for line in lines:
+        try:
+            kind, payload = json.loads(line)
+        except (ValueError, TypeError):
+            continue  # not the child's harness speaking
+        heard.hear(kind, payload)
+    return rest
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _signal(child: subprocess.Popen, signum: int) -> None:
+    try:
+        child.send_signal(signum)
+    except ProcessLookupError:
+        pass
+
+
+def _budget_of(argv: list[str]) -> float | None:
+    from .cli import GATE_BUDGET_S, build_parser
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        return None  # the child says what is wrong with the command line
+    budget = getattr(args, "budget", None)
+    return GATE_BUDGET_S if args.command == "gate" and budget is None else budget
+
+
+# ---- a run the child lost ----------------------------------------------------------------
+
+
+def _lost_run(argv: list[str], returncode: int, reason: str | None, heard: _Heard) -> int:
+    """The child ended without its exit code: report what it was running as a divergence."""
+    from .cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    if reason is not None:
+        kind, how = HUNG, f"was ended: {reason}"
+    elif returncode < 0:
+        kind, how = KILLED, f"was killed by {signal.Signals(-returncode).name}"
+    else:
+        kind, how = EXITED, f"exited with status {returncode}"
+    try:
+        if heard.divergence_file is not None:
+            print(f"swafuzz {args.command}: the run's process {how} after recording a divergence: "
+                  f"{heard.divergence_file}", file=sys.stderr)
+            return _report_recorded(args, Path(heard.divergence_file), heard)
+        return _report_lost_run(args, kind, how, heard)
+    except Exception as exc:  # noqa: BLE001 - the finding is said even if its files cannot be
+        print(f"swafuzz {args.command}: the run's process {how}; the report of it failed: {exc}",
+              file=sys.stderr)
+        return EXIT_DIVERGENCE
+
+
+def _report_lost_run(args: Any, kind: str, how: str, heard: _Heard) -> int:
+    from .diagnosis import Divergence
+    from .reference import Scenario
+
+    scenario = Scenario.from_dict(heard.scenario) if heard.scenario is not None else None
+    where = "while running this scenario" if scenario is not None else "before it ran any scenario"
+    harm = "stalls" if kind == HUNG else "takes down"
+    sentence = (f"The subject's process {how} {where}: in a serving engine this {harm} the worker and "
+                "every request in flight.")
+    divergence = Divergence(kind=kind, sentence=sentence, forward=None, event=None, mode=None, model=None,
+                            draft_step=None, micro_batch=None, layer_id=None, call=0)
+    if args.command == "replay":
+        return _replayed(args, divergence)
+    return _write_lost_run(args, divergence, scenario, heard)
+
+
+def _replayed(args: Any, divergence: Divergence) -> int:
+    from .replay import load_replay
+
+    recorded = load_replay(args.file)
+    if recorded.divergence.kind == divergence.kind:
+        print(f"swafuzz replay: divergence still there in {args.subject or recorded.subject}")
+    else:
+        print(f"swafuzz replay: {args.subject or recorded.subject} still diverges on {args.file}, but differently")
+    print(f"  {divergence.sentence}")
+    return EXIT_DIVERGENCE
+
+
+def _report_recorded(args: Any, replay_file: Path, heard: _Heard) -> int:
+    """The reports of a run whose child recorded a divergence and then ended: its replay file's."""
+    from .replay import load_replay
+
+    recorded = load_replay(replay_file)
+    return _report(args, recorded.divergence, recorded.scenario, replay_file, heard)
+
+
+def _write_lost_run(args: Any, divergence: Divergence, scenario: Any, heard: _Heard) -> int:
+    from .campaign import DivergenceLog, stdout_to_stderr
+
+    replay_file = None
+    if scenario is not None:
+        log = DivergenceLog(args.subject, _profile(args), _settings(args), args.device,
+                            Path(args.report_dir) / "replays", divergence.kind)
+        with stdout_to_stderr():
+            replay_file = log.write(scenario, divergence, seed=getattr(args, "seed", None))
+    return _report(args, divergence, scenario, replay_file, heard)
+
+
+def _profile(args: Any) -> str:
+    return getattr(args, "profile", None) or "realistic"
+
+
+def _settings(args: Any) -> str:
+    return "ci" if args.command == "gate" else (getattr(args, "settings", None) or "dev")
+
+
+def _report(args: Any, divergence: Divergence, scenario: Any, replay_file: Path | None, heard: _Heard) -> int:
+    """Write the reports the child could not, and print them as the command does."""
+    from .boundary import printable
+    from .registry import BUILTIN_TABLE
+    from .reports import REPORT_FILES, Report, write_reports
+
+    row = next((row for row in BUILTIN_TABLE if row.name == args.subject), None)
+    info = row.to_dict() if row is not None else {"name": args.subject, "kind": "user"}  # never imported here
+    profile, settings = _profile(args), _settings(args)
+    report = Report(command=args.command, subject=args.subject, subject_info=info, profile=profile,
+                    settings=settings, seed=getattr(args, "seed", None), device=args.device,
+                    examples=heard.scenarios, elapsed_s=time.monotonic() - heard.started, divergence=divergence, scenario=scenario,
+                    replay_file=str(replay_file) if replay_file else None, replays=False)
+    written = write_reports(report, Path(args.report_dir))
+    if args.json:
+        print(json.dumps({**report.to_dict(), "reports": {fmt: str(path) for fmt, path in written.items()}},
+                         indent=2))
+        return EXIT_DIVERGENCE
+    print(f"swafuzz {args.command}: divergence in {printable(args.subject)} (the run's process was lost)")
+    print(f"  {printable(divergence.sentence)}")
+    if replay_file is not None:
+        print(f"  replay file: {replay_file}")
+        print(f"  reproduce:   {report.replay_command}")
+    print(f"  reports: {', '.join(str(written[fmt]) for fmt in REPORT_FILES)}")
+    return EXIT_DIVERGENCE
