@@ -30,7 +30,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from queue import Empty
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
 
 from . import fuzz as fuzz_engine
 from .boundary import InputError, writable_directory
@@ -54,6 +56,26 @@ EXIT_DIVERGENCE = 1
 EXIT_INTERNAL = 3  # a worker whose parent has gone
 
 WORKER_STOP_GRACE_S = 60.0
+
+# A campaign process runs torch on one intra-op thread; the machine's other cores are
+# for --workers. The subjects' tensors hold a few hundred elements, which threads do not
+# speed up, and some of their operations (repeat_interleave, the ring subjects' per-layer
+# expansion) open an OpenMP region on every call however small: each waits for all of
+# the process's threads, so once the processes' threads outnumber the cores (two workers
+# with torch's default of one thread per core, or one process beside other load), most
+# of the time goes to waiting for a thread that is not running.
+CAMPAIGN_TORCH_THREADS = 1
+
+
+@contextlib.contextmanager
+def campaign_torch_threads() -> Iterator[None]:
+    """Torch on :data:`CAMPAIGN_TORCH_THREADS` threads for the length of a run in this process."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(CAMPAIGN_TORCH_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def stdout_to_stderr(enabled: bool = True) -> contextlib.AbstractContextManager:
@@ -301,6 +323,7 @@ def _init_worker(queue: Any, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with(parent)
+    torch.set_num_threads(CAMPAIGN_TORCH_THREADS)  # the process is the worker's alone
 
 
 def _die_with(parent: int) -> None:
@@ -550,7 +573,7 @@ class Campaign:
         lanes = shard or WHOLE
         with InterruptWatch(raise_first=workers == 1) as watch:
             try:
-                with stdout_to_stderr(self.as_json):
+                with stdout_to_stderr(self.as_json), campaign_torch_threads():
                     if workers == 1:
                         result, path = run_job(
                             self.info, _in_lane(base, seed_lane(lanes)), watch, on_progress=line.update,
@@ -574,7 +597,7 @@ class Campaign:
         line = self.progress_line()
         with InterruptWatch() as watch:
             try:
-                with stdout_to_stderr(self.as_json):
+                with stdout_to_stderr(self.as_json), campaign_torch_threads():
                     result = run_until_interrupted(
                         lambda progress: fuzz_engine.exhaustive(
                             self.info, max_forwards=max_forwards, max_layers=max_layers,

@@ -1,4 +1,5 @@
-"""Campaigns over many machines: shards that never repeat each other, and their merged report."""
+"""Campaigns over many machines: shards that never repeat each other, and their merged report;
+campaigns over many processes: their threads."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import junitparser
 import pytest
+import torch
 
 from harness.cli import main as swafuzz
 from harness.shard import Shard, seed_lane
@@ -105,3 +107,35 @@ def test_a_malformed_report_exits_2_with_one_line_and_writes_nothing(capsys, tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "swafuzz merge-reports: error:" in err
     assert not out.exists()
+
+
+# ---- worker processes ------------------------------------------------------------------------
+
+
+_THREAD_COUNTING_SUBJECT = """
+import torch
+
+from harness.builtin import Uncached
+
+
+class OneThreadOnly(Uncached):
+    # answers wrong rows wherever torch runs more than one intra-op thread
+    def swa_write_location(self, batch, layer_id):
+        return super().swa_write_location(batch, layer_id) + (torch.get_num_threads() - 1)
+"""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_every_process_of_a_campaign_runs_torch_on_one_thread(capsys, tmp_path, monkeypatch, workers):
+    (tmp_path / "thread_counting.py").write_text(_THREAD_COUNTING_SUBJECT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # what a worker's torch would start with
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        report = _fuzz_report(tmp_path, "run", "--subject", "thread_counting:OneThreadOnly", "--seed", "4",
+                              "--max-examples", "6", "--workers", workers)
+        assert torch.get_num_threads() == 3  # this process's own setting is given back
+    finally:
+        torch.set_num_threads(threads)
+    assert report["verdict"] == "no divergence" and report["examples"] == 6
