@@ -171,6 +171,8 @@ class FuzzJob:
     replay_dir: str
     database_dir: str  # a directory or a Redis URL
     budget_s: float | None = None
+    # when the budget started, a time.monotonic() reading (None: when the fuzzing starts)
+    started_at: float | None = None
     max_examples: int | None = None
     threads: bool = False
     stream_delay_cycles: int = 0
@@ -286,8 +288,8 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
     result = run_until_interrupted(
         lambda progress: fuzz_engine.fuzz(
             info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
-            budget_s=job.budget_s, seed=job.seed, seed_stride=job.seed_stride, device=job.device,
-            database_dir=job.database_dir, local_database_dir=job.local_database_dir,
+            budget_s=job.budget_s, started_at=job.started_at, seed=job.seed, seed_stride=job.seed_stride,
+            device=job.device, database_dir=job.database_dir, local_database_dir=job.local_database_dir,
             threads=job.threads, stream_delay_cycles=job.stream_delay_cycles, long_horizon=job.long_horizon,
             on_progress=progress, on_divergence=divergence,
         ),
@@ -304,7 +306,8 @@ def merge_results(results: list[FuzzResult], winner: FuzzResult | None) -> FuzzR
         coverage.update(result.coverage)
     base = winner or results[0]
     return replace(
-        base, examples=sum(r.examples for r in results), coverage=dict(coverage),
+        base, examples=sum(r.examples for r in results), checks=sum(r.checks for r in results),
+        coverage=dict(coverage),
         elapsed_s=max(r.elapsed_s for r in results), interrupted=False,
     )
 
@@ -366,10 +369,15 @@ class WorkerPool:
     The first divergence reported wins: the other workers get SIGINT, stop fuzzing and
     return what they covered. A SIGINT or SIGTERM to this process is passed on the same way.
     A worker that dies without answering still left its replay file, which stands in for it.
+
+    The budget counts from the pool's start, for every worker: their start-ups (an
+    interpreter, torch, the capture machinery: seconds each) are spent from it, so the
+    campaign ends within a subject call of its budget, plus the workers' shutdown.
     """
 
     def __init__(self, jobs: list[FuzzJob], line: ProgressLine, watch: InterruptWatch):
-        self.jobs = jobs
+        self.started = time.monotonic()
+        self.jobs = [replace(job, started_at=self.started) for job in jobs]
         self.line = line
         self.watch = watch
         self.pids: dict[int, int] = {}
@@ -378,7 +386,7 @@ class WorkerPool:
         self.winner: int | None = None
         self.spared: int | None = None  # the worker left to finish shrinking its divergence
         self.stopping = False
-        self.started = time.monotonic()
+        self.examples_per_worker: list[int] = []
 
     def run(self) -> tuple[FuzzResult, Path | None]:
         context = multiprocessing.get_context("spawn")  # CUDA cannot be used after fork
@@ -428,9 +436,17 @@ class WorkerPool:
             winner = self._from_replay_file(self.winner)
         results = list(outcomes.values()) or [self._from_progress()]
         merged = merge_results(results + ([winner] if winner and winner not in results else []), winner)
+        self.examples_per_worker = [self._examples_run(index, outcomes) for index in range(len(self.jobs))]
+        merged.examples = sum(self.examples_per_worker)
         merged.interrupted = self.watch.interrupted
         merged.elapsed_s = time.monotonic() - self.started  # the wall time, process start-ups included
         return merged, self.replay_files.get(self.winner) if winner else None
+
+    def _examples_run(self, index: int, outcomes: dict[int, FuzzResult]) -> int:
+        """What worker ``index`` ran: its result's count, else (it died) its last progress's."""
+        if index in outcomes:
+            return outcomes[index].examples
+        return self.progress[index].examples if index in self.progress else 0
 
     def _from_replay_file(self, index: int) -> FuzzResult | None:
         path = self.replay_files.get(index)
@@ -571,6 +587,7 @@ class Campaign:
         examples and draw from ``shard``'s seeds (default: all of them), then write the reports."""
         line = self.progress_line()
         lanes = shard or WHOLE
+        examples_per_worker = None
         with InterruptWatch(raise_first=workers == 1) as watch:
             try:
                 with stdout_to_stderr(self.as_json), campaign_torch_threads():
@@ -584,10 +601,13 @@ class Campaign:
                         per_worker = -(-base.max_examples // workers) if base.max_examples else None
                         jobs = [_worker_job(base, i, per_worker, seed_lane(lanes, i, workers))
                                 for i in range(workers)]
-                        result, path = WorkerPool(jobs, line, watch).run()
+                        pool = WorkerPool(jobs, line, watch)
+                        result, path = pool.run()
+                        examples_per_worker = pool.examples_per_worker
             finally:
                 line.close()
-            return self.finish(result, path, watch, budget_s=base.budget_s, workers=workers, shard=base.shard)
+            return self.finish(result, path, watch, budget_s=base.budget_s, workers=workers, shard=base.shard,
+                               examples_per_worker=examples_per_worker)
 
     def exhaustive(self, profile: str, max_forwards: int, max_layers: int, max_micro_batches: int) -> Finished:
         """Run every scenario of ``profile`` within the bounds, then write the reports."""
@@ -616,7 +636,8 @@ class Campaign:
             return self.finish(result, log.path, watch)
 
     def finish(self, result: FuzzResult, replay_path: Path | None, watch: InterruptWatch,
-               budget_s: float | None = None, workers: int = 1, shard: str | None = None) -> Finished:
+               budget_s: float | None = None, workers: int = 1, shard: str | None = None,
+               examples_per_worker: list[int] | None = None) -> Finished:
         """Write the reports of ``result``: 1 when it diverged, else the watch's code when a
         signal cut the run short, else 0."""
         interrupted = result.interrupted  # a signal after the run ended cut nothing short
@@ -624,6 +645,7 @@ class Campaign:
             command=self.command, subject=self.subject, subject_info=self.info.to_dict(),
             profile=result.profile, settings=result.settings, seed=result.seed, device=self.device,
             examples=result.examples, elapsed_s=result.elapsed_s, budget_s=budget_s, workers=workers,
+            examples_per_worker=examples_per_worker,
             coverage=dict(result.coverage), divergence=result.divergence, scenario=result.scenario,
             weakest_profile=result.weakest_profile,
             replay_file=str(replay_path) if replay_path and result.divergence else None,
