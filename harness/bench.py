@@ -60,11 +60,11 @@ from .registry import BUILTIN_SUBJECTS, DIVERGES, resolve_subject
 # (fuzzing checks/s 2.8-3.7x the state machine's with runs of up to 128 forwards in most
 # scenarios; the harness 5.6-7.8x the subject alone at the executor sizes), short of the
 # goals: fuzzing checks/s 5x the state machine's, 1.5 us per answer above the subject.
-# Scaling: the goal, N workers at 0.8 of N times one process's rate, holds on a quiet
-# machine (2 workers: 0.85-0.95 on 20 s budgets, of which each worker's start-up takes
-# 3 s). Beside other load, workers get no more cores than one process does: on the loaded
-# two-core machine the efficiency measured 0.27-0.43 and examples per CPU second (start-ups
-# included) 0.49-0.79 of one process's, against 0.02 and 0.04 when threads outnumbered cores.
+# Scaling: the goal, N workers at 0.8 of N times one process's rate, held on an idle moment
+# of the two-core machine (2 workers: 0.94 on a 20 s budget, of which each worker's start-up
+# takes 3 s). Beside other load, workers get no more cores than one process does: on the
+# loaded machine the efficiency measured 0.27-0.43 and examples per CPU second (start-ups
+# included) 0.49-0.82 of one process's, against 0.02 and 0.04 when threads outnumbered cores.
 RATIO_FLOORS = {
     "peer/checks_per_s/": 1.4,
     "peer/time_to_failure/": 2.0,
