@@ -30,7 +30,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from queue import Empty
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
 
 from . import fuzz as fuzz_engine
 from .boundary import InputError, describe_path, parse_json, printable, read_regular_file, writable_directory
@@ -53,6 +55,26 @@ if TYPE_CHECKING:
 
 
 WORKER_STOP_GRACE_S = 60.0
+
+# A campaign process runs torch on one intra-op thread; the machine's other cores are
+# for --workers. The subjects' tensors hold a few hundred elements, which threads do not
+# speed up, and some of their operations (repeat_interleave, the ring subjects' per-layer
+# expansion) open an OpenMP region on every call however small: each waits for all of
+# the process's threads, so once the processes' threads outnumber the cores (two workers
+# with torch's default of one thread per core, or one process beside other load), most
+# of the time goes to waiting for a thread that is not running.
+CAMPAIGN_TORCH_THREADS = 1
+
+
+@contextlib.contextmanager
+def campaign_torch_threads() -> Iterator[None]:
+    """Torch on :data:`CAMPAIGN_TORCH_THREADS` threads for the length of a run in this process."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(CAMPAIGN_TORCH_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def stdout_to_stderr(enabled: bool = True) -> contextlib.AbstractContextManager:
@@ -148,6 +170,8 @@ class FuzzJob:
     replay_dir: str
     database_dir: str  # a directory or a Redis URL
     budget_s: float | None = None
+    # when the budget started, a time.monotonic() reading (None: when the fuzzing starts)
+    started_at: float | None = None
     max_examples: int | None = None
     threads: bool = False
     stream_delay_cycles: int = 0
@@ -272,8 +296,8 @@ def run_job(info: SubjectInfo, job: FuzzJob, watch: InterruptWatch, on_progress:
     result = run_until_interrupted(
         lambda progress: fuzz_engine.fuzz(
             info, profile=job.profile, settings=job.settings, max_examples=job.max_examples,
-            budget_s=job.budget_s, seed=job.seed, seed_stride=job.seed_stride, device=job.device,
-            database_dir=job.database_dir, local_database_dir=job.local_database_dir,
+            budget_s=job.budget_s, started_at=job.started_at, seed=job.seed, seed_stride=job.seed_stride,
+            device=job.device, database_dir=job.database_dir, local_database_dir=job.local_database_dir,
             threads=job.threads, stream_delay_cycles=job.stream_delay_cycles, long_horizon=job.long_horizon,
             on_progress=progress, on_divergence=divergence,
         ),
@@ -290,7 +314,8 @@ def merge_results(results: list[FuzzResult], winner: FuzzResult | None) -> FuzzR
         coverage.update(result.coverage)
     base = winner or results[0]
     return replace(
-        base, examples=sum(r.examples for r in results), coverage=dict(coverage),
+        base, examples=sum(r.examples for r in results), checks=sum(r.checks for r in results),
+        coverage=dict(coverage),
         elapsed_s=max(r.elapsed_s for r in results), interrupted=False,
     )
 
@@ -309,6 +334,7 @@ def _init_worker(queue: Any, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with(parent)
+    torch.set_num_threads(CAMPAIGN_TORCH_THREADS)  # the process is the worker's alone
 
 
 def _die_with(parent: int) -> None:
@@ -351,10 +377,15 @@ class WorkerPool:
     The first divergence reported wins: the other workers get SIGINT, stop fuzzing and
     return what they covered. A SIGINT or SIGTERM to this process is passed on the same way.
     A worker that dies without answering still left its replay file, which stands in for it.
+
+    The budget counts from the pool's start, for every worker: their start-ups (an
+    interpreter, torch, the capture machinery: seconds each) are spent from it, so the
+    campaign ends within a subject call of its budget, plus the workers' shutdown.
     """
 
     def __init__(self, jobs: list[FuzzJob], line: ProgressLine, watch: InterruptWatch):
-        self.jobs = jobs
+        self.started = time.monotonic()
+        self.jobs = [replace(job, started_at=self.started) for job in jobs]
         self.line = line
         self.watch = watch
         self.pids: dict[int, int] = {}
@@ -363,7 +394,7 @@ class WorkerPool:
         self.winner: int | None = None
         self.spared: int | None = None  # the worker left to finish shrinking its divergence
         self.stopping = False
-        self.started = time.monotonic()
+        self.examples_per_worker: list[int] = []
 
     def run(self) -> tuple[FuzzResult, Path | None]:
         context = multiprocessing.get_context("spawn")  # CUDA cannot be used after fork
@@ -413,9 +444,17 @@ class WorkerPool:
             winner = self._from_replay_file(self.winner)
         results = list(outcomes.values()) or [self._from_progress()]
         merged = merge_results(results + ([winner] if winner and winner not in results else []), winner)
+        self.examples_per_worker = [self._examples_run(index, outcomes) for index in range(len(self.jobs))]
+        merged.examples = sum(self.examples_per_worker)
         merged.interrupted = self.watch.interrupted
         merged.elapsed_s = time.monotonic() - self.started  # the wall time, process start-ups included
         return merged, self.replay_files.get(self.winner) if winner else None
+
+    def _examples_run(self, index: int, outcomes: dict[int, FuzzResult]) -> int:
+        """What worker ``index`` ran: its result's count, else (it died) its last progress's."""
+        if index in outcomes:
+            return outcomes[index].examples
+        return self.progress[index].examples if index in self.progress else 0
 
     def _from_replay_file(self, index: int) -> FuzzResult | None:
         path = self.replay_files.get(index)
@@ -557,9 +596,10 @@ class Campaign:
         examples and draw from ``shard``'s seeds (default: all of them), then write the reports."""
         line = self.progress_line()
         lanes = shard or WHOLE
+        examples_per_worker = None
         with InterruptWatch(raise_first=workers == 1) as watch:
             try:
-                with stdout_to_stderr(self.as_json):
+                with stdout_to_stderr(self.as_json), campaign_torch_threads():
                     if workers == 1:
                         result, path = run_job(
                             self.info, _in_lane(base, seed_lane(lanes)), watch, on_progress=line.update,
@@ -570,10 +610,13 @@ class Campaign:
                         per_worker = -(-base.max_examples // workers) if base.max_examples else None
                         jobs = [_worker_job(base, i, per_worker, seed_lane(lanes, i, workers))
                                 for i in range(workers)]
-                        result, path = WorkerPool(jobs, line, watch).run()
+                        pool = WorkerPool(jobs, line, watch)
+                        result, path = pool.run()
+                        examples_per_worker = pool.examples_per_worker
             finally:
                 line.close()
-            return self.finish(result, path, watch, budget_s=base.budget_s, workers=workers, shard=base.shard)
+            return self.finish(result, path, watch, budget_s=base.budget_s, workers=workers, shard=base.shard,
+                               examples_per_worker=examples_per_worker)
 
     def exhaustive(self, profile: str, max_forwards: int, max_layers: int, max_micro_batches: int) -> Finished:
         """Run every scenario of ``profile`` within the bounds, then write the reports."""
@@ -583,7 +626,7 @@ class Campaign:
         line = self.progress_line()
         with InterruptWatch() as watch:
             try:
-                with stdout_to_stderr(self.as_json):
+                with stdout_to_stderr(self.as_json), campaign_torch_threads():
                     result = run_until_interrupted(
                         lambda progress: fuzz_engine.exhaustive(
                             self.info, max_forwards=max_forwards, max_layers=max_layers,
@@ -602,7 +645,8 @@ class Campaign:
             return self.finish(result, log.path, watch)
 
     def finish(self, result: FuzzResult, replay_path: Path | None, watch: InterruptWatch,
-               budget_s: float | None = None, workers: int = 1, shard: str | None = None) -> Finished:
+               budget_s: float | None = None, workers: int = 1, shard: str | None = None,
+               examples_per_worker: list[int] | None = None) -> Finished:
         """Write the reports of ``result``: 1 when it diverged, else the watch's code when a
         signal cut the run short, else 0. A file that cannot be written (a full disk) is named
         in ``unwritten``; the finding is still returned whole, to be printed."""
@@ -616,6 +660,7 @@ class Campaign:
             command=self.command, subject=self.subject, subject_info=self.info.to_dict(),
             profile=result.profile, settings=result.settings, seed=result.seed, device=self.device,
             examples=result.examples, elapsed_s=result.elapsed_s, budget_s=budget_s, workers=workers,
+            examples_per_worker=examples_per_worker,
             coverage=dict(result.coverage), divergence=result.divergence, scenario=result.scenario,
             weakest_profile=result.weakest_profile,
             replay_file=str(replay_path) if replay_path and result.divergence else None,

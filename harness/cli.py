@@ -148,9 +148,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "(slower examples: use with a budget; --settings nightly-long implies it)")
     parser.add_argument(
         "--workers", type=_whole_number(1, MAX_WORKERS), default=1, metavar="N",
-        help="fuzz in N processes, each with the full time budget and 1/N of --max-examples; "
-             "seeded, each draws its own seed stream from SEED, so none repeats another's "
-             "examples; the first divergence stops the others",
+        help="fuzz in N processes (one torch thread each), each with 1/N of --max-examples; "
+             "the budget counts from the campaign's start for all of them, their start-up "
+             "(seconds) included; seeded, each draws its own seed stream from SEED, so none "
+             "repeats another's examples; the first divergence stops the others",
     )
 
 

@@ -264,6 +264,7 @@ def fuzz(
     settings: str | None = None,
     max_examples: int | None = None,
     budget_s: float | None = None,
+    started_at: float | None = None,
     seed: int | None = None,
     seed_stride: int = 1,
     device: str = "cpu",
@@ -286,6 +287,11 @@ def fuzz(
     short is returned as shrunk so far, with ``shrink_complete`` false. With a budget and no
     ``max_examples``, the settings profile's example count does not apply. ``on_divergence``
     is called when a divergence is first seen and again once it has been shrunk.
+
+    ``started_at`` is when the budget started, a ``time.monotonic()`` reading (default:
+    now, once the one-time loading below is done); the clock is the machine's, so a worker
+    process can count its campaign's budget from the moment its parent started the campaign.
+    ``elapsed_s`` and ``first_divergence_s`` count from it too.
 
     ``long_horizon`` draws scenarios with long runs of plain decode forwards (default: as the
     settings profile says; ``nightly-long`` does). ``exclude`` names lifecycle features
@@ -321,7 +327,7 @@ def fuzz(
         database = open_database(database_path(database_dir), local_database_dir or DEFAULT_DATABASE)
     load_capture_machinery()
     _freeze_the_heap_so_far()
-    started = time.monotonic()
+    started = time.monotonic() if started_at is None else started_at
     result = FuzzResult(info.name, profile, chosen.name, examples=0, elapsed_s=0.0, seed=seed)
     coverage: Counter[str] = Counter()
     failures: list[tuple[Scenario, Divergence]] = []

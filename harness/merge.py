@@ -73,7 +73,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "interrupted_by": str, "settings": str, "seed": int, "device": str, "budget_s": (int, float),
     "workers": int, "shard": str, "finished_at": str, "weakest_profile": str, "replay_file": str,
     "replays": bool, "replays_run": int, "replays_diverged": int, "examples_to_divergence": int,
-    "first_divergence_s": (int, float),
+    "first_divergence_s": (int, float), "examples_per_worker": list,
 }
 
 
@@ -109,6 +109,8 @@ def report_from_dict(data: Any) -> Report:
         raise ReportError(f"field 'verdict' is {data['verdict']!r}, expected {DIVERGENCE!r} or {NO_DIVERGENCE!r}")
     if not all(isinstance(k, str) and _has_type(v, int) for k, v in data["coverage"].items()):
         raise ReportError("field 'coverage' must map feature names to counts")
+    if not all(_has_type(count, int) for count in data.get("examples_per_worker") or ()):
+        raise ReportError("field 'examples_per_worker' must list counts")
     divergence = scenario = None
     if data["verdict"] == DIVERGENCE:
         try:

@@ -83,6 +83,7 @@ class Report:
     seed: int | None = None
     budget_s: float | None = None
     workers: int = 1
+    examples_per_worker: list[int] | None = None  # a run over workers: what each ran, adding up to examples
     coverage: dict[str, int] = field(default_factory=dict)
     divergence: Divergence | None = None
     scenario: Scenario | None = None
@@ -139,6 +140,7 @@ class Report:
             "elapsed_s": round(self.elapsed_s, 3),
             "budget_s": self.budget_s,
             "workers": self.workers,
+            **({"examples_per_worker": self.examples_per_worker} if self.examples_per_worker is not None else {}),
             "shard": self.shard,
             "features_covered": self.features_covered,
             "coverage": dict(sorted(self.coverage.items())),

@@ -25,7 +25,7 @@ def test_a_ratio_under_its_floor_is_named_and_one_above_is_not(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suite", ["executor", "peer"])
+@pytest.mark.parametrize("suite", ["executor", "peer", "scaling"])
 def test_benchmark_ratios_stay_above_their_floors(suite, tmp_path):
     out = tmp_path / "ratios.json"
     assert bench.main(["--suite", suite, "--seeds", "3", "--json-out", str(out)]) == 0
@@ -50,3 +50,10 @@ def test_the_bound_makes_every_call_of_the_lifecycle_and_compares_each_answer():
 def test_the_peer_bound_measures_until_its_budget_is_spent():
     checks, seconds = peer.bound_checks_per_s(Uncached, budget_s=0.05, seed=3)
     assert checks > 0 and seconds >= 0.05
+
+
+def test_the_scaling_suite_compares_no_rate_of_a_campaign_that_diverged():
+    lines: list[str] = []
+    ratios = bench.bench_scaling(("pool-start-layer",), ("realistic",), budget_s=30.0, out=lines.append)
+    assert ratios == {}
+    assert any(line.startswith("pool-start-layer") and "diverged" in line for line in lines)

@@ -1,16 +1,24 @@
-"""Campaigns over many machines: shards that never repeat each other, and their merged report."""
+"""Campaigns over many machines: shards that never repeat each other, and their merged report;
+campaigns over many processes: their threads, their budget and their counts."""
 
 from __future__ import annotations
 
 import html
 import json
+import time
 from pathlib import Path
 
 import junitparser
 import pytest
+import torch
 
+from swafuzz import campaign
+from swafuzz import fuzz as fuzz_engine
 from swafuzz.cli import main as swafuzz
-from swafuzz.shard import Shard, seed_lane
+from swafuzz.fuzz import FuzzResult, Progress
+from swafuzz.progress import ProgressLine
+from swafuzz.registry import resolve_subject
+from swafuzz.shard import WHOLE, Shard, seed_lane
 
 
 @pytest.mark.parametrize("total,workers", [(1, 1), (4, 1), (3, 2), (5, 3)])
@@ -92,6 +100,8 @@ def test_a_merged_report_is_not_merged_again(capsys, tmp_path, shard_reports):
     (lambda path: path.write_text("[]"), "expected a JSON object"),
     (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "examples": "many"})), "'examples'"),
     (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "verdict": "maybe"})), "'verdict'"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "examples_per_worker": [3, "x"]})),
+     "'examples_per_worker'"),
     (lambda path: path.unlink(), "no such report"),
     # reports come from other machines: read within the limits of any file from elsewhere
     (lambda path: path.write_text("[" * 100 + "]" * 100), "exceeds the limit MAX_JSON_DEPTH"),
@@ -105,3 +115,72 @@ def test_a_malformed_report_exits_2_with_one_line_and_writes_nothing(capsys, tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "swafuzz merge-reports: error:" in err
     assert not out.exists()
+
+
+# ---- worker processes ------------------------------------------------------------------------
+
+
+_THREAD_COUNTING_SUBJECT = """
+import torch
+
+from swafuzz.builtin import Uncached
+
+
+class OneThreadOnly(Uncached):
+    # answers wrong rows wherever torch runs more than one intra-op thread
+    def swa_write_location(self, batch, layer_id):
+        return super().swa_write_location(batch, layer_id) + (torch.get_num_threads() - 1)
+"""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_every_process_of_a_campaign_runs_torch_on_one_thread(capsys, tmp_path, monkeypatch, workers):
+    (tmp_path / "thread_counting.py").write_text(_THREAD_COUNTING_SUBJECT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # what a worker's torch would start with
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        report = _fuzz_report(tmp_path, "run", "--subject", "thread_counting:OneThreadOnly", "--seed", "4",
+                              "--max-examples", "6", "--workers", workers)
+        assert torch.get_num_threads() == 3  # this process's own setting is given back
+    finally:
+        torch.set_num_threads(threads)
+    assert report["verdict"] == "no divergence" and report["examples"] == 6
+
+
+def test_a_budget_counts_from_the_start_it_is_given():
+    budget_s = 5.0
+    result = fuzz_engine.fuzz(resolve_subject("uncached"), settings="ci", budget_s=budget_s,
+                              started_at=time.monotonic() - budget_s)
+    assert result.examples == 0 and result.elapsed_s >= budget_s
+
+
+def _worker_pool(workers: int) -> campaign.WorkerPool:
+    base = campaign.FuzzJob(subject="uncached", profile="realistic", settings="ci", seed=3, run="seed3",
+                            device="cpu", replay_dir="replays", database_dir="db", budget_s=60.0)
+    jobs = [campaign._worker_job(base, i, None, seed_lane(WHOLE, i, workers)) for i in range(workers)]
+    return campaign.WorkerPool(jobs, ProgressLine(None, enabled=False), campaign.InterruptWatch())
+
+
+def test_every_worker_spends_the_budget_from_the_campaign_start_not_its_own():
+    pool = _worker_pool(3)
+    assert [job.started_at for job in pool.jobs] == [pool.started] * 3
+
+
+def test_a_worker_campaign_counts_each_workers_examples_and_a_dead_workers_last_progress():
+    pool = _worker_pool(3)
+    pool.progress[1] = Progress(examples=7, elapsed_s=1.0, budget_s=60.0, features_covered=2, divergences=0)
+    outcomes = {index: FuzzResult("uncached", "realistic", "ci", examples=examples, elapsed_s=1.0, checks=checks)
+                for index, examples, checks in ((0, 5, 40), (2, 9, 70))}
+    merged, _ = pool._merge(outcomes)
+    assert pool.examples_per_worker == [5, 7, 9] and merged.examples == 21
+    assert merged.checks == 110  # what the workers that answered compared
+
+
+def test_the_report_of_a_worker_campaign_lists_the_examples_each_worker_ran(capsys, tmp_path):
+    report = _fuzz_report(tmp_path, "run", "--subject", "uncached", "--seed", "2", "--max-examples", "10",
+                          "--workers", "2")
+    assert report["workers"] == 2 and report["examples_per_worker"] == [5, 5] and report["examples"] == 10
+    alone = _fuzz_report(tmp_path, "alone", "--subject", "uncached", "--seed", "2", "--max-examples", "10")
+    assert "examples_per_worker" not in alone
