@@ -16,6 +16,7 @@ and the command that replays it, whose replay file is written where, and as, the
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -56,7 +57,7 @@ def fuzz_test(subject: str, profile: str = "realistic", *, settings: hypothesis.
     import hypothesis
     from hypothesis import HealthCheck
 
-    from .campaign import DivergenceLog
+    from .campaign import DivergenceLog, campaign_torch_threads
     from .fuzz import loaded_settings_profile, scenario_test
     from .registry import resolve_subject
 
@@ -72,9 +73,17 @@ def fuzz_test(subject: str, profile: str = "realistic", *, settings: hypothesis.
         path = _shown(logs[0].write(scenario, outcome.divergence))
         hypothesis.note(f"replay file: {path}\nreproduce:   swafuzz replay {path}")
 
-    test = hypothesis.settings(
+    search = hypothesis.settings(
         settings, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )(scenario_test(info, profile, device=device, on_example=record))
+
+    @functools.wraps(search)  # keeps .hypothesis, which HypoFuzz and the pytest plugin read
+    def test() -> None:
+        # under pytest -n, as under --workers, a process per core each running torch on a
+        # thread per core stalls small tensor operations (see campaign_torch_threads)
+        with campaign_torch_threads():
+            search()
+
     test.swafuzz_subject = subject
     return test
 

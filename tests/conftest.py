@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import torch
+
+# pytest -n runs a process per core: torch's default of a thread per core in each would make
+# the small tensor operations of the subjects wait on threads that are not running, as
+# swafuzz's own campaigns avoid by running torch on one thread (campaign_torch_threads)
+torch.set_num_threads(1)
 
 PytestRun = Callable[..., "tuple[subprocess.CompletedProcess, dict[str, str]]"]
 
