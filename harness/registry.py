@@ -245,7 +245,9 @@ def _import_subject_module(name: str) -> ModuleType:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         top, dot, rest = name.partition(".")
-        if top not in _FORMER_PACKAGES or exc.name != top:
+        # not there, or (in a checkout) the folder of that name, whose modules import as swafuzz's
+        missing = exc.name or ""
+        if top not in _FORMER_PACKAGES or not (missing == top or missing.startswith(f"{top}.")):
             raise
     return importlib.import_module(_FORMER_PACKAGES[top] + dot + rest)
 

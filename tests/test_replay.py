@@ -185,3 +185,12 @@ def test_emitted_test_keeps_any_sentence_inside_comments():
                                                  "sentence": 'raised ValueError: """ \\x \' end'})
     text = render_pytest(Replay(**{**recorded().__dict__, "divergence": hostile}), source="a\nb.json")
     compile(text, "emitted.py", "exec")
+
+
+def test_a_replay_file_naming_a_subject_by_its_former_module_path_still_replays(tmp_path):
+    # before swafuzz was one installed package, its built-ins lived in a top-level "harness"
+    old = recorded(subject="harness.builtin:PoolStartLayer")
+    path = write_replay(old, tmp_path)
+    found = run_replay(load_replay(path), subject="harness.builtin:PoolStartLayer").divergence
+    assert found == old.divergence
+    assert resolve_subject("harness.builtin:PoolStartLayer").subject is resolve_subject("pool-start-layer").subject
