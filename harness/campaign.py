@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import multiprocessing
 import os
 import signal
@@ -597,7 +598,7 @@ class Campaign:
         line = self.progress_line()
         lanes = shard or WHOLE
         examples_per_worker = None
-        with InterruptWatch(raise_first=workers == 1) as watch:
+        with writing_reports_in(self.report_dir), InterruptWatch(raise_first=workers == 1) as watch:
             try:
                 with stdout_to_stderr(self.as_json), campaign_torch_threads():
                     if workers == 1:
@@ -624,7 +625,7 @@ class Campaign:
                       run="exhaustive", device=self.device, replay_dir=str(self.report_dir / "replays"),
                       database_dir=str(self.database_dir))
         line = self.progress_line()
-        with InterruptWatch() as watch:
+        with writing_reports_in(self.report_dir), InterruptWatch() as watch:
             try:
                 with stdout_to_stderr(self.as_json), campaign_torch_threads():
                     result = run_until_interrupted(
@@ -689,6 +690,28 @@ def _holds_a_replay(path: Path | None) -> bool:
         return path is not None and path.stat().st_size > 0
     except OSError:
         return False
+
+
+REPORT_DIR_LOCK = ".swafuzz-run"
+
+
+@contextlib.contextmanager
+def writing_reports_in(directory: Path) -> Iterator[None]:
+    """This run alone writes reports in ``directory`` while it lasts: a second run started
+    into it meanwhile is refused (InputError) rather than mixing its reports with this one's."""
+    handle = os.open(directory / REPORT_DIR_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(handle, 32).decode(errors="replace").strip() or "?"
+            raise InputError(f"--report-dir {describe_path(directory)}: another swafuzz run (process {holder}) "
+                             "is writing its reports there; give this one another --report-dir") from None
+        os.ftruncate(handle, 0)
+        os.pwrite(handle, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(handle)  # and with it the lock
 
 
 def earlier_reports(directory: Path) -> str | None:

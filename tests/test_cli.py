@@ -347,6 +347,15 @@ def test_gate_is_the_ci_preset_and_prints_the_markdown(capsys, engine, tmp_path)
     assert all(str(tmp_path / name) in reports for name in ("summary.md", "report.json", "junit.xml", "report.html"))
 
 
+def test_a_run_into_a_directory_another_run_is_writing_to_is_refused(capsys, engine, tmp_path):
+    with campaign.writing_reports_in(tmp_path):  # as another run would, from its start to its reports
+        code, _, err = run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))
+    assert code == 2
+    assert f"another swafuzz run (process {os.getpid()}) is writing its reports there" in err
+    assert not (tmp_path / "report.json").exists()
+    assert run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))[0] == 0
+
+
 def test_a_run_into_a_directory_holding_another_runs_reports_says_it_replaces_them(capsys, engine, tmp_path):
     run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))
     code, _, err = run_cli(capsys, "gate", "--subject", "uncached", "--report-dir", str(tmp_path))
