@@ -27,7 +27,7 @@ from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, Forw
 from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
-from .guard import CallGuard, SubjectFailure, SubjectTimeout, failure_of
+from .guard import MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, failure_of, quoted
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -213,7 +213,8 @@ class _Run:
         for model in c.models:
             spec = ModelSpec.of(c, model, self.device)
             where = _Where(model=model)
-            self.subjects[model] = self._invoke(where, f"{self.subject_cls.__name__}(spec)", self.subject_cls, spec)
+            name = quoted(self.subject_cls.__name__, MAX_NAME_CHARS)
+            self.subjects[model] = self._invoke(where, f"{name}(spec)", self.subject_cls, spec)
         self._sync("setup")
 
     def events(self) -> None:
@@ -315,16 +316,20 @@ class _Run:
                     out = store(batches[mb], layer_id)
                     if guard.fired_serial == serial:  # the subject swallowed the alarm
                         raise SubjectTimeout()
-                except (SubjectTimeout, Exception) as exc:
+                except BaseException as exc:
                     raise guard.failure("swa_write_location", exc) from None
+                # between calls the harness only compares (a lowered recursion limit lets the
+                # subject's own call run deeper than that); its other work restores the limit
                 expected = truths[mb]
                 if expected is None:
                     guard.in_call = False
+                    guard.restore_recursion_limit()
                     expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
                     guard.in_call = True
                 matched = right(out, expected, on_device)
                 if not matched or every_store:
                     guard.in_call = False
+                    guard.restore_recursion_limit()
                     self.call, self.checks = call + 1, checks + call + 1 - first
                     self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
                     guard.in_call = True
@@ -340,6 +345,7 @@ class _Run:
             raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
         finally:
             guard.in_call = False
+            guard.restore_recursion_limit()
         self.call, self.checks = first + len(calls), checks + len(calls)
 
     def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
@@ -382,6 +388,7 @@ class _Run:
                 worker.join(budget)
         finally:
             sys.setswitchinterval(interval)
+        self.guard.restore_recursion_limit()
         self.schedules[plan.index] = tuple(entered)
         if any(worker.is_alive() for worker in workers):
             failure = SubjectFailure("timeout", f"micro-batch threads did not finish within {budget:g} s")

@@ -1,0 +1,223 @@
+"""Specification of what a broken or hostile subject comes to: a divergence of its own kind,
+never a pass, an exit, a crash or a finding that cannot be kept.
+
+Each row of :data:`HOSTILE` is a small subject, a scenario that exposes it, and the kind
+and words of the divergence it must get (in the manner of PyTorch's OpInfo tables). Every
+row also checks what any divergence must be: one printable sentence of bounded length,
+a bounded traceback, and a replay file that reads back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+from swafuzz import Subject, run_scenario
+from swafuzz import campaign, executor, guard
+from swafuzz.builtin import Uncached
+from swafuzz.fuzz import fuzz
+from swafuzz.reference import Scenario
+from swafuzz.registry import resolve_subject
+from swafuzz.replay import Replay, load_replay, write_replay
+from swafuzz.strategies.examples import EXAMPLES
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
+
+
+def _scenario(config: dict, events: list[dict]) -> Scenario:
+    return Scenario.from_dict({"config": config, "events": events})
+
+
+_TWO = {"op": "admit", "count": 2}
+EAGER = _scenario({"start_layer": 0, "end_layer": 2},
+                  [_TWO, {"op": "forward", "requests": [0, 1]}, {"op": "forward", "requests": [0, 1]}])
+GRAPH = _scenario({"start_layer": 0, "end_layer": 2, "graph_batch_sizes": [4]},
+                  [_TWO, {"op": "forward", "requests": [0, 1], "graph": True},
+                   {"op": "forward", "requests": [0, 1], "graph": True}])
+DRAFT = EXAMPLES["multi-step-draft"]
+OVERLAP = EXAMPLES["two-batch-overlap"]
+
+
+# ---- subjects that raise ---------------------------------------------------------------
+
+
+def _raises_in(hook: str, exc: Callable[[], BaseException]) -> type[Subject]:
+    """Right everywhere, but ``hook`` raises a fresh ``exc()``."""
+
+    def raising(self, *args):
+        raise exc()
+
+    return type(f"RaisesIn_{hook}", (Uncached,), {hook: raising})
+
+
+class _Custom(BaseException):
+    """An exception of the subject's own that ``except Exception`` does not catch."""
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+_BADLY_NAMED = type("Bad\nName\x1b[31m", (Exception,), {})
+
+
+@dataclass(frozen=True)
+class Hostile:
+    name: str
+    subject: type[Subject]
+    scenario: Scenario
+    kind: str
+    says: str  # a part of the sentence
+    options: dict[str, Any] = field(default_factory=dict)  # for run_scenario
+
+
+HOSTILE = [
+    # every exception is the subject's, at every call
+    Hostile("system-exit", _raises_in("swa_write_location", lambda: SystemExit(3)), EAGER, "raised",
+            "At forward 1 (decode), layer 0, swa_write_location raised SystemExit: 3."),
+    Hostile("keyboard-interrupt-of-its-own", _raises_in("init_forward_metadata", KeyboardInterrupt), EAGER,
+            "raised", "init_forward_metadata raised KeyboardInterrupt."),
+    Hostile("generator-exit", _raises_in("register_mapping", GeneratorExit), EAGER, "raised",
+            "register_mapping raised GeneratorExit."),
+    Hostile("custom-base-exception", _raises_in("__init__", lambda: _Custom("mine")), EAGER, "raised",
+            "RaisesIn___init__(spec) raised _Custom: mine."),
+    Hostile("raises-in-capture-metadata", _raises_in("init_capture_metadata", SystemExit), GRAPH, "raised",
+            "init_capture_metadata raised SystemExit."),
+    Hostile("raises-in-graph-metadata", _raises_in("init_graph_metadata", _Custom), GRAPH, "raised",
+            "init_graph_metadata (graph warm-up) raised _Custom."),
+    Hostile("raises-in-replay-metadata", _raises_in("init_replay_metadata", KeyboardInterrupt), GRAPH, "raised",
+            "init_replay_metadata raised KeyboardInterrupt."),
+    Hostile("raises-the-budget-stop", _raises_in("swa_write_location", lambda: executor.DeadlinePassed(0)), EAGER,
+            "raised", "swa_write_location raised DeadlinePassed: the deadline passed after 0 checked stores."),
+    Hostile("raises-the-timeout", _raises_in("swa_write_location", guard.SubjectTimeout), EAGER, "raised",
+            "swa_write_location raised SubjectTimeout."),
+    Hostile("raises-in-a-thread", _raises_in("swa_write_location", SystemExit), OVERLAP, "raised",
+            "swa_write_location raised SystemExit.", {"threads": True}),
+    # a subject's text is rendered, never trusted
+    Hostile("message-str-raises", _raises_in("swa_write_location", _Unprintable), EAGER, "raised",
+            "raised _Unprintable (its message could not be read: str() raised RuntimeError)."),
+    Hostile("megabyte-message", _raises_in("swa_write_location", lambda: ValueError("\x1b[2J" + "x" * 5_000_000)),
+            EAGER, "raised", "raised ValueError: '\\x1b[2Jxxx"),
+    Hostile("badly-named-exception", _raises_in("swa_write_location", lambda: _BADLY_NAMED("m")), EAGER, "raised",
+            "raised 'Bad\\nName\\x1b[31m': m."),
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[case.name for case in HOSTILE])
+def test_a_hostile_subject_is_a_divergence_of_its_kind_that_a_replay_file_keeps(case, tmp_path):
+    result = run_scenario(case.subject, case.scenario, timeout_s=5.0, **case.options)
+    d = result.divergence
+    assert d is not None, f"{case.name} passed"
+    assert (d.kind, case.says in d.sentence) == (case.kind, True), d.sentence
+    assert d.sentence.isprintable() and len(d.sentence) < 2 * guard.MAX_MESSAGE_CHARS
+    assert len(d.detail) < guard.MAX_DETAIL_CHARS + 200
+    kept = load_replay(write_replay(Replay("module:Hostile", "hand-written", case.scenario, d), tmp_path))
+    assert kept.divergence == d
+
+
+# ---- subjects that must stay clean ---------------------------------------------------------
+
+
+CORRECT = ["uncached", "uncached-ring", "step-keyed-capture", "step-keyed-capture-ring"]
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_a_correct_builtin_passes_every_hand_written_scenario_with_its_inputs_untouched(name):
+    subject = resolve_subject(name).subject
+    for label, scenario in {**EXAMPLES, "eager": EAGER, "graph": GRAPH}.items():
+        result = run_scenario(subject, scenario)
+        assert result.passed, (label, result.divergence.sentence)
+
+
+@pytest.mark.parametrize("name", CORRECT)
+@pytest.mark.parametrize("profile", ["realistic", "adversarial"])
+def test_a_correct_builtin_stays_clean_when_fuzzed(name, profile):
+    result = fuzz(resolve_subject(name), profile=profile, settings="ci", seed=3, max_examples=15)
+    assert result.divergence is None, result.divergence.sentence
+    assert result.checks > 0
+
+
+def _lowest_recursion_limit() -> None:
+    """Sets the lowest recursion limit Python accepts where it is called from."""
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    while True:
+        try:
+            sys.setrecursionlimit(depth)
+            return
+        except RecursionError:
+            depth += 1
+
+
+class _LowersRecursionLimit(Uncached):
+    """Lowers the limit as far as it goes after its answer at the stage's last layer: what
+    the harness does after the forward runs under that limit unless it restores it."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = self.answer(batch, layer_id)
+        if self.lowers(layer_id):
+            _lowest_recursion_limit()
+        return rows
+
+    def answer(self, batch, layer_id):
+        return super().swa_write_location(batch, layer_id)
+
+    def lowers(self, layer_id):
+        return layer_id == self.spec.end_layer - 1
+
+
+class _LowersRecursionLimitAndErrs(_LowersRecursionLimit):
+    """Every answer is wrong, given under the lowest limit: the diagnosis runs after it."""
+
+    def answer(self, batch, layer_id):
+        return super().answer(batch, layer_id) + 1
+
+    def lowers(self, layer_id):
+        return True
+
+
+@pytest.mark.parametrize("scenario", [EAGER, GRAPH, DRAFT], ids=["eager", "graph", "draft"])
+def test_a_subject_lowering_the_recursion_limit_is_judged_by_its_answers_alone(scenario):
+    limit = sys.getrecursionlimit()
+    assert run_scenario(_LowersRecursionLimit, scenario).passed
+    d = run_scenario(_LowersRecursionLimitAndErrs, scenario).divergence
+    assert d is not None and d.kind == "wrong_rows" and d.sentence.startswith("At forward 1 ("), d
+    assert sys.getrecursionlimit() == limit
+
+
+# ---- a real interrupt still interrupts -------------------------------------------------------
+
+
+class _SignalsItself(Uncached):
+    """Sends itself a signal while it runs, as a person pressing Ctrl-C would."""
+
+    signum = signal.SIGINT
+
+    def swa_write_location(self, batch, layer_id):
+        os.kill(os.getpid(), self.signum)
+        time.sleep(5)  # bounded: the signal lands before it ends
+        return super().swa_write_location(batch, layer_id)
+
+
+class _TermsItself(_SignalsItself):
+    signum = signal.SIGTERM
+
+
+def test_a_sigint_during_a_subject_call_interrupts_the_run():
+    with pytest.raises(KeyboardInterrupt):
+        run_scenario(_SignalsItself, EAGER)
+
+
+@pytest.mark.parametrize("subject", [_SignalsItself, _TermsItself], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_subject_call_interrupts_a_watched_run(subject):
+    with campaign.InterruptWatch() as watch, pytest.raises(KeyboardInterrupt):
+        run_scenario(subject, EAGER)
+    assert watch.signum == subject.signum
