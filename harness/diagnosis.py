@@ -33,6 +33,10 @@ CAPTURE = "capture"
 RACE = "race"
 KINDS = (WRONG_ROWS, PADDING, WRONG_DTYPE, WRONG_LENGTH, WRONG_DEVICE, NON_TENSOR, RAISED, TIMEOUT, CAPTURE, RACE)
 
+# Values of an answer (or of the reference) a divergence keeps: a wrong answer may have
+# millions of rows, or claim 2**40 through a stride of 0, and a replay file stays small.
+MAX_STORED_VALUES = 4096
+
 # Where the wrong rows came from (the source kind).
 EARLIER_FORWARD = "earlier_forward"
 EARLIER_STEP = "earlier_step"
@@ -122,6 +126,17 @@ class Site:
             mode=self.mode, model=self.model, draft_step=self.draft_step,
             micro_batch=self.micro_batch, layer_id=self.layer_id, call=self.call, **extra,
         )
+
+
+def stored_values(tensor: torch.Tensor) -> list:
+    """The first :data:`MAX_STORED_VALUES` values of ``tensor`` in row-major order, read
+    without materialising the rest (an expanded tensor's rows share memory until copied)."""
+    cap = MAX_STORED_VALUES
+    while tensor.dim() > 1 and tensor.numel() and tensor[0].numel() >= cap:
+        tensor = tensor[0]
+    if tensor.dim() > 1 and tensor.numel():
+        tensor = tensor[: -(-cap // tensor[0].numel())]  # fewer than 2 * cap values
+    return tensor.reshape(-1)[:cap].tolist()
 
 
 @dataclass

@@ -27,7 +27,7 @@ from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, Forw
 from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
-from .guard import MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, failure_of, quoted
+from .guard import MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, failure_of, quoted, type_name
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -192,6 +192,7 @@ class _Run:
         self.subjects: dict[str, Subject] = {}
         self.mappings: dict[str, torch.Tensor] = {}
         self.mapping_versions: dict[str, int] = {}  # each registered tensor's version after the last sync
+        self.capturing = False  # a graph records what runs
         self.backends: dict[tuple[str, int], SimpleNamespace] = {}
         self.graphs: dict[tuple, tuple[Any, ForwardBatch, list[torch.Tensor]]] = {}
         self.arena = Arena(device)
@@ -357,6 +358,7 @@ class _Run:
         """
         count = plan.num_micro_batches
         layers = [[layer for mb, layer in plan.calls if mb == m] for m in range(count)]
+        rows = [inputs.num_rows for inputs in step_inputs]
         entered: list[int] = []
         answers: list[list[Any]] = [[] for _ in range(count)]
         lock = threading.Lock()
@@ -374,7 +376,7 @@ class _Run:
                     except BaseException as exc:  # noqa: BLE001 - reported as the subject's failure
                         answers[mb].append(failure_of("swa_write_location", exc))
                         return
-                    answers[mb].append(out.clone() if isinstance(out, torch.Tensor) else out)
+                    answers[mb].append(_snapshot(out, rows[mb]))
                 time.sleep(0)  # let another micro-batch take the next turn: the lock is not fair
 
         workers = [threading.Thread(target=run_micro_batch, args=(mb,), daemon=True) for mb in range(count)]
@@ -453,9 +455,12 @@ class _Run:
             self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
         sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
-        static.in_graph = True
-        with graph.capture():
-            self._run_graph_forward(plan, static, "graph capture", sinks)
+        static.in_graph = self.capturing = True
+        try:
+            with graph.capture():
+                self._run_graph_forward(plan, static, "graph capture", sinks)
+        finally:
+            self.capturing = False
         static.in_graph = False
         # what the captured work yields for the capture inputs (a GPU capture runs nothing)
         self._invoke(_Where(plan), "graph replay", graph.replay)
@@ -525,8 +530,8 @@ class _Run:
 
     def _verdict(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, out: Any,
                  expected: torch.Tensor, matched: bool, call: int) -> None:
-        """What a store the fast comparison did not settle comes to: its divergence (None
-        again for a tensor subclass that holds the right rows), shown to ``on_store``."""
+        """What a store the fast comparison did not settle comes to: its divergence, shown to
+        ``on_store``."""
         divergence = None
         if not matched:
             site = self._site(_Where(plan, step, mb, layer_id), call)
@@ -540,8 +545,13 @@ class _Run:
 
     def _shape_problem(self, site: dx.Site, out: Any, rows: int) -> dx.Divergence | None:
         where = f"At {site.describe()}, swa_write_location"
-        if not isinstance(out, torch.Tensor):
-            return site.divergence(dx.NON_TENSOR, f"{where} returned {type(out).__name__}, not a tensor.")
+        # an answer is read only as a plain tensor: a subclass's methods are the subject's code
+        if type(out) is not torch.Tensor:
+            if isinstance(out, torch.Tensor):
+                return site.divergence(
+                    dx.NON_TENSOR, f"{where} returned a {type_name(out)} (a tensor subclass), not a torch.Tensor."
+                )
+            return site.divergence(dx.NON_TENSOR, f"{where} returned {type_name(out)}, not a tensor.")
         if out.is_nested or out.layout is not torch.strided:
             layout = "nested" if out.is_nested else str(out.layout).removeprefix("torch.")
             return site.divergence(dx.NON_TENSOR, f"{where} returned a {layout} tensor, not a dense one.")
@@ -550,12 +560,15 @@ class _Run:
                 dx.WRONG_DEVICE, f"{where} returned a tensor on {out.device}, not on {self.device}."
             )
         if out.dtype != torch.int32:
-            nan = " containing NaN" if out.is_floating_point() and bool(torch.isnan(out).any()) else ""
+            nan = " containing NaN" if (
+                out.is_floating_point() and not self.capturing and out.numel() <= _MAX_SCANNED
+                and bool(torch.isnan(out).any())
+            ) else ""
             return site.divergence(dx.WRONG_DTYPE, f"{where} returned {out.dtype}{nan}, not torch.int32.")
         if out.dim() != 1 or out.shape[0] != rows:
             return site.divergence(
                 dx.WRONG_LENGTH, f"{where} returned shape {tuple(out.shape)} for {rows} rows.",
-                actual=out.reshape(-1).tolist(),
+                actual=dx.stored_values(out),
             )
         return None
 
@@ -574,7 +587,7 @@ class _Run:
             n_wrong = int((live != want).sum())
             return site.divergence(
                 dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n),
-                expected=want.tolist(), actual=live.tolist(), source=_source_dict(source),
+                expected=dx.stored_values(want), actual=dx.stored_values(live), source=_source_dict(source),
             )
         padding = actual[n:]
         wrong = (padding != expected[n:]).nonzero().flatten().tolist()
@@ -592,22 +605,20 @@ class _Run:
             if aliased else dx.Source(dx.UNKNOWN, f"row {value}", "padding must write to the dummy slot")
         )
         return site.divergence(
-            dx.PADDING, sentence, expected=expected.tolist(), actual=actual.tolist(), source=_source_dict(source),
+            dx.PADDING, sentence, expected=dx.stored_values(expected), actual=dx.stored_values(actual),
+            source=_source_dict(source),
         )
 
     def _explain_length(self, site, inputs, out, expected, problem) -> dx.Divergence:
-        actual = out.to("cpu")
+        """A 1-D answer of the wrong length, read only when a candidate has its length (it
+        may claim 2**40 rows through a stride of 0)."""
+        stored = {"expected": dx.stored_values(expected), "actual": problem.actual}
         for source, rows in self.history.candidates(site, self.truth, inputs, self.config):
-            if source.kind != dx.DUMMY and rows.shape == actual.shape and torch.equal(rows, actual):
-                sentence = (f"Stale cache: at {site.describe()}, {actual.shape[0]} rows came back for "
+            if source.kind != dx.DUMMY and rows.shape == out.shape and torch.equal(rows, out.cpu()):
+                sentence = (f"Stale cache: at {site.describe()}, {out.shape[0]} rows came back for "
                             f"{expected.shape[0]}: they are {source.phrase}: {source.consequence}.")
-                return site.divergence(
-                    dx.WRONG_LENGTH, sentence, expected=expected.tolist(), actual=actual.tolist(),
-                    source=_source_dict(source),
-                )
-        return site.divergence(
-            problem.kind, problem.sentence, expected=expected.tolist(), actual=actual.tolist()
-        )
+                return site.divergence(dx.WRONG_LENGTH, sentence, source=_source_dict(source), **stored)
+        return site.divergence(problem.kind, problem.sentence, **stored)
 
     # ---- plumbing ----------------------------------------------------------------------
 
@@ -760,6 +771,8 @@ class _Run:
 # mappings shorter than this are synced whole: below it, three passes over the whole
 # tensor (compare, keep, copy) cost less than picking out and writing the changed rows
 _ROWS_COPIED_WHOLE_BELOW = 4096
+# the most values of a wrong-dtype answer scanned for NaN (an expanded one may claim 2**40)
+_MAX_SCANNED = 1 << 20
 _MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
 
 # the batch field of each of PACKED_INPUTS, in its order; every draft step's locations,
@@ -797,6 +810,15 @@ def _right(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor],
         )
     except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
         return False
+
+
+def _snapshot(out: Any, rows: int) -> Any:
+    """What an answer held when it returned, copied if it is a plain dense tensor that a
+    batch of ``rows`` rows could have (any other answer is wrong by its type or shape,
+    which later calls cannot change)."""
+    if type(out) is torch.Tensor and out.layout is torch.strided and not out.is_nested and out.numel() <= rows:
+        return out.clone()
+    return out
 
 
 def _source_dict(source: dx.Source) -> dict[str, Any]:

@@ -4,7 +4,7 @@ never a pass, an exit, a crash or a finding that cannot be kept.
 Each row of :data:`HOSTILE` is a small subject, a scenario that exposes it, and the kind
 and words of the divergence it must get (in the manner of PyTorch's OpInfo tables). Every
 row also checks what any divergence must be: one printable sentence of bounded length,
-a bounded traceback, and a replay file that reads back.
+a bounded traceback and stored values, and a replay file that reads back.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pytest
+import torch
 
 from swafuzz import Subject, run_scenario
 from swafuzz import campaign, executor, guard
 from swafuzz.builtin import Uncached
+from swafuzz.diagnosis import MAX_STORED_VALUES
 from swafuzz.fuzz import fuzz
 from swafuzz.reference import Scenario
 from swafuzz.registry import resolve_subject
@@ -68,6 +70,43 @@ class _Unprintable(Exception):
 _BADLY_NAMED = type("Bad\nName\x1b[31m", (Exception,), {})
 
 
+# ---- answers a harness could choke on ------------------------------------------------------
+
+
+class _Booby(torch.Tensor):
+    """A tensor whose every operation raises."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError("reading this answer is an error")
+
+
+class _ReturnsBooby(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        return super().swa_write_location(batch, layer_id).as_subclass(_Booby)
+
+
+class _ReturnsFake(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            return torch.empty(2, dtype=torch.int32)
+
+
+def _returns(make: Callable[[], torch.Tensor], name: str) -> type[Subject]:
+    return type(name, (Uncached,), {"swa_write_location": lambda self, batch, layer_id: make()})
+
+
+_TERA_ROWS = 2**40
+
+
+class _FloatOnlyInCapture(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        return rows.float() if batch.in_graph else rows
+
+
 @dataclass(frozen=True)
 class Hostile:
     name: str
@@ -107,6 +146,28 @@ HOSTILE = [
             EAGER, "raised", "raised ValueError: '\\x1b[2Jxxx"),
     Hostile("badly-named-exception", _raises_in("swa_write_location", lambda: _BADLY_NAMED("m")), EAGER, "raised",
             "raised 'Bad\\nName\\x1b[31m': m."),
+    # answers are read only through what a hostile tensor cannot subvert
+    Hostile("subclass-whose-operations-raise", _ReturnsBooby, EAGER, "non_tensor",
+            "swa_write_location returned a _Booby (a tensor subclass), not a torch.Tensor."),
+    Hostile("subclass-in-a-thread", _ReturnsBooby, OVERLAP, "non_tensor", "(a tensor subclass)", {"threads": True}),
+    Hostile("subclass-in-capture", _ReturnsBooby, GRAPH, "non_tensor", "(a tensor subclass)"),
+    Hostile("fake-tensor", _ReturnsFake, EAGER, "non_tensor", "returned a FakeTensor (a tensor subclass)"),
+    Hostile("tera-rows-through-stride-0",
+            _returns(lambda: torch.zeros(1, dtype=torch.int32).expand(_TERA_ROWS), "TeraRows"), EAGER,
+            "wrong_length", f"swa_write_location returned shape ({_TERA_ROWS},) for 2 rows."),
+    Hostile("tera-rows-in-a-thread",
+            _returns(lambda: torch.zeros(1, dtype=torch.int32).expand(_TERA_ROWS), "TeraRows"), OVERLAP,
+            "wrong_length", f"returned shape ({_TERA_ROWS},) for 1 rows.", {"threads": True}),
+    Hostile("tera-cells-in-two-dimensions",
+            _returns(lambda: torch.zeros(1, 1, dtype=torch.int32).expand(2**20, 2**20), "TeraCells"), EAGER,
+            "wrong_length", "returned shape (1048576, 1048576) for 2 rows."),
+    Hostile("three-million-rows", _returns(lambda: torch.arange(3_000_000, dtype=torch.int32), "Millions"), EAGER,
+            "wrong_length", "returned shape (3000000,) for 2 rows."),
+    Hostile("tera-rows-of-nan",
+            _returns(lambda: torch.full((1,), float("nan")).expand(_TERA_ROWS), "TeraNaN"), EAGER,
+            "wrong_dtype", "swa_write_location returned torch.float32, not torch.int32."),
+    Hostile("float-only-in-capture", _FloatOnlyInCapture, GRAPH, "wrong_dtype",
+            "At forward 1 (decode), layer 0, swa_write_location returned torch.float32, not torch.int32."),
 ]
 
 
@@ -118,6 +179,7 @@ def test_a_hostile_subject_is_a_divergence_of_its_kind_that_a_replay_file_keeps(
     assert (d.kind, case.says in d.sentence) == (case.kind, True), d.sentence
     assert d.sentence.isprintable() and len(d.sentence) < 2 * guard.MAX_MESSAGE_CHARS
     assert len(d.detail) < guard.MAX_DETAIL_CHARS + 200
+    assert all(len(values or ()) <= MAX_STORED_VALUES for values in (d.actual, d.expected))
     kept = load_replay(write_replay(Replay("module:Hostile", "hand-written", case.scenario, d), tmp_path))
     assert kept.divergence == d
 
