@@ -192,6 +192,9 @@ class _Run:
         self.subjects: dict[str, Subject] = {}
         self.mappings: dict[str, torch.Tensor] = {}
         self.mapping_versions: dict[str, int] = {}  # each registered tensor's version after the last sync
+        self.mappings_checked_at = -1  # the call count when the mappings were last checked
+        self.handed: _Handed | None = None  # the current forward's inputs
+        self.plan: ForwardPlan | None = None  # the current (or latest) forward
         self.capturing = False  # a graph records what runs
         self.backends: dict[tuple[str, int], SimpleNamespace] = {}
         self.graphs: dict[tuple, tuple[Any, ForwardBatch, list[torch.Tensor]]] = {}
@@ -225,7 +228,7 @@ class _Run:
                 self.state.apply(event, where)
                 self._sync(f"event {index} ({event.op})")
                 continue
-            plan = self.state.plan_forward(event, index, where, self.scenario.events)
+            plan = self.plan = self.state.plan_forward(event, index, where, self.scenario.events)
             self.forward += 1
             self._sync(f"the allocation for forward {self.forward}")
             if plan.graph_batch_size is None:
@@ -234,12 +237,14 @@ class _Run:
                 self._graph_forward(plan)
             self.state.finish_forward()
             self._sync(f"the eviction after forward {self.forward}")
+        self._check_mappings("the end of the run")
 
     def _eager_forward(self, plan: ForwardPlan) -> None:
         event = plan.event
         subject = self.subjects[plan.model]
         step_tensors = self._eager_inputs(plan)
         batches = [self._batch(plan, mb, plan.steps[0][mb], step_tensors[0][mb]) for mb in range(plan.num_micro_batches)]
+        self.handed.batches = batches
         timeline = self.timeline
         timeline.begin_forward()
         if not event.skip_init:
@@ -251,11 +256,13 @@ class _Run:
         calls, mutation = plan.calls, event.mutation
         for step, step_inputs in enumerate(plan.steps):
             if step:
-                for batch, tensors, inputs in zip(batches, step_tensors[step], step_inputs):
+                if not self._fields_named():  # checked before the fields are pointed at the step's tensors
+                    raise _Stop(self._input_written())
+                for batch, tensors in zip(batches, step_tensors[step]):
                     for name, tensor in tensors.items():
                         setattr(batch, name, tensor)
-                    batch.seq_lens_cpu = inputs.seq_lens.clone()
                     batch.draft_step = step
+                self.handed.step = step
                 timeline.begin_forward()  # the step's new inputs were copied on the current stream
             if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and mutation is None:
                 self._threaded_calls(plan, batches, step_inputs, timeline.consumed(subject.swa_write_location))
@@ -268,6 +275,7 @@ class _Run:
                 self._store_calls(plan, step, batches, store, calls[cut:])
             else:
                 self._store_calls(plan, step, batches, store, calls)
+        self._check_inputs(plan)
         if mutation is not None and mutation.after_calls == len(calls) * len(plan.steps):
             self._mutate(plan)  # after the last store: it shows in the next forward
 
@@ -413,27 +421,26 @@ class _Run:
         key = (plan.model, plan.graph_batch_size, plan.calls)
         if key not in self.graphs:
             self.graphs[key] = self._capture(plan)
-        graph, static, sinks = self.graphs[key]
+        graph, static, sinks, fields = self.graphs[key]
         inputs = plan.steps[0][0]
-        for name, values in (
-            ("req_pool_indices", inputs.req_slots), ("extend_seq_lens", inputs.token_counts),
-            ("positions", inputs.positions), ("out_cache_loc", inputs.out_cache_loc),
-            ("seq_lens", inputs.seq_lens), ("seq_lens_cpu", inputs.seq_lens),
-            ("extend_prefix_lens", inputs.prefix_lens),
-        ):
-            getattr(static, name).copy_(values)
+        # the harness's own references to the static inputs: the batch's may be re-pointed
+        held = {name: getattr(inputs, _PACKED_FIELD[name]) for name in fields}
+        for name, tensor in fields.items():
+            tensor.copy_(held[name])
         static.forward_id = self._new_forward_id()
         static.mode = _MODES[plan.event.mode]
         static.num_live_tokens = inputs.num_live
+        self.handed = _Handed(plan, [static], [[fields]], held)
         subject = self.subjects[plan.model]
         if not plan.event.skip_init:
             self._invoke(_Where(plan), "init_replay_metadata", subject.init_replay_metadata, static)
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
+        self._check_inputs(plan)
         replay = self.call - 1
         self._check_answers(plan, 0, ((mb, layer_id, sink, replay) for (mb, layer_id), sink in zip(plan.calls, sinks)))
 
-    def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor]]:
+    def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor], dict[str, torch.Tensor]]:
         """Capture one batch size as the decode graph runner does: metadata for capture once,
         the forward run eagerly ``graph_warmups`` times on the static inputs, then once more
         inside the capture. The harness captures a size at its first replay, on inputs
@@ -444,12 +451,15 @@ class _Run:
         for name, fill in STATIC_INPUTS.items():
             buffers[name][:size].fill_(fill)
         self.static_seq_lens_cpu[plan.model][:size].fill_(STATIC_INPUTS["seq_lens"])
+        fields = {name: buffer[:size] for name, buffer in buffers.items()}
+        fields["seq_lens_cpu"] = self.static_seq_lens_cpu[plan.model][:size]
         static = ForwardBatch(
             forward_id=self._new_forward_id(), mode=ForwardMode.DECODE, micro_batch=0,
-            backend=self._backend(plan.model, 0), num_live_tokens=0,
-            seq_lens_cpu=self.static_seq_lens_cpu[plan.model][:size],
-            **{name: buffer[:size] for name, buffer in buffers.items()},
+            backend=self._backend(plan.model, 0), num_live_tokens=0, **fields,
         )
+        fills = {**STATIC_INPUTS, "seq_lens_cpu": STATIC_INPUTS["seq_lens"]}
+        held = {name: torch.full((size,), fills[name]) for name in fields}
+        self.handed = _Handed(plan, [static], [[fields]], held, phase="the graph capture for")
         self._invoke(_Where(plan), "init_capture_metadata", subject.init_capture_metadata, static)
         for _ in range(self.config.graph_warmups):
             self._run_graph_forward(plan, static, "graph warm-up")
@@ -465,9 +475,10 @@ class _Run:
         # what the captured work yields for the capture inputs (a GPU capture runs nothing)
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
+        self._check_inputs(plan)
         if sinks:
-            self.history.record_capture(self.forward, sinks[0].to("cpu", copy=True), static.num_live_tokens)
-        return graph, static, sinks
+            self.history.record_capture(self.forward, sinks[0].to("cpu", copy=True), 0)
+        return graph, static, sinks, fields
 
     def _run_graph_forward(self, plan: ForwardPlan, static: ForwardBatch, phase: str,
                            sinks: list[torch.Tensor] | None = None) -> None:
@@ -478,7 +489,7 @@ class _Run:
         for index, (mb, layer_id) in enumerate(plan.calls):
             where = _Where(plan, 0, mb, layer_id)
             out = self._invoke(where, f"swa_write_location ({phase})", subject.swa_write_location, static, layer_id)
-            problem = self._shape_problem(self._site(where), out, static.num_tokens)
+            problem = self._shape_problem(self._site(where), out, plan.graph_batch_size)
             if problem is not None:
                 raise _Stop(problem)
             if sinks is not None:
@@ -531,11 +542,14 @@ class _Run:
     def _verdict(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, out: Any,
                  expected: torch.Tensor, matched: bool, call: int) -> None:
         """What a store the fast comparison did not settle comes to: its divergence, shown to
-        ``on_store``."""
+        ``on_store``. A wrong answer given after the subject wrote into its inputs is put
+        down to the write."""
         divergence = None
         if not matched:
-            site = self._site(_Where(plan, step, mb, layer_id), call)
-            divergence = self._diagnose(site, plan.model, plan.steps[step][mb], out, expected.cpu())
+            where = _Where(plan, step, mb, layer_id)
+            divergence = self._input_written(where) or self._diagnose(
+                self._site(where, call), plan.model, plan.steps[step][mb], out, expected.cpu()
+            )
         if self.on_store is not None:
             self.on_store(StoreOutcome(self.forward, step, mb, layer_id, divergence))
         if divergence is not None:
@@ -636,6 +650,12 @@ class _Run:
             raise DeadlinePassed(self.checks)
 
     def _failed(self, where: "_Where", failure: SubjectFailure) -> _Stop:
+        """The divergence of a failed call: the subject's write into its inputs, if it made
+        one (a failure on inputs it corrupted follows from it), else the failure."""
+        # nothing is read while a graph records: the reads would be captured
+        written = None if self.capturing else self._input_written(where)
+        if written is not None:
+            return _Stop(written)
         site = self._site(where)
         kind = dx.TIMEOUT if failure.kind == "timeout" else dx.RAISED
         if isinstance(failure.exc, GraphCaptureError):
@@ -655,8 +675,10 @@ class _Run:
         does not (a registration, a clear), at a cost that follows what changed rather than
         the pool's size (below a few thousand rows, comparing and copying it whole costs
         less than picking rows out). A registered tensor is written only where values
-        differ, as a subject may key a cache on its in-place version; one whose version
-        moved under the subject's own in-place writes is put right whole."""
+        differ, as a subject may key a cache on its in-place version. A subject that wrote
+        into a mapping is stopped first (:meth:`_check_mappings`): the sync never hides it."""
+        if self.call != self.mappings_checked_at:
+            self._check_mappings(what)
         if self.state.version == self.seen_version:
             return
         self.seen_version = self.state.version
@@ -688,20 +710,18 @@ class _Run:
                 # a rebuilt pool's mapping is allocated while the old one is still registered
                 self.mappings[model] = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
+                self.mapping_versions[model] = self.mappings[model]._version
                 self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
             else:
                 mapping = self.mappings[model]
-                if mapping._version != self.mapping_versions[model]:  # the subject wrote into it
-                    if not torch.equal(mapping.cpu(), truth):
-                        mapping.copy_(truth)
-                elif changed:
+                if changed:
                     if rows is None:
                         mapping.copy_(truth)
                     elif self.on_host:  # in place through torch, so that the tensor's version moves
                         mapping.index_put_((rows,), torch.from_numpy(new_rows))
                     else:
                         mapping.index_put_((rows.to(self.device),), torch.from_numpy(new_rows).to(self.device))
-            self.mapping_versions[model] = self.mappings[model]._version
+                self.mapping_versions[model] = mapping._version
 
     def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs, tensors: dict[str, torch.Tensor]) -> ForwardBatch:
         return ForwardBatch(
@@ -710,7 +730,6 @@ class _Run:
             micro_batch=mb,
             backend=self._backend(plan.model, mb),
             num_live_tokens=inputs.num_live,
-            seq_lens_cpu=inputs.seq_lens.clone(),
             num_draft_steps=len(plan.steps),
             stream=self.timeline.stream_for(mb),
             side_stream=self.timeline.side_stream,
@@ -719,10 +738,11 @@ class _Run:
 
     def _eager_inputs(self, plan: ForwardPlan) -> list[list[dict[str, torch.Tensor]]]:
         """Per draft step and micro-batch, the input tensors, placed in the arena slot of this
-        forward (copies: a subject that writes into its inputs must not touch the truth's).
-        Every step's locations and positions exist from the start, as the engine allocates a
-        multi-step draft's locations at once. Each step input's tensors are packed one
-        after another, so the placed ones are views of one copy, in the same order."""
+        forward (copies: a subject that writes into its inputs must not touch the truth's),
+        and the host copy of the lengths. Every step's locations and positions exist from
+        the start, as the engine allocates a multi-step draft's locations at once. Each step
+        input's tensors are packed one after another, so the placed ones are views of one
+        copy, in the same order; :attr:`handed` keeps it to check them with one comparison."""
         count = self.eager_forwards.get(plan.model, 0)
         self.eager_forwards[plan.model] = count + 1
         sources, sizes = [], []
@@ -735,11 +755,119 @@ class _Run:
                 else:
                     sources.append(inputs.packed)
                     sizes += packed_sizes
-        placed = iter(self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources).split_with_sizes(sizes))
-        return [
-            [dict(zip(_BATCH_INPUTS if step == 0 else _BATCH_INPUTS[2:], placed)) for _ in step_inputs]
-            for step, step_inputs in enumerate(plan.steps)
-        ]
+        block = self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources)
+        placed = iter(block.split_with_sizes(sizes))
+        fields = []
+        for step, step_inputs in enumerate(plan.steps):
+            step_fields = []
+            for inputs in step_inputs:
+                tensors = dict(zip(_BATCH_INPUTS if step == 0 else _BATCH_INPUTS[2:], placed))
+                # on the host, a copy of the placed lengths, which the block's check vouches for
+                tensors["seq_lens_cpu"] = (tensors["seq_lens"] if self.on_host else inputs.seq_lens).clone()
+                step_fields.append(tensors)
+            fields.append(step_fields)
+        self.handed = _Handed(plan, [], fields, block=block, block_held=sources, block_version=block._version)
+        return fields
+
+    # ---- what the subject was handed -----------------------------------------------------
+
+    def _check_inputs(self, plan: ForwardPlan) -> None:
+        """At the end of a forward (graph replay, capture): every tensor handed to the subject
+        still holds what it was handed, and every batch field still names it. One
+        comparison covers an eager forward's device inputs; what it finds is explained only
+        when something changed."""
+        handed, holds = self.handed, self._holds
+        if handed.block is not None:
+            held = handed.block_held
+            # a view resized or re-pointed in place moves the version its block shares
+            intact = handed.block._version == handed.block_version and holds(
+                handed.block, held[0] if len(held) == 1 else torch.cat(held)
+            )
+            for step_fields, step_inputs in zip(handed.fields, plan.steps):
+                for fields, inputs in zip(step_fields, step_inputs):
+                    lengths = fields["seq_lens"] if self.on_host else inputs.seq_lens
+                    intact = intact and _equal(fields["seq_lens_cpu"], lengths)
+        else:
+            intact = all(holds(tensor, handed.values[name]) for name, tensor in handed.fields[0][0].items())
+        if not intact or not self._fields_named():
+            written = self._input_written()
+            if written is not None:
+                raise _Stop(written)
+
+    def _holds(self, tensor: torch.Tensor, held: torch.Tensor) -> bool:
+        return _equal(tensor, held) if self.on_host else _equal(tensor.cpu(), held)
+
+    def _fields_named(self) -> bool:
+        """Whether the batches' fields still name the tensors handed for the current step."""
+        handed = self.handed
+        for mb, batch in enumerate(handed.batches):
+            found = vars(batch)
+            for name, tensor in handed.named(mb).items():
+                if found.get(name) is not tensor:
+                    return False
+        return True
+
+    def _input_written(self, where: "_Where | None" = None) -> dx.Divergence | None:
+        """The first change the subject made to what it was handed (``where``: the call by
+        which it was made, if known): a batch field re-pointed, a tensor written or
+        resized, a mapping written."""
+        handed = self.handed
+        if handed is not None:
+            for mb, batch in enumerate(handed.batches):
+                for name, tensor in handed.named(mb).items():
+                    found = vars(batch).get(name, _MISSING)
+                    if found is not tensor:
+                        what = ("another tensor" if type(found) is torch.Tensor else "nothing" if found is _MISSING
+                                else "None" if found is None else f"a {type_name(found)}")
+                        return self._wrote(where, _Where(handed.plan, handed.step, mb), name,
+                                           f"replaced the batch's {name} with {what}")
+            for step, step_fields in enumerate(handed.fields):
+                for mb, fields in enumerate(step_fields):
+                    for name, tensor in fields.items():
+                        change = dx.input_change(name, tensor, handed.held(step, mb, name))
+                        if change is not None:
+                            return self._wrote(where, _Where(handed.plan, step, mb), name, change)
+        return self._mapping_written(None, where)
+
+    def _wrote(self, by: "_Where | None", found: "_Where", name: str, change: str) -> dx.Divergence:
+        """The divergence of a write found by the call ``by`` (None: after the forward's
+        calls, in the batch of ``found``)."""
+        at = by or found
+        return self._site(at).divergence(dx.WROTE_INPUT, dx.wrote_input_sentence(self._when(at, by is not None), name, change))
+
+    def _when(self, where: "_Where", by_call: bool) -> str:
+        described = self._site(where).describe()
+        if by_call:
+            return described
+        return f"{self.handed.phase if self.handed is not None else 'the end of'} {described}"
+
+    def _check_mappings(self, what: str) -> None:
+        """Before the harness writes into the registered mappings (``what`` names the sync;
+        a sync checks only after subject calls), the subject has left them as the last sync
+        did. On the host a small mapping is compared whole (an in-place write through
+        numpy leaves the version alone); a large one, or one on a device, when its version
+        moved."""
+        self.mappings_checked_at = self.call
+        written = self._mapping_written(what)
+        if written is not None:
+            raise _Stop(written)
+
+    def _mapping_written(self, when: str | None, by: "_Where | None" = None) -> dx.Divergence | None:
+        """A write into a registered mapping, found at the sync ``when`` names, by the call
+        ``by``, or (neither) after a forward's calls."""
+        synced = self.history.mappings
+        for model, mapping in self.mappings.items():
+            if mapping._version == self.mapping_versions[model] and not (
+                self.on_host and synced[model].shape[0] < _ROWS_COPIED_WHOLE_BELOW and not _equal(mapping, synced[model])
+            ):
+                continue
+            change = dx.input_change(f"the {model} model's mapping", mapping, synced[model])
+            if change is not None:
+                at = by or (_Where(self.plan) if self.plan is not None and self.plan.model == model
+                            else _Where(model=model))
+                sentence = dx.wrote_input_sentence(when or self._when(at, by is not None), "mapping", change)
+                return self._site(at).divergence(dx.WROTE_INPUT, sentence)
+        return None
 
     def _backend(self, model: str, mb: int) -> SimpleNamespace:
         backend = self.backends.get((model, mb))
@@ -781,6 +909,42 @@ _BATCH_INPUTS = tuple({
     "req_slots": "req_pool_indices", "token_counts": "extend_seq_lens", "positions": "positions",
     "out_cache_loc": "out_cache_loc", "seq_lens": "seq_lens", "prefix_lens": "extend_prefix_lens",
 }[name] for name in PACKED_INPUTS)
+
+
+@dataclass
+class _Handed:
+    """The inputs of one forward (or graph capture) as handed to the subject: per draft
+    step and micro-batch, each batch field's tensor; the batch objects; and what the
+    tensors must hold, read from the plan or (graphs) given as ``values``. ``block``
+    (eager forwards): the tensors of every step but the host lengths, one after another,
+    and ``block_held`` what it was copied from."""
+
+    plan: ForwardPlan
+    batches: list[ForwardBatch]
+    fields: list[list[dict[str, torch.Tensor]]]
+    values: dict[str, torch.Tensor] | None = None
+    block: torch.Tensor | None = None
+    block_held: list[torch.Tensor] = field(default_factory=list)
+    block_version: int = 0
+    step: int = 0  # the draft step whose tensors the batch fields name now
+    phase: str = "the end of"  # how a write found after the calls is dated
+
+    def named(self, mb: int) -> dict[str, torch.Tensor]:
+        """What micro-batch ``mb``'s batch fields name now: the current step's tensors, and
+        the first step's for the fields a later step does not replace."""
+        first = self.fields[0][mb]
+        return first if self.step == 0 else {**first, **self.fields[self.step][mb]}
+
+    def held(self, step: int, mb: int, name: str) -> torch.Tensor:
+        if self.values is not None:
+            return self.values[name]
+        return getattr(self.plan.steps[step][mb], _PACKED_FIELD[name])
+
+
+_MISSING = object()  # a batch field the subject deleted
+
+# the StepInputs field each batch field is handed from
+_PACKED_FIELD = {**dict(zip(_BATCH_INPUTS, PACKED_INPUTS)), "seq_lens_cpu": "seq_lens"}
 
 
 class _Where(NamedTuple):

@@ -70,6 +70,90 @@ class _Unprintable(Exception):
 _BADLY_NAMED = type("Bad\nName\x1b[31m", (Exception,), {})
 
 
+# ---- subjects that write into what they are given -----------------------------------------
+
+
+class _ZeroesOutCacheLocAtLastLayer(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        if batch.forward_id == 2 and layer_id == 1:
+            batch.out_cache_loc.zero_()
+        return rows
+
+
+class _ZeroesOutCacheLocThenReadsIt(Uncached):
+    """Zeroes the locations at layer 0 of forward 2: layer 1 translates the zeros."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        if batch.forward_id == 2 and layer_id == 0:
+            batch.out_cache_loc.zero_()
+        return rows
+
+
+class _WritesPositionsThroughNumpy(Uncached):
+    """A write that leaves the tensor's version alone."""
+
+    def swa_write_location(self, batch, layer_id):
+        batch.positions.numpy()[:] += 1
+        return super().swa_write_location(batch, layer_id)
+
+
+class _WritesSeqLensCpu(Uncached):
+    def init_forward_metadata(self, batch):
+        batch.seq_lens_cpu[1] = 99
+
+
+class _RepointsOutCacheLoc(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        batch.out_cache_loc = batch.out_cache_loc.clone()
+        return super().swa_write_location(batch, layer_id)
+
+
+class _DeletesPositions(Uncached):
+    def init_forward_metadata(self, batch):
+        del batch.positions
+
+
+class _WritesPrefixLensInDraftStep1(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        if batch.draft_step == 1:
+            batch.extend_prefix_lens.fill_(-1)
+        return super().swa_write_location(batch, layer_id)
+
+
+class _WipesMappingThroughNumpy(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        self.mapping.numpy()[1:] = 0
+        return rows
+
+
+class _ResizesMappingAtCapture(Uncached):
+    def init_capture_metadata(self, batch):
+        self.mapping.resize_(1)
+
+
+class _DropsPositionsInCapture(Uncached):
+    def init_graph_metadata(self, batch):
+        if batch.in_graph:
+            batch.positions = None
+
+
+class _WritesStaticLocationsAtReplay(Uncached):
+    def init_replay_metadata(self, batch):
+        batch.out_cache_loc[0] = 5
+
+
+class _CapturesAWriteIntoPositions(Uncached):
+    """The captured work writes into a static input, and so does every replay."""
+
+    def swa_write_location(self, batch, layer_id):
+        if batch.in_graph:
+            batch.positions.add_(1)
+        return super().swa_write_location(batch, layer_id)
+
+
 # ---- answers a harness could choke on ------------------------------------------------------
 
 
@@ -146,6 +230,33 @@ HOSTILE = [
             EAGER, "raised", "raised ValueError: '\\x1b[2Jxxx"),
     Hostile("badly-named-exception", _raises_in("swa_write_location", lambda: _BADLY_NAMED("m")), EAGER, "raised",
             "raised 'Bad\\nName\\x1b[31m': m."),
+    # inputs are checked after the subject had them
+    Hostile("zeroes-out-cache-loc", _ZeroesOutCacheLocAtLastLayer, EAGER, "wrote_input",
+            "By the end of forward 2 (decode), the subject had written into out_cache_loc (rows 0-1): in SGLang "
+            "this tensor is shared by every later layer and the allocator."),
+    Hostile("zeroes-out-cache-loc-then-reads-it", _ZeroesOutCacheLocThenReadsIt, EAGER, "wrote_input",
+            "By forward 2 (decode), layer 1, the subject had written into out_cache_loc (rows 0-1)"),
+    Hostile("writes-positions-through-numpy", _WritesPositionsThroughNumpy, EAGER, "wrote_input",
+            "By the end of forward 1 (decode), the subject had written into positions (rows 0-1)"),
+    Hostile("writes-seq-lens-cpu", _WritesSeqLensCpu, EAGER, "wrote_input", "written into seq_lens_cpu (row 1)"),
+    Hostile("repoints-out-cache-loc", _RepointsOutCacheLoc, EAGER, "wrote_input",
+            "replaced the batch's out_cache_loc with another tensor"),
+    Hostile("deletes-positions", _DeletesPositions, EAGER, "wrote_input",
+            "replaced the batch's positions with nothing"),
+    Hostile("writes-prefix-lens-in-draft-step-1", _WritesPrefixLensInDraftStep1, DRAFT, "wrote_input",
+            "By the end of forward 1 (draft), draft step 1, the subject had written into extend_prefix_lens"),
+    Hostile("writes-out-cache-loc-in-a-thread", _ZeroesOutCacheLocAtLastLayer, OVERLAP, "wrote_input",
+            "written into out_cache_loc", {"threads": True}),
+    Hostile("wipes-mapping-through-numpy", _WipesMappingThroughNumpy, EAGER, "wrote_input",
+            "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-2)"),
+    Hostile("resizes-mapping-at-capture", _ResizesMappingAtCapture, GRAPH, "wrote_input",
+            "the subject had resized the target model's mapping from shape"),
+    Hostile("drops-positions-in-capture", _DropsPositionsInCapture, GRAPH, "wrote_input",
+            "By the graph capture for forward 1 (decode), the subject had replaced the batch's positions with None"),
+    Hostile("writes-static-locations-at-replay", _WritesStaticLocationsAtReplay, GRAPH, "wrote_input",
+            "By the end of forward 1 (decode), the subject had written into out_cache_loc (row 0)"),
+    Hostile("captures-a-write-into-positions", _CapturesAWriteIntoPositions, GRAPH, "wrote_input",
+            "By the graph capture for forward 1 (decode), the subject had written into positions (rows 0-3)"),
     # answers are read only through what a hostile tensor cannot subvert
     Hostile("subclass-whose-operations-raise", _ReturnsBooby, EAGER, "non_tensor",
             "swa_write_location returned a _Booby (a tensor subclass), not a torch.Tensor."),
