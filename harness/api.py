@@ -25,6 +25,12 @@ pool and attention backend:
    does not run again, consumers read the tensors the layers returned at capture, by
    address. ``reference/LIFECYCLE.md`` names the SGLang function behind every step.
 
+The tensors a subject is handed are read-only to it: the batch's tensor fields, the
+registered mapping (only the engine's allocator writes it) and the graphs' static inputs are
+shared with every later layer and the engine, so a write into one, or a tensor field of the
+batch pointed at another object, is a divergence (``wrote_input``) even when every answer is
+right.
+
 State the engine keeps on the attention backend (per micro-batch, per model) belongs on
 ``batch.backend``, a namespace that outlives the forward; state the engine keeps on the pool
 belongs on the subject instance, which every micro-batch shares.

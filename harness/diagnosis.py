@@ -31,7 +31,13 @@ RAISED = "raised"
 TIMEOUT = "timeout"
 CAPTURE = "capture"
 RACE = "race"
-KINDS = (WRONG_ROWS, PADDING, WRONG_DTYPE, WRONG_LENGTH, WRONG_DEVICE, NON_TENSOR, RAISED, TIMEOUT, CAPTURE, RACE)
+WROTE_INPUT = "wrote_input"  # the subject wrote into (or re-pointed) a tensor it was handed
+KINDS = (WRONG_ROWS, PADDING, WRONG_DTYPE, WRONG_LENGTH, WRONG_DEVICE, NON_TENSOR, RAISED, TIMEOUT, CAPTURE, RACE,
+         WROTE_INPUT)
+
+# Values of an answer (or of the reference) a divergence keeps: a wrong answer may have
+# millions of rows, or claim 2**40 through a stride of 0, and a replay file stays small.
+MAX_STORED_VALUES = 4096
 
 # Where the wrong rows came from (the source kind).
 EARLIER_FORWARD = "earlier_forward"
@@ -122,6 +128,57 @@ class Site:
             mode=self.mode, model=self.model, draft_step=self.draft_step,
             micro_batch=self.micro_batch, layer_id=self.layer_id, call=self.call, **extra,
         )
+
+
+def stored_values(tensor: torch.Tensor) -> list:
+    """The first :data:`MAX_STORED_VALUES` values of ``tensor`` in row-major order, read
+    without materialising the rest (an expanded tensor's rows share memory until copied)."""
+    cap = MAX_STORED_VALUES
+    while tensor.dim() > 1 and tensor.numel() and tensor[0].numel() >= cap:
+        tensor = tensor[0]
+    if tensor.dim() > 1 and tensor.numel():
+        tensor = tensor[: -(-cap // tensor[0].numel())]  # fewer than 2 * cap values
+    return tensor.reshape(-1)[:cap].tolist()
+
+
+# who reads each tensor a subject is handed, in SGLang: why writing into it is a bug
+_READERS = {
+    "out_cache_loc": "in SGLang this tensor is shared by every later layer and the allocator",
+    "positions": "in SGLang every later layer reads these positions (rotary embedding, ring rows)",
+    "req_pool_indices": "in SGLang every later layer and the scheduler read these request slots",
+    "extend_seq_lens": "in SGLang the attention backends and the scheduler read these token counts",
+    "extend_prefix_lens": "in SGLang the attention backends and the scheduler read these prefix lengths",
+    "seq_lens": "in SGLang the attention backends and the scheduler read these lengths",
+    "seq_lens_cpu": "in SGLang the scheduler and the backends' host-side planning read these lengths",
+    "mapping": ("it is the pool's full_to_swa_index_mapping, which only the allocator writes: every later "
+                "translation reads it"),
+}
+
+
+def row_span(rows: list[int]) -> str:
+    """``rows 0-3``, ``row 5``, ``rows 2-4 (7 rows in all)``: the first run of ``rows``."""
+    end = 0
+    while end + 1 < len(rows) and rows[end + 1] == rows[end] + 1:
+        end += 1
+    span = f"row {rows[0]}" if end == 0 else f"rows {rows[0]}-{rows[end]}"
+    return span if end + 1 == len(rows) else f"{span} ({len(rows)} rows in all)"
+
+
+def input_change(shown: str, tensor: torch.Tensor, held: torch.Tensor) -> str | None:
+    """What the subject did to ``tensor``, shown as ``shown`` and handed holding ``held``
+    (a participle phrase for :func:`wrote_input_sentence`); None if it holds ``held``."""
+    if tensor.shape != held.shape:
+        return f"resized {shown} from shape {tuple(held.shape)} to {tuple(tensor.shape)}"
+    now = tensor.cpu()
+    if torch.equal(now, held):
+        return None
+    return f"written into {shown} ({row_span((now != held).nonzero()[:, 0].unique().tolist())})"
+
+
+def wrote_input_sentence(when: str, name: str, change: str) -> str:
+    """``when``: "the end of forward 2 (decode)", "forward 2 (decode), layer 1", "the
+    eviction after forward 2"; ``name``: the input (a batch field, or "mapping")."""
+    return f"By {when}, the subject had {change}: {_READERS[name]}."
 
 
 @dataclass

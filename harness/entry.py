@@ -36,12 +36,20 @@ class _Signals:
     first: int | None = None  # the first SIGINT or SIGTERM this process received
     before_run: int | None = None  # the first one, when it came before a run started
     run_started = False  # a run's own watch took over: a signal no longer ends the program
+    received = 0  # SIGINT and SIGTERM signals noted so far
 
 
 def note_signal(signum: int) -> None:
     """Remember a signal (called by every handler of this process)."""
+    _Signals.received += 1
     if _Signals.first is None:
         _Signals.first = signum
+
+
+def signals_received() -> int:
+    """How many SIGINT and SIGTERM signals this process has noted: a KeyboardInterrupt
+    raised while the count moved came from a signal, not from the code that was running."""
+    return _Signals.received
 
 
 def signal_before_run() -> int | None:

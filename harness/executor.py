@@ -27,7 +27,7 @@ from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, Forw
 from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
-from .guard import CallGuard, SubjectFailure, SubjectTimeout, failure_of
+from .guard import MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, failure_of, quoted, type_name
 from .supervisor import announce_scenario
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -194,6 +194,10 @@ class _Run:
         self.subjects: dict[str, Subject] = {}
         self.mappings: dict[str, torch.Tensor] = {}
         self.mapping_versions: dict[str, int] = {}  # each registered tensor's version after the last sync
+        self.mappings_checked_at = -1  # the call count when the mappings were last checked
+        self.handed: _Handed | None = None  # the current forward's inputs
+        self.plan: ForwardPlan | None = None  # the current (or latest) forward
+        self.capturing = False  # a graph records what runs
         self.backends: dict[tuple[str, int], SimpleNamespace] = {}
         self.graphs: dict[tuple, tuple[Any, ForwardBatch, list[torch.Tensor]]] = {}
         self.arena = Arena(device)
@@ -215,7 +219,8 @@ class _Run:
         for model in c.models:
             spec = ModelSpec.of(c, model, self.device)
             where = _Where(model=model)
-            self.subjects[model] = self._invoke(where, f"{self.subject_cls.__name__}(spec)", self.subject_cls, spec)
+            name = quoted(self.subject_cls.__name__, MAX_NAME_CHARS)
+            self.subjects[model] = self._invoke(where, f"{name}(spec)", self.subject_cls, spec)
         self._sync("setup")
 
     def events(self) -> None:
@@ -225,7 +230,7 @@ class _Run:
                 self.state.apply(event, where)
                 self._sync(f"event {index} ({event.op})")
                 continue
-            plan = self.state.plan_forward(event, index, where, self.scenario.events)
+            plan = self.plan = self.state.plan_forward(event, index, where, self.scenario.events)
             self.forward += 1
             self._sync(f"the allocation for forward {self.forward}")
             if plan.graph_batch_size is None:
@@ -234,12 +239,14 @@ class _Run:
                 self._graph_forward(plan)
             self.state.finish_forward()
             self._sync(f"the eviction after forward {self.forward}")
+        self._check_mappings("the end of the run")
 
     def _eager_forward(self, plan: ForwardPlan) -> None:
         event = plan.event
         subject = self.subjects[plan.model]
         step_tensors = self._eager_inputs(plan)
         batches = [self._batch(plan, mb, plan.steps[0][mb], step_tensors[0][mb]) for mb in range(plan.num_micro_batches)]
+        self.handed.batches = batches
         timeline = self.timeline
         timeline.begin_forward()
         if not event.skip_init:
@@ -251,11 +258,13 @@ class _Run:
         calls, mutation = plan.calls, event.mutation
         for step, step_inputs in enumerate(plan.steps):
             if step:
-                for batch, tensors, inputs in zip(batches, step_tensors[step], step_inputs):
+                if not self._fields_named():  # checked before the fields are pointed at the step's tensors
+                    raise _Stop(self._input_written())
+                for batch, tensors in zip(batches, step_tensors[step]):
                     for name, tensor in tensors.items():
                         setattr(batch, name, tensor)
-                    batch.seq_lens_cpu = inputs.seq_lens.clone()
                     batch.draft_step = step
+                self.handed.step = step
                 timeline.begin_forward()  # the step's new inputs were copied on the current stream
             if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and mutation is None:
                 self._threaded_calls(plan, batches, step_inputs, timeline.consumed(subject.swa_write_location))
@@ -268,6 +277,7 @@ class _Run:
                 self._store_calls(plan, step, batches, store, calls[cut:])
             else:
                 self._store_calls(plan, step, batches, store, calls)
+        self._check_inputs(plan)
         if mutation is not None and mutation.after_calls == len(calls) * len(plan.steps):
             self._mutate(plan)  # after the last store: it shows in the next forward
 
@@ -317,16 +327,20 @@ class _Run:
                     out = store(batches[mb], layer_id)
                     if guard.fired_serial == serial:  # the subject swallowed the alarm
                         raise SubjectTimeout()
-                except (SubjectTimeout, Exception) as exc:
+                except BaseException as exc:
                     raise guard.failure("swa_write_location", exc) from None
+                # between calls the harness only compares (a lowered recursion limit lets the
+                # subject's own call run deeper than that); its other work restores the limit
                 expected = truths[mb]
                 if expected is None:
                     guard.in_call = False
+                    guard.restore_recursion_limit()
                     expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
                     guard.in_call = True
                 matched = right(out, expected, on_device)
                 if not matched or every_store:
                     guard.in_call = False
+                    guard.restore_recursion_limit()
                     self.call, self.checks = call + 1, checks + call + 1 - first
                     self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
                     guard.in_call = True
@@ -342,6 +356,7 @@ class _Run:
             raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
         finally:
             guard.in_call = False
+            guard.restore_recursion_limit()
         self.call, self.checks = first + len(calls), checks + len(calls)
 
     def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
@@ -353,6 +368,7 @@ class _Run:
         """
         count = plan.num_micro_batches
         layers = [[layer for mb, layer in plan.calls if mb == m] for m in range(count)]
+        rows = [inputs.num_rows for inputs in step_inputs]
         entered: list[int] = []
         answers: list[list[Any]] = [[] for _ in range(count)]
         lock = threading.Lock()
@@ -370,7 +386,7 @@ class _Run:
                     except BaseException as exc:  # noqa: BLE001 - reported as the subject's failure
                         answers[mb].append(failure_of("swa_write_location", exc))
                         return
-                    answers[mb].append(out.clone() if isinstance(out, torch.Tensor) else out)
+                    answers[mb].append(_snapshot(out, rows[mb]))
                 time.sleep(0)  # let another micro-batch take the next turn: the lock is not fair
 
         workers = [threading.Thread(target=run_micro_batch, args=(mb,), daemon=True) for mb in range(count)]
@@ -384,6 +400,7 @@ class _Run:
                 worker.join(budget)
         finally:
             sys.setswitchinterval(interval)
+        self.guard.restore_recursion_limit()
         self.schedules[plan.index] = tuple(entered)
         if any(worker.is_alive() for worker in workers):
             failure = SubjectFailure("timeout", f"micro-batch threads did not finish within {budget:g} s")
@@ -406,27 +423,26 @@ class _Run:
         key = (plan.model, plan.graph_batch_size, plan.calls)
         if key not in self.graphs:
             self.graphs[key] = self._capture(plan)
-        graph, static, sinks = self.graphs[key]
+        graph, static, sinks, fields = self.graphs[key]
         inputs = plan.steps[0][0]
-        for name, values in (
-            ("req_pool_indices", inputs.req_slots), ("extend_seq_lens", inputs.token_counts),
-            ("positions", inputs.positions), ("out_cache_loc", inputs.out_cache_loc),
-            ("seq_lens", inputs.seq_lens), ("seq_lens_cpu", inputs.seq_lens),
-            ("extend_prefix_lens", inputs.prefix_lens),
-        ):
-            getattr(static, name).copy_(values)
+        # the harness's own references to the static inputs: the batch's may be re-pointed
+        held = {name: getattr(inputs, _PACKED_FIELD[name]) for name in fields}
+        for name, tensor in fields.items():
+            tensor.copy_(held[name])
         static.forward_id = self._new_forward_id()
         static.mode = _MODES[plan.event.mode]
         static.num_live_tokens = inputs.num_live
+        self.handed = _Handed(plan, [static], [[fields]], held)
         subject = self.subjects[plan.model]
         if not plan.event.skip_init:
             self._invoke(_Where(plan), "init_replay_metadata", subject.init_replay_metadata, static)
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
+        self._check_inputs(plan)
         replay = self.call - 1
         self._check_answers(plan, 0, ((mb, layer_id, sink, replay) for (mb, layer_id), sink in zip(plan.calls, sinks)))
 
-    def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor]]:
+    def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor], dict[str, torch.Tensor]]:
         """Capture one batch size as the decode graph runner does: metadata for capture once,
         the forward run eagerly ``graph_warmups`` times on the static inputs, then once more
         inside the capture. The harness captures a size at its first replay, on inputs
@@ -437,27 +453,34 @@ class _Run:
         for name, fill in STATIC_INPUTS.items():
             buffers[name][:size].fill_(fill)
         self.static_seq_lens_cpu[plan.model][:size].fill_(STATIC_INPUTS["seq_lens"])
+        fields = {name: buffer[:size] for name, buffer in buffers.items()}
+        fields["seq_lens_cpu"] = self.static_seq_lens_cpu[plan.model][:size]
         static = ForwardBatch(
             forward_id=self._new_forward_id(), mode=ForwardMode.DECODE, micro_batch=0,
-            backend=self._backend(plan.model, 0), num_live_tokens=0,
-            seq_lens_cpu=self.static_seq_lens_cpu[plan.model][:size],
-            **{name: buffer[:size] for name, buffer in buffers.items()},
+            backend=self._backend(plan.model, 0), num_live_tokens=0, **fields,
         )
+        fills = {**STATIC_INPUTS, "seq_lens_cpu": STATIC_INPUTS["seq_lens"]}
+        held = {name: torch.full((size,), fills[name]) for name in fields}
+        self.handed = _Handed(plan, [static], [[fields]], held, phase="the graph capture for")
         self._invoke(_Where(plan), "init_capture_metadata", subject.init_capture_metadata, static)
         for _ in range(self.config.graph_warmups):
             self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
         sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
-        static.in_graph = True
-        with graph.capture():
-            self._run_graph_forward(plan, static, "graph capture", sinks)
+        static.in_graph = self.capturing = True
+        try:
+            with graph.capture():
+                self._run_graph_forward(plan, static, "graph capture", sinks)
+        finally:
+            self.capturing = False
         static.in_graph = False
         # what the captured work yields for the capture inputs (a GPU capture runs nothing)
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
+        self._check_inputs(plan)
         if sinks:
-            self.history.record_capture(self.forward, sinks[0].to("cpu", copy=True), static.num_live_tokens)
-        return graph, static, sinks
+            self.history.record_capture(self.forward, sinks[0].to("cpu", copy=True), 0)
+        return graph, static, sinks, fields
 
     def _run_graph_forward(self, plan: ForwardPlan, static: ForwardBatch, phase: str,
                            sinks: list[torch.Tensor] | None = None) -> None:
@@ -468,7 +491,7 @@ class _Run:
         for index, (mb, layer_id) in enumerate(plan.calls):
             where = _Where(plan, 0, mb, layer_id)
             out = self._invoke(where, f"swa_write_location ({phase})", subject.swa_write_location, static, layer_id)
-            problem = self._shape_problem(self._site(where), out, static.num_tokens)
+            problem = self._shape_problem(self._site(where), out, plan.graph_batch_size)
             if problem is not None:
                 raise _Stop(problem)
             if sinks is not None:
@@ -520,12 +543,15 @@ class _Run:
 
     def _verdict(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, out: Any,
                  expected: torch.Tensor, matched: bool, call: int) -> None:
-        """What a store the fast comparison did not settle comes to: its divergence (None
-        again for a tensor subclass that holds the right rows), shown to ``on_store``."""
+        """What a store the fast comparison did not settle comes to: its divergence, shown to
+        ``on_store``. A wrong answer given after the subject wrote into its inputs is put
+        down to the write."""
         divergence = None
         if not matched:
-            site = self._site(_Where(plan, step, mb, layer_id), call)
-            divergence = self._diagnose(site, plan.model, plan.steps[step][mb], out, expected.cpu())
+            where = _Where(plan, step, mb, layer_id)
+            divergence = self._input_written(where) or self._diagnose(
+                self._site(where, call), plan.model, plan.steps[step][mb], out, expected.cpu()
+            )
         if self.on_store is not None:
             self.on_store(StoreOutcome(self.forward, step, mb, layer_id, divergence))
         if divergence is not None:
@@ -535,8 +561,13 @@ class _Run:
 
     def _shape_problem(self, site: dx.Site, out: Any, rows: int) -> dx.Divergence | None:
         where = f"At {site.describe()}, swa_write_location"
-        if not isinstance(out, torch.Tensor):
-            return site.divergence(dx.NON_TENSOR, f"{where} returned {type(out).__name__}, not a tensor.")
+        # an answer is read only as a plain tensor: a subclass's methods are the subject's code
+        if type(out) is not torch.Tensor:
+            if isinstance(out, torch.Tensor):
+                return site.divergence(
+                    dx.NON_TENSOR, f"{where} returned a {type_name(out)} (a tensor subclass), not a torch.Tensor."
+                )
+            return site.divergence(dx.NON_TENSOR, f"{where} returned {type_name(out)}, not a tensor.")
         if out.is_nested or out.layout is not torch.strided:
             layout = "nested" if out.is_nested else str(out.layout).removeprefix("torch.")
             return site.divergence(dx.NON_TENSOR, f"{where} returned a {layout} tensor, not a dense one.")
@@ -545,12 +576,15 @@ class _Run:
                 dx.WRONG_DEVICE, f"{where} returned a tensor on {out.device}, not on {self.device}."
             )
         if out.dtype != torch.int32:
-            nan = " containing NaN" if out.is_floating_point() and bool(torch.isnan(out).any()) else ""
+            nan = " containing NaN" if (
+                out.is_floating_point() and not self.capturing and out.numel() <= _MAX_SCANNED
+                and bool(torch.isnan(out).any())
+            ) else ""
             return site.divergence(dx.WRONG_DTYPE, f"{where} returned {out.dtype}{nan}, not torch.int32.")
         if out.dim() != 1 or out.shape[0] != rows:
             return site.divergence(
                 dx.WRONG_LENGTH, f"{where} returned shape {tuple(out.shape)} for {rows} rows.",
-                actual=out.reshape(-1).tolist(),
+                actual=dx.stored_values(out),
             )
         return None
 
@@ -569,7 +603,7 @@ class _Run:
             n_wrong = int((live != want).sum())
             return site.divergence(
                 dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n),
-                expected=want.tolist(), actual=live.tolist(), source=_source_dict(source),
+                expected=dx.stored_values(want), actual=dx.stored_values(live), source=_source_dict(source),
             )
         padding = actual[n:]
         wrong = (padding != expected[n:]).nonzero().flatten().tolist()
@@ -587,22 +621,20 @@ class _Run:
             if aliased else dx.Source(dx.UNKNOWN, f"row {value}", "padding must write to the dummy slot")
         )
         return site.divergence(
-            dx.PADDING, sentence, expected=expected.tolist(), actual=actual.tolist(), source=_source_dict(source),
+            dx.PADDING, sentence, expected=dx.stored_values(expected), actual=dx.stored_values(actual),
+            source=_source_dict(source),
         )
 
     def _explain_length(self, site, inputs, out, expected, problem) -> dx.Divergence:
-        actual = out.to("cpu")
+        """A 1-D answer of the wrong length, read only when a candidate has its length (it
+        may claim 2**40 rows through a stride of 0)."""
+        stored = {"expected": dx.stored_values(expected), "actual": problem.actual}
         for source, rows in self.history.candidates(site, self.truth, inputs, self.config):
-            if source.kind != dx.DUMMY and rows.shape == actual.shape and torch.equal(rows, actual):
-                sentence = (f"Stale cache: at {site.describe()}, {actual.shape[0]} rows came back for "
+            if source.kind != dx.DUMMY and rows.shape == out.shape and torch.equal(rows, out.cpu()):
+                sentence = (f"Stale cache: at {site.describe()}, {out.shape[0]} rows came back for "
                             f"{expected.shape[0]}: they are {source.phrase}: {source.consequence}.")
-                return site.divergence(
-                    dx.WRONG_LENGTH, sentence, expected=expected.tolist(), actual=actual.tolist(),
-                    source=_source_dict(source),
-                )
-        return site.divergence(
-            problem.kind, problem.sentence, expected=expected.tolist(), actual=actual.tolist()
-        )
+                return site.divergence(dx.WRONG_LENGTH, sentence, source=_source_dict(source), **stored)
+        return site.divergence(problem.kind, problem.sentence, **stored)
 
     # ---- plumbing ----------------------------------------------------------------------
 
@@ -620,6 +652,12 @@ class _Run:
             raise DeadlinePassed(self.checks)
 
     def _failed(self, where: "_Where", failure: SubjectFailure) -> _Stop:
+        """The divergence of a failed call: the subject's write into its inputs, if it made
+        one (a failure on inputs it corrupted follows from it), else the failure."""
+        # nothing is read while a graph records: the reads would be captured
+        written = None if self.capturing else self._input_written(where)
+        if written is not None:
+            return _Stop(written)
         site = self._site(where)
         kind = dx.TIMEOUT if failure.kind == "timeout" else dx.RAISED
         if isinstance(failure.exc, GraphCaptureError):
@@ -639,8 +677,10 @@ class _Run:
         does not (a registration, a clear), at a cost that follows what changed rather than
         the pool's size (below a few thousand rows, comparing and copying it whole costs
         less than picking rows out). A registered tensor is written only where values
-        differ, as a subject may key a cache on its in-place version; one whose version
-        moved under the subject's own in-place writes is put right whole."""
+        differ, as a subject may key a cache on its in-place version. A subject that wrote
+        into a mapping is stopped first (:meth:`_check_mappings`): the sync never hides it."""
+        if self.call != self.mappings_checked_at:
+            self._check_mappings(what)
         if self.state.version == self.seen_version:
             return
         self.seen_version = self.state.version
@@ -672,20 +712,18 @@ class _Run:
                 # a rebuilt pool's mapping is allocated while the old one is still registered
                 self.mappings[model] = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
+                self.mapping_versions[model] = self.mappings[model]._version
                 self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
             else:
                 mapping = self.mappings[model]
-                if mapping._version != self.mapping_versions[model]:  # the subject wrote into it
-                    if not torch.equal(mapping.cpu(), truth):
-                        mapping.copy_(truth)
-                elif changed:
+                if changed:
                     if rows is None:
                         mapping.copy_(truth)
                     elif self.on_host:  # in place through torch, so that the tensor's version moves
                         mapping.index_put_((rows,), torch.from_numpy(new_rows))
                     else:
                         mapping.index_put_((rows.to(self.device),), torch.from_numpy(new_rows).to(self.device))
-            self.mapping_versions[model] = self.mappings[model]._version
+                self.mapping_versions[model] = mapping._version
 
     def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs, tensors: dict[str, torch.Tensor]) -> ForwardBatch:
         return ForwardBatch(
@@ -694,7 +732,6 @@ class _Run:
             micro_batch=mb,
             backend=self._backend(plan.model, mb),
             num_live_tokens=inputs.num_live,
-            seq_lens_cpu=inputs.seq_lens.clone(),
             num_draft_steps=len(plan.steps),
             stream=self.timeline.stream_for(mb),
             side_stream=self.timeline.side_stream,
@@ -703,10 +740,11 @@ class _Run:
 
     def _eager_inputs(self, plan: ForwardPlan) -> list[list[dict[str, torch.Tensor]]]:
         """Per draft step and micro-batch, the input tensors, placed in the arena slot of this
-        forward (copies: a subject that writes into its inputs must not touch the truth's).
-        Every step's locations and positions exist from the start, as the engine allocates a
-        multi-step draft's locations at once. Each step input's tensors are packed one
-        after another, so the placed ones are views of one copy, in the same order."""
+        forward (copies: a subject that writes into its inputs must not touch the truth's),
+        and the host copy of the lengths. Every step's locations and positions exist from
+        the start, as the engine allocates a multi-step draft's locations at once. Each step
+        input's tensors are packed one after another, so the placed ones are views of one
+        copy, in the same order; :attr:`handed` keeps it to check them with one comparison."""
         count = self.eager_forwards.get(plan.model, 0)
         self.eager_forwards[plan.model] = count + 1
         sources, sizes = [], []
@@ -719,11 +757,119 @@ class _Run:
                 else:
                     sources.append(inputs.packed)
                     sizes += packed_sizes
-        placed = iter(self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources).split_with_sizes(sizes))
-        return [
-            [dict(zip(_BATCH_INPUTS if step == 0 else _BATCH_INPUTS[2:], placed)) for _ in step_inputs]
-            for step, step_inputs in enumerate(plan.steps)
-        ]
+        block = self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources)
+        placed = iter(block.split_with_sizes(sizes))
+        fields = []
+        for step, step_inputs in enumerate(plan.steps):
+            step_fields = []
+            for inputs in step_inputs:
+                tensors = dict(zip(_BATCH_INPUTS if step == 0 else _BATCH_INPUTS[2:], placed))
+                # on the host, a copy of the placed lengths, which the block's check vouches for
+                tensors["seq_lens_cpu"] = (tensors["seq_lens"] if self.on_host else inputs.seq_lens).clone()
+                step_fields.append(tensors)
+            fields.append(step_fields)
+        self.handed = _Handed(plan, [], fields, block=block, block_held=sources, block_version=block._version)
+        return fields
+
+    # ---- what the subject was handed -----------------------------------------------------
+
+    def _check_inputs(self, plan: ForwardPlan) -> None:
+        """At the end of a forward (graph replay, capture): every tensor handed to the subject
+        still holds what it was handed, and every batch field still names it. One
+        comparison covers an eager forward's device inputs; what it finds is explained only
+        when something changed."""
+        handed, holds = self.handed, self._holds
+        if handed.block is not None:
+            held = handed.block_held
+            # a view resized or re-pointed in place moves the version its block shares
+            intact = handed.block._version == handed.block_version and holds(
+                handed.block, held[0] if len(held) == 1 else torch.cat(held)
+            )
+            for step_fields, step_inputs in zip(handed.fields, plan.steps):
+                for fields, inputs in zip(step_fields, step_inputs):
+                    lengths = fields["seq_lens"] if self.on_host else inputs.seq_lens
+                    intact = intact and _equal(fields["seq_lens_cpu"], lengths)
+        else:
+            intact = all(holds(tensor, handed.values[name]) for name, tensor in handed.fields[0][0].items())
+        if not intact or not self._fields_named():
+            written = self._input_written()
+            if written is not None:
+                raise _Stop(written)
+
+    def _holds(self, tensor: torch.Tensor, held: torch.Tensor) -> bool:
+        return _equal(tensor, held) if self.on_host else _equal(tensor.cpu(), held)
+
+    def _fields_named(self) -> bool:
+        """Whether the batches' fields still name the tensors handed for the current step."""
+        handed = self.handed
+        for mb, batch in enumerate(handed.batches):
+            found = vars(batch)
+            for name, tensor in handed.named(mb).items():
+                if found.get(name) is not tensor:
+                    return False
+        return True
+
+    def _input_written(self, where: "_Where | None" = None) -> dx.Divergence | None:
+        """The first change the subject made to what it was handed (``where``: the call by
+        which it was made, if known): a batch field re-pointed, a tensor written or
+        resized, a mapping written."""
+        handed = self.handed
+        if handed is not None:
+            for mb, batch in enumerate(handed.batches):
+                for name, tensor in handed.named(mb).items():
+                    found = vars(batch).get(name, _MISSING)
+                    if found is not tensor:
+                        what = ("another tensor" if type(found) is torch.Tensor else "nothing" if found is _MISSING
+                                else "None" if found is None else f"a {type_name(found)}")
+                        return self._wrote(where, _Where(handed.plan, handed.step, mb), name,
+                                           f"replaced the batch's {name} with {what}")
+            for step, step_fields in enumerate(handed.fields):
+                for mb, fields in enumerate(step_fields):
+                    for name, tensor in fields.items():
+                        change = dx.input_change(name, tensor, handed.held(step, mb, name))
+                        if change is not None:
+                            return self._wrote(where, _Where(handed.plan, step, mb), name, change)
+        return self._mapping_written(None, where)
+
+    def _wrote(self, by: "_Where | None", found: "_Where", name: str, change: str) -> dx.Divergence:
+        """The divergence of a write found by the call ``by`` (None: after the forward's
+        calls, in the batch of ``found``)."""
+        at = by or found
+        return self._site(at).divergence(dx.WROTE_INPUT, dx.wrote_input_sentence(self._when(at, by is not None), name, change))
+
+    def _when(self, where: "_Where", by_call: bool) -> str:
+        described = self._site(where).describe()
+        if by_call:
+            return described
+        return f"{self.handed.phase if self.handed is not None else 'the end of'} {described}"
+
+    def _check_mappings(self, what: str) -> None:
+        """Before the harness writes into the registered mappings (``what`` names the sync;
+        a sync checks only after subject calls), the subject has left them as the last sync
+        did. On the host a small mapping is compared whole (an in-place write through
+        numpy leaves the version alone); a large one, or one on a device, when its version
+        moved."""
+        self.mappings_checked_at = self.call
+        written = self._mapping_written(what)
+        if written is not None:
+            raise _Stop(written)
+
+    def _mapping_written(self, when: str | None, by: "_Where | None" = None) -> dx.Divergence | None:
+        """A write into a registered mapping, found at the sync ``when`` names, by the call
+        ``by``, or (neither) after a forward's calls."""
+        synced = self.history.mappings
+        for model, mapping in self.mappings.items():
+            if mapping._version == self.mapping_versions[model] and not (
+                self.on_host and synced[model].shape[0] < _ROWS_COPIED_WHOLE_BELOW and not _equal(mapping, synced[model])
+            ):
+                continue
+            change = dx.input_change(f"the {model} model's mapping", mapping, synced[model])
+            if change is not None:
+                at = by or (_Where(self.plan) if self.plan is not None and self.plan.model == model
+                            else _Where(model=model))
+                sentence = dx.wrote_input_sentence(when or self._when(at, by is not None), "mapping", change)
+                return self._site(at).divergence(dx.WROTE_INPUT, sentence)
+        return None
 
     def _backend(self, model: str, mb: int) -> SimpleNamespace:
         backend = self.backends.get((model, mb))
@@ -755,6 +901,8 @@ class _Run:
 # mappings shorter than this are synced whole: below it, three passes over the whole
 # tensor (compare, keep, copy) cost less than picking out and writing the changed rows
 _ROWS_COPIED_WHOLE_BELOW = 4096
+# the most values of a wrong-dtype answer scanned for NaN (an expanded one may claim 2**40)
+_MAX_SCANNED = 1 << 20
 _MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
 
 # the batch field of each of PACKED_INPUTS, in its order; every draft step's locations,
@@ -763,6 +911,42 @@ _BATCH_INPUTS = tuple({
     "req_slots": "req_pool_indices", "token_counts": "extend_seq_lens", "positions": "positions",
     "out_cache_loc": "out_cache_loc", "seq_lens": "seq_lens", "prefix_lens": "extend_prefix_lens",
 }[name] for name in PACKED_INPUTS)
+
+
+@dataclass
+class _Handed:
+    """The inputs of one forward (or graph capture) as handed to the subject: per draft
+    step and micro-batch, each batch field's tensor; the batch objects; and what the
+    tensors must hold, read from the plan or (graphs) given as ``values``. ``block``
+    (eager forwards): the tensors of every step but the host lengths, one after another,
+    and ``block_held`` what it was copied from."""
+
+    plan: ForwardPlan
+    batches: list[ForwardBatch]
+    fields: list[list[dict[str, torch.Tensor]]]
+    values: dict[str, torch.Tensor] | None = None
+    block: torch.Tensor | None = None
+    block_held: list[torch.Tensor] = field(default_factory=list)
+    block_version: int = 0
+    step: int = 0  # the draft step whose tensors the batch fields name now
+    phase: str = "the end of"  # how a write found after the calls is dated
+
+    def named(self, mb: int) -> dict[str, torch.Tensor]:
+        """What micro-batch ``mb``'s batch fields name now: the current step's tensors, and
+        the first step's for the fields a later step does not replace."""
+        first = self.fields[0][mb]
+        return first if self.step == 0 else {**first, **self.fields[self.step][mb]}
+
+    def held(self, step: int, mb: int, name: str) -> torch.Tensor:
+        if self.values is not None:
+            return self.values[name]
+        return getattr(self.plan.steps[step][mb], _PACKED_FIELD[name])
+
+
+_MISSING = object()  # a batch field the subject deleted
+
+# the StepInputs field each batch field is handed from
+_PACKED_FIELD = {**dict(zip(_BATCH_INPUTS, PACKED_INPUTS)), "seq_lens_cpu": "seq_lens"}
 
 
 class _Where(NamedTuple):
@@ -792,6 +976,15 @@ def _right(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor],
         )
     except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
         return False
+
+
+def _snapshot(out: Any, rows: int) -> Any:
+    """What an answer held when it returned, copied if it is a plain dense tensor that a
+    batch of ``rows`` rows could have (any other answer is wrong by its type or shape,
+    which later calls cannot change)."""
+    if type(out) is torch.Tensor and out.layout is torch.strided and not out.is_nested and out.numel() <= rows:
+        return out.clone()
+    return out
 
 
 def _source_dict(source: dx.Source) -> dict[str, Any]:

@@ -18,16 +18,33 @@ calls, bumps ``serial`` before each call, raises :class:`SubjectTimeout` after a
 serial equals ``fired_serial`` (the subject swallowed the alarm), clears ``in_call`` while
 its own work between calls may be slow, and turns what a call raised into a failure with
 :meth:`CallGuard.failure`.
+
+Whatever a call raises is the subject's, ``BaseException`` included (``SystemExit``,
+``GeneratorExit``, a ``KeyboardInterrupt`` it raised itself), with two exceptions that stop
+the harness instead: the watchdog's :class:`SubjectTimeout` for the call in flight, and a
+``KeyboardInterrupt`` raised while a SIGINT or SIGTERM arrived (every handler of the process
+notes the signal, :func:`swafuzz.entry.note_signal`; under Python's own SIGINT handler, which
+notes nothing, a guard puts one in that does). A subject's text (its exception's name and
+message, its traceback) is shown only rendered: cut to a bounded length, and quoted with
+control characters escaped unless it is one printable line.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 import traceback
 from time import monotonic
 from typing import Any, Callable
+
+from .boundary import printable
+from .entry import note_signal, signals_received
+
+MAX_MESSAGE_CHARS = 2000  # of a subject's text in a sentence
+MAX_NAME_CHARS = 200  # of a name the subject chose (a class's)
+MAX_DETAIL_CHARS = 20_000  # of a traceback kept with a divergence
 
 
 class SubjectTimeout(BaseException):
@@ -46,9 +63,55 @@ class SubjectFailure(Exception):
         self.exc = exc
 
 
+def quoted(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """A subject's text for one line of a sentence: itself when it is one printable line of
+    at most ``limit`` characters, otherwise quoted with control characters escaped and cut
+    at about ``limit`` characters (a message may be megabytes, or hold escape sequences
+    that rewrite a terminal)."""
+    text = "".join((text,))  # a plain str: the methods of a str subclass are the subject's code
+    if len(text) <= limit and text.isprintable():
+        return text
+    shown = repr(text[:limit])
+    if len(shown) > limit or len(text) > limit:
+        shown = f"{shown[:limit]}... ({len(text)} characters)"
+    return shown
+
+
+def type_name(value: Any) -> str:
+    return quoted(type(value).__name__, MAX_NAME_CHARS)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Name: message`` of a subject's exception, read without trusting its ``__str__``."""
+    name = type_name(exc)
+    try:
+        message = str(exc)
+    except BaseException as failed:  # noqa: BLE001 - the message is the subject's code
+        return f"{name} (its message could not be read: str() raised {type_name(failed)})"
+    return f"{name}: {quoted(message)}" if message else name
+
+
+def traceback_text(exc: BaseException) -> str:
+    """The traceback of a subject's exception, cut to :data:`MAX_DETAIL_CHARS` (its first
+    and last frames kept) with control characters escaped line by line."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except BaseException as failed:  # noqa: BLE001 - formatting reads the subject's objects
+        return f"(no traceback: formatting it raised {type_name(failed)})"
+    if len(text) > MAX_DETAIL_CHARS:
+        half = MAX_DETAIL_CHARS // 2
+        text = f"{text[:half]}\n... ({len(text) - 2 * half} characters cut) ...\n{text[-half:]}"
+    return "\n".join(map(printable, text.split("\n")))
+
+
 def failure_of(what: str, exc: BaseException) -> SubjectFailure:
-    detail = "".join(traceback.format_exception(exc))
-    return SubjectFailure("raised", f"{what} raised {type(exc).__name__}: {exc}", detail, exc)
+    return SubjectFailure("raised", f"{what} raised {describe_exception(exc)}", traceback_text(exc), exc)
+
+
+def _note_and_interrupt(signum: int, frame: Any) -> None:
+    """Python's SIGINT handler, noting the signal."""
+    note_signal(signum)
+    raise KeyboardInterrupt
 
 
 class CallGuard:
@@ -61,10 +124,15 @@ class CallGuard:
         # the watchdog's view: the call it last saw in flight, and when it first saw it
         self._seen_serial = -1
         self._seen_at = 0.0
+        self._interrupt_handler: Any = None  # the SIGINT handler this guard replaced, if it did
 
     def __enter__(self) -> "CallGuard":
+        self._signals = signals_received()
+        self._recursion_limit = sys.getrecursionlimit()
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGALRM, self._on_alarm)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self._interrupt_handler = signal.signal(signal.SIGINT, _note_and_interrupt)
             self._watched = True
             _WATCHDOG.watch(self)
         return self
@@ -73,6 +141,9 @@ class CallGuard:
         if self._watched:
             _WATCHDOG.unwatch(self)
             signal.signal(signal.SIGALRM, self._previous_handler)
+            if self._interrupt_handler is not None:
+                signal.signal(signal.SIGINT, self._interrupt_handler)
+        sys.setrecursionlimit(self._recursion_limit)
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         self.serial = serial = self.serial + 1
@@ -82,16 +153,28 @@ class CallGuard:
             if self.fired_serial == serial:  # the subject swallowed the alarm
                 raise SubjectTimeout()
             return result
-        except (SubjectTimeout, Exception) as exc:
+        except BaseException as exc:
             raise self.failure(what, exc) from None
         finally:
             self.in_call = False
+            self.restore_recursion_limit()
 
     def failure(self, what: str, exc: BaseException) -> SubjectFailure:
-        """What a call's exception (or its :class:`SubjectTimeout`) comes to."""
-        if isinstance(exc, SubjectTimeout):
+        """What a call's exception comes to: a timeout for the watchdog's alarm of the call
+        in flight, else the subject's failure. A KeyboardInterrupt raised while a signal
+        arrived is no failure: it is raised again."""
+        self.restore_recursion_limit()
+        if isinstance(exc, SubjectTimeout) and self.fired_serial == self.serial:
             return SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s")
+        if isinstance(exc, KeyboardInterrupt) and signals_received() != self._signals:
+            raise exc
         return failure_of(what, exc)
+
+    def restore_recursion_limit(self) -> None:
+        """Undo a subject's lowering of the recursion limit, under which the harness's own
+        code would fail; a raised one is left until the guard is left."""
+        if sys.getrecursionlimit() < self._recursion_limit:
+            sys.setrecursionlimit(self._recursion_limit)
 
     def _on_alarm(self, signum, frame) -> None:
         if self.in_call and self.serial == self.fired_serial:

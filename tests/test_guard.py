@@ -4,6 +4,7 @@ call that caused it."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -11,7 +12,8 @@ import time
 
 import pytest
 
-from swafuzz.guard import CallGuard, SubjectFailure, SubjectTimeout
+from swafuzz.entry import note_signal
+from swafuzz.guard import MAX_DETAIL_CHARS, MAX_MESSAGE_CHARS, CallGuard, SubjectFailure, SubjectTimeout
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
@@ -52,13 +54,94 @@ def test_an_exception_becomes_a_raised_failure_with_message_detail_and_cause():
     assert "Traceback" in failure.detail and "boom" in failure.detail
 
 
-def test_keyboard_interrupt_is_not_turned_into_a_subject_failure():
-    def interrupted():
-        raise KeyboardInterrupt
+class _Custom(BaseException):
+    pass
 
+
+def _raise(exc: BaseException):
+    def call():
+        raise exc
+
+    return call
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3), GeneratorExit(), _Custom("mine"),
+                                 SubjectTimeout()], ids=lambda exc: type(exc).__name__)
+def test_a_base_exception_the_subject_raises_itself_is_a_raised_failure(exc):
+    with CallGuard(1.0) as guard:
+        with pytest.raises(SubjectFailure) as info:
+            guard.call("swa_write_location", _raise(exc))
+    assert info.value.kind == "raised"
+    assert info.value.message.startswith(f"swa_write_location raised {type(exc).__name__}")
+
+
+def _interrupted_by(signum: int):
+    def call():
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # bounded: the signal lands before it ends
+
+    return call
+
+
+def test_a_sigint_under_pythons_own_handler_interrupts_through_the_guard():
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with CallGuard(1.0) as guard:
         with pytest.raises(KeyboardInterrupt):
-            guard.call("swa_write_location", interrupted)
+            guard.call("swa_write_location", _interrupted_by(signal.SIGINT))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_interrupt_raised_by_a_handler_that_notes_the_signal_interrupts_through_the_guard():
+    def on_sigterm(signum, frame):
+        note_signal(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with CallGuard(1.0) as guard:
+            with pytest.raises(KeyboardInterrupt):
+                guard.call("swa_write_location", _interrupted_by(signal.SIGTERM))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_interrupt_the_subject_raises_after_a_signal_of_an_earlier_run_is_still_its_own():
+    with CallGuard(1.0) as guard, pytest.raises(KeyboardInterrupt):
+        guard.call("swa_write_location", _interrupted_by(signal.SIGINT))
+    with CallGuard(1.0) as guard, pytest.raises(SubjectFailure):
+        guard.call("swa_write_location", _raise(KeyboardInterrupt()))
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message for you")
+
+
+@pytest.mark.parametrize("exc, shown", [
+    (_Unprintable(), "swa_write_location raised _Unprintable (its message could not be read: str() raised "
+                     "RuntimeError)"),
+    (ValueError("two\nlines \x1b[2J"), "swa_write_location raised ValueError: 'two\\nlines \\x1b[2J'"),
+    (ValueError(""), "swa_write_location raised ValueError"),
+], ids=["str-raises", "control-characters", "empty"])
+def test_a_failure_message_is_one_printable_line(exc, shown):
+    with CallGuard(1.0) as guard, pytest.raises(SubjectFailure) as info:
+        guard.call("swa_write_location", _raise(exc))
+    assert info.value.message == shown
+
+
+def test_a_megabyte_message_and_its_traceback_are_cut():
+    with CallGuard(1.0) as guard, pytest.raises(SubjectFailure) as info:
+        guard.call("swa_write_location", _raise(ValueError("x" * 5_000_000)))
+    assert len(info.value.message) < MAX_MESSAGE_CHARS + 100
+    assert info.value.message.endswith("... (5000000 characters)")
+    assert len(info.value.detail) < MAX_DETAIL_CHARS + 100 and "characters cut" in info.value.detail
+
+
+def test_a_traceback_keeps_newlines_and_escapes_other_control_characters():
+    with CallGuard(1.0) as guard, pytest.raises(SubjectFailure) as info:
+        guard.call("swa_write_location", _raise(ValueError("\x1b[31mred")))
+    assert "\x1b" not in info.value.detail and "\\x1b[31mred" in info.value.detail
+    assert info.value.detail.count("\n") > 2
 
 
 @pytest.mark.parametrize(

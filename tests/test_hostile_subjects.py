@@ -1,0 +1,396 @@
+"""Specification of what a broken or hostile subject comes to: a divergence of its own kind,
+never a pass, an exit, a crash or a finding that cannot be kept.
+
+Each row of :data:`HOSTILE` is a small subject, a scenario that exposes it, and the kind
+and words of the divergence it must get (in the manner of PyTorch's OpInfo tables). Every
+row also checks what any divergence must be: one printable sentence of bounded length,
+a bounded traceback and stored values, and a replay file that reads back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from swafuzz import Subject, run_scenario
+from swafuzz import campaign, executor, guard
+from swafuzz.builtin import Uncached
+from swafuzz.diagnosis import MAX_STORED_VALUES
+from swafuzz.fuzz import fuzz
+from swafuzz.reference import Scenario
+from swafuzz.registry import resolve_subject
+from swafuzz.replay import Replay, load_replay, write_replay
+from swafuzz.strategies.examples import EXAMPLES
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
+
+
+def _scenario(config: dict, events: list[dict]) -> Scenario:
+    return Scenario.from_dict({"config": config, "events": events})
+
+
+_TWO = {"op": "admit", "count": 2}
+EAGER = _scenario({"start_layer": 0, "end_layer": 2},
+                  [_TWO, {"op": "forward", "requests": [0, 1]}, {"op": "forward", "requests": [0, 1]}])
+GRAPH = _scenario({"start_layer": 0, "end_layer": 2, "graph_batch_sizes": [4]},
+                  [_TWO, {"op": "forward", "requests": [0, 1], "graph": True},
+                   {"op": "forward", "requests": [0, 1], "graph": True}])
+DRAFT = EXAMPLES["multi-step-draft"]
+OVERLAP = EXAMPLES["two-batch-overlap"]
+
+
+# ---- subjects that raise ---------------------------------------------------------------
+
+
+def _raises_in(hook: str, exc: Callable[[], BaseException]) -> type[Subject]:
+    """Right everywhere, but ``hook`` raises a fresh ``exc()``."""
+
+    def raising(self, *args):
+        raise exc()
+
+    return type(f"RaisesIn_{hook}", (Uncached,), {hook: raising})
+
+
+class _Custom(BaseException):
+    """An exception of the subject's own that ``except Exception`` does not catch."""
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+_BADLY_NAMED = type("Bad\nName\x1b[31m", (Exception,), {})
+
+
+# ---- subjects that write into what they are given -----------------------------------------
+
+
+class _ZeroesOutCacheLocAtLastLayer(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        if batch.forward_id == 2 and layer_id == 1:
+            batch.out_cache_loc.zero_()
+        return rows
+
+
+class _ZeroesOutCacheLocThenReadsIt(Uncached):
+    """Zeroes the locations at layer 0 of forward 2: layer 1 translates the zeros."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        if batch.forward_id == 2 and layer_id == 0:
+            batch.out_cache_loc.zero_()
+        return rows
+
+
+class _WritesPositionsThroughNumpy(Uncached):
+    """A write that leaves the tensor's version alone."""
+
+    def swa_write_location(self, batch, layer_id):
+        batch.positions.numpy()[:] += 1
+        return super().swa_write_location(batch, layer_id)
+
+
+class _WritesSeqLensCpu(Uncached):
+    def init_forward_metadata(self, batch):
+        batch.seq_lens_cpu[1] = 99
+
+
+class _RepointsOutCacheLoc(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        batch.out_cache_loc = batch.out_cache_loc.clone()
+        return super().swa_write_location(batch, layer_id)
+
+
+class _DeletesPositions(Uncached):
+    def init_forward_metadata(self, batch):
+        del batch.positions
+
+
+class _WritesPrefixLensInDraftStep1(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        if batch.draft_step == 1:
+            batch.extend_prefix_lens.fill_(-1)
+        return super().swa_write_location(batch, layer_id)
+
+
+class _WipesMappingThroughNumpy(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        self.mapping.numpy()[1:] = 0
+        return rows
+
+
+class _ResizesMappingAtCapture(Uncached):
+    def init_capture_metadata(self, batch):
+        self.mapping.resize_(1)
+
+
+class _DropsPositionsInCapture(Uncached):
+    def init_graph_metadata(self, batch):
+        if batch.in_graph:
+            batch.positions = None
+
+
+class _WritesStaticLocationsAtReplay(Uncached):
+    def init_replay_metadata(self, batch):
+        batch.out_cache_loc[0] = 5
+
+
+class _CapturesAWriteIntoPositions(Uncached):
+    """The captured work writes into a static input, and so does every replay."""
+
+    def swa_write_location(self, batch, layer_id):
+        if batch.in_graph:
+            batch.positions.add_(1)
+        return super().swa_write_location(batch, layer_id)
+
+
+# ---- answers a harness could choke on ------------------------------------------------------
+
+
+class _Booby(torch.Tensor):
+    """A tensor whose every operation raises."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError("reading this answer is an error")
+
+
+class _ReturnsBooby(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        return super().swa_write_location(batch, layer_id).as_subclass(_Booby)
+
+
+class _ReturnsFake(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            return torch.empty(2, dtype=torch.int32)
+
+
+def _returns(make: Callable[[], torch.Tensor], name: str) -> type[Subject]:
+    return type(name, (Uncached,), {"swa_write_location": lambda self, batch, layer_id: make()})
+
+
+_TERA_ROWS = 2**40
+
+
+class _FloatOnlyInCapture(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        return rows.float() if batch.in_graph else rows
+
+
+@dataclass(frozen=True)
+class Hostile:
+    name: str
+    subject: type[Subject]
+    scenario: Scenario
+    kind: str
+    says: str  # a part of the sentence
+    options: dict[str, Any] = field(default_factory=dict)  # for run_scenario
+
+
+HOSTILE = [
+    # every exception is the subject's, at every call
+    Hostile("system-exit", _raises_in("swa_write_location", lambda: SystemExit(3)), EAGER, "raised",
+            "At forward 1 (decode), layer 0, swa_write_location raised SystemExit: 3."),
+    Hostile("keyboard-interrupt-of-its-own", _raises_in("init_forward_metadata", KeyboardInterrupt), EAGER,
+            "raised", "init_forward_metadata raised KeyboardInterrupt."),
+    Hostile("generator-exit", _raises_in("register_mapping", GeneratorExit), EAGER, "raised",
+            "register_mapping raised GeneratorExit."),
+    Hostile("custom-base-exception", _raises_in("__init__", lambda: _Custom("mine")), EAGER, "raised",
+            "RaisesIn___init__(spec) raised _Custom: mine."),
+    Hostile("raises-in-capture-metadata", _raises_in("init_capture_metadata", SystemExit), GRAPH, "raised",
+            "init_capture_metadata raised SystemExit."),
+    Hostile("raises-in-graph-metadata", _raises_in("init_graph_metadata", _Custom), GRAPH, "raised",
+            "init_graph_metadata (graph warm-up) raised _Custom."),
+    Hostile("raises-in-replay-metadata", _raises_in("init_replay_metadata", KeyboardInterrupt), GRAPH, "raised",
+            "init_replay_metadata raised KeyboardInterrupt."),
+    Hostile("raises-the-budget-stop", _raises_in("swa_write_location", lambda: executor.DeadlinePassed(0)), EAGER,
+            "raised", "swa_write_location raised DeadlinePassed: the deadline passed after 0 checked stores."),
+    Hostile("raises-the-timeout", _raises_in("swa_write_location", guard.SubjectTimeout), EAGER, "raised",
+            "swa_write_location raised SubjectTimeout."),
+    Hostile("raises-in-a-thread", _raises_in("swa_write_location", SystemExit), OVERLAP, "raised",
+            "swa_write_location raised SystemExit.", {"threads": True}),
+    # a subject's text is rendered, never trusted
+    Hostile("message-str-raises", _raises_in("swa_write_location", _Unprintable), EAGER, "raised",
+            "raised _Unprintable (its message could not be read: str() raised RuntimeError)."),
+    Hostile("megabyte-message", _raises_in("swa_write_location", lambda: ValueError("\x1b[2J" + "x" * 5_000_000)),
+            EAGER, "raised", "raised ValueError: '\\x1b[2Jxxx"),
+    Hostile("badly-named-exception", _raises_in("swa_write_location", lambda: _BADLY_NAMED("m")), EAGER, "raised",
+            "raised 'Bad\\nName\\x1b[31m': m."),
+    # inputs are checked after the subject had them
+    Hostile("zeroes-out-cache-loc", _ZeroesOutCacheLocAtLastLayer, EAGER, "wrote_input",
+            "By the end of forward 2 (decode), the subject had written into out_cache_loc (rows 0-1): in SGLang "
+            "this tensor is shared by every later layer and the allocator."),
+    Hostile("zeroes-out-cache-loc-then-reads-it", _ZeroesOutCacheLocThenReadsIt, EAGER, "wrote_input",
+            "By forward 2 (decode), layer 1, the subject had written into out_cache_loc (rows 0-1)"),
+    Hostile("writes-positions-through-numpy", _WritesPositionsThroughNumpy, EAGER, "wrote_input",
+            "By the end of forward 1 (decode), the subject had written into positions (rows 0-1)"),
+    Hostile("writes-seq-lens-cpu", _WritesSeqLensCpu, EAGER, "wrote_input", "written into seq_lens_cpu (row 1)"),
+    Hostile("repoints-out-cache-loc", _RepointsOutCacheLoc, EAGER, "wrote_input",
+            "replaced the batch's out_cache_loc with another tensor"),
+    Hostile("deletes-positions", _DeletesPositions, EAGER, "wrote_input",
+            "replaced the batch's positions with nothing"),
+    Hostile("writes-prefix-lens-in-draft-step-1", _WritesPrefixLensInDraftStep1, DRAFT, "wrote_input",
+            "By the end of forward 1 (draft), draft step 1, the subject had written into extend_prefix_lens"),
+    Hostile("writes-out-cache-loc-in-a-thread", _ZeroesOutCacheLocAtLastLayer, OVERLAP, "wrote_input",
+            "written into out_cache_loc", {"threads": True}),
+    Hostile("wipes-mapping-through-numpy", _WipesMappingThroughNumpy, EAGER, "wrote_input",
+            "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-2)"),
+    Hostile("resizes-mapping-at-capture", _ResizesMappingAtCapture, GRAPH, "wrote_input",
+            "the subject had resized the target model's mapping from shape"),
+    Hostile("drops-positions-in-capture", _DropsPositionsInCapture, GRAPH, "wrote_input",
+            "By the graph capture for forward 1 (decode), the subject had replaced the batch's positions with None"),
+    Hostile("writes-static-locations-at-replay", _WritesStaticLocationsAtReplay, GRAPH, "wrote_input",
+            "By the end of forward 1 (decode), the subject had written into out_cache_loc (row 0)"),
+    Hostile("captures-a-write-into-positions", _CapturesAWriteIntoPositions, GRAPH, "wrote_input",
+            "By the graph capture for forward 1 (decode), the subject had written into positions (rows 0-3)"),
+    # answers are read only through what a hostile tensor cannot subvert
+    Hostile("subclass-whose-operations-raise", _ReturnsBooby, EAGER, "non_tensor",
+            "swa_write_location returned a _Booby (a tensor subclass), not a torch.Tensor."),
+    Hostile("subclass-in-a-thread", _ReturnsBooby, OVERLAP, "non_tensor", "(a tensor subclass)", {"threads": True}),
+    Hostile("subclass-in-capture", _ReturnsBooby, GRAPH, "non_tensor", "(a tensor subclass)"),
+    Hostile("fake-tensor", _ReturnsFake, EAGER, "non_tensor", "returned a FakeTensor (a tensor subclass)"),
+    Hostile("tera-rows-through-stride-0",
+            _returns(lambda: torch.zeros(1, dtype=torch.int32).expand(_TERA_ROWS), "TeraRows"), EAGER,
+            "wrong_length", f"swa_write_location returned shape ({_TERA_ROWS},) for 2 rows."),
+    Hostile("tera-rows-in-a-thread",
+            _returns(lambda: torch.zeros(1, dtype=torch.int32).expand(_TERA_ROWS), "TeraRows"), OVERLAP,
+            "wrong_length", f"returned shape ({_TERA_ROWS},) for 1 rows.", {"threads": True}),
+    Hostile("tera-cells-in-two-dimensions",
+            _returns(lambda: torch.zeros(1, 1, dtype=torch.int32).expand(2**20, 2**20), "TeraCells"), EAGER,
+            "wrong_length", "returned shape (1048576, 1048576) for 2 rows."),
+    Hostile("three-million-rows", _returns(lambda: torch.arange(3_000_000, dtype=torch.int32), "Millions"), EAGER,
+            "wrong_length", "returned shape (3000000,) for 2 rows."),
+    Hostile("tera-rows-of-nan",
+            _returns(lambda: torch.full((1,), float("nan")).expand(_TERA_ROWS), "TeraNaN"), EAGER,
+            "wrong_dtype", "swa_write_location returned torch.float32, not torch.int32."),
+    Hostile("float-only-in-capture", _FloatOnlyInCapture, GRAPH, "wrong_dtype",
+            "At forward 1 (decode), layer 0, swa_write_location returned torch.float32, not torch.int32."),
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[case.name for case in HOSTILE])
+def test_a_hostile_subject_is_a_divergence_of_its_kind_that_a_replay_file_keeps(case, tmp_path):
+    result = run_scenario(case.subject, case.scenario, timeout_s=5.0, **case.options)
+    d = result.divergence
+    assert d is not None, f"{case.name} passed"
+    assert (d.kind, case.says in d.sentence) == (case.kind, True), d.sentence
+    assert d.sentence.isprintable() and len(d.sentence) < 2 * guard.MAX_MESSAGE_CHARS
+    assert len(d.detail) < guard.MAX_DETAIL_CHARS + 200
+    assert all(len(values or ()) <= MAX_STORED_VALUES for values in (d.actual, d.expected))
+    kept = load_replay(write_replay(Replay("module:Hostile", "hand-written", case.scenario, d), tmp_path))
+    assert kept.divergence == d
+
+
+# ---- subjects that must stay clean ---------------------------------------------------------
+
+
+CORRECT = ["uncached", "uncached-ring", "step-keyed-capture", "step-keyed-capture-ring"]
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_a_correct_builtin_passes_every_hand_written_scenario_with_its_inputs_untouched(name):
+    subject = resolve_subject(name).subject
+    for label, scenario in {**EXAMPLES, "eager": EAGER, "graph": GRAPH}.items():
+        result = run_scenario(subject, scenario)
+        assert result.passed, (label, result.divergence.sentence)
+
+
+@pytest.mark.parametrize("name", CORRECT)
+@pytest.mark.parametrize("profile", ["realistic", "adversarial"])
+def test_a_correct_builtin_stays_clean_when_fuzzed(name, profile):
+    result = fuzz(resolve_subject(name), profile=profile, settings="ci", seed=3, max_examples=15)
+    assert result.divergence is None, result.divergence.sentence
+    assert result.checks > 0
+
+
+def _lowest_recursion_limit() -> None:
+    """Sets the lowest recursion limit Python accepts where it is called from."""
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    while True:
+        try:
+            sys.setrecursionlimit(depth)
+            return
+        except RecursionError:
+            depth += 1
+
+
+class _LowersRecursionLimit(Uncached):
+    """Lowers the limit as far as it goes after its answer at the stage's last layer: what
+    the harness does after the forward runs under that limit unless it restores it."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = self.answer(batch, layer_id)
+        if self.lowers(layer_id):
+            _lowest_recursion_limit()
+        return rows
+
+    def answer(self, batch, layer_id):
+        return super().swa_write_location(batch, layer_id)
+
+    def lowers(self, layer_id):
+        return layer_id == self.spec.end_layer - 1
+
+
+class _LowersRecursionLimitAndErrs(_LowersRecursionLimit):
+    """Every answer is wrong, given under the lowest limit: the diagnosis runs after it."""
+
+    def answer(self, batch, layer_id):
+        return super().answer(batch, layer_id) + 1
+
+    def lowers(self, layer_id):
+        return True
+
+
+@pytest.mark.parametrize("scenario", [EAGER, GRAPH, DRAFT], ids=["eager", "graph", "draft"])
+def test_a_subject_lowering_the_recursion_limit_is_judged_by_its_answers_alone(scenario):
+    limit = sys.getrecursionlimit()
+    assert run_scenario(_LowersRecursionLimit, scenario).passed
+    d = run_scenario(_LowersRecursionLimitAndErrs, scenario).divergence
+    assert d is not None and d.kind == "wrong_rows" and d.sentence.startswith("At forward 1 ("), d
+    assert sys.getrecursionlimit() == limit
+
+
+# ---- a real interrupt still interrupts -------------------------------------------------------
+
+
+class _SignalsItself(Uncached):
+    """Sends itself a signal while it runs, as a person pressing Ctrl-C would."""
+
+    signum = signal.SIGINT
+
+    def swa_write_location(self, batch, layer_id):
+        os.kill(os.getpid(), self.signum)
+        time.sleep(5)  # bounded: the signal lands before it ends
+        return super().swa_write_location(batch, layer_id)
+
+
+class _TermsItself(_SignalsItself):
+    signum = signal.SIGTERM
+
+
+def test_a_sigint_during_a_subject_call_interrupts_the_run():
+    with pytest.raises(KeyboardInterrupt):
+        run_scenario(_SignalsItself, EAGER)
+
+
+@pytest.mark.parametrize("subject", [_SignalsItself, _TermsItself], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_subject_call_interrupts_a_watched_run(subject):
+    with campaign.InterruptWatch() as watch, pytest.raises(KeyboardInterrupt):
+        run_scenario(subject, EAGER)
+    assert watch.signum == subject.signum
