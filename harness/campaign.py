@@ -35,10 +35,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
+from .reference import Scenario
+
 from . import fuzz as fuzz_engine
 from .boundary import InputError, describe_path, parse_json, printable, read_regular_file, writable_directory
 from .database import DatabaseError, is_redis_url, open_database
 from .devices import enable_stream_sanitizer
+from .executor import run_scenario
 from .entry import note_signal, run_starting, signal_before_run
 from .fuzz import FuzzResult, Progress
 from .names import EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_OK
@@ -47,11 +50,9 @@ from .registry import SubjectInfo, resolve_subject
 from .replay import Replay, claim_replay_path, load_replay, replay_file_name, write_replay
 from .reports import REPORT_FILES, Report, write_reports
 from .shard import WHOLE, SeedLane, Shard, seed_lane
-from .supervisor import announce_divergence
+from .supervisor import EXITED, announce_divergence, lost_run_divergence, relay_to
 
 if TYPE_CHECKING:
-    from .reference import Scenario
-
     from .diagnosis import Divergence
 
 
@@ -361,6 +362,8 @@ def _die_with(parent: int) -> None:
 
 
 def _worker(index: int, job: FuzzJob) -> tuple[FuzzResult, str | None]:
+    # the scenario it runs, for its campaign to replay should the subject end this process
+    relay_to(lambda kind, payload: kind == "scenario" and _worker_queue.put(("scenario", index, payload)))
     with InterruptWatch() as watch, stdout_to_stderr():
         _worker_queue.put(("started", index, os.getpid()))
         result, path = run_job(
@@ -396,6 +399,8 @@ class WorkerPool:
         self.spared: int | None = None  # the worker left to finish shrinking its divergence
         self.stopping = False
         self.examples_per_worker: list[int] = []
+        self.scenarios: dict[int, dict] = {}  # what each worker ran last
+        self.lost = False  # a worker ended without its result, and nobody had stopped it
 
     def run(self) -> tuple[FuzzResult, Path | None]:
         context = multiprocessing.get_context("spawn")  # CUDA cannot be used after fork
@@ -432,7 +437,10 @@ class WorkerPool:
         try:
             result, path = future.result()
         except (BrokenProcessPool, KeyboardInterrupt):
-            return  # its replay file, if any, speaks for it
+            # its replay file, if any, speaks for it; a pool broken while nobody stopped it
+            # lost a worker to its subject
+            self.lost = self.lost or not (self.stopping or self.watch.interrupted)
+            return
         outcomes[index] = result
         if path:
             self.replay_files[index] = Path(path)
@@ -443,6 +451,8 @@ class WorkerPool:
         winner = outcomes.get(self.winner) if self.winner is not None else None
         if self.winner is not None and (winner is None or winner.divergence is None):
             winner = self._from_replay_file(self.winner)
+        if winner is None and self.lost:
+            winner = self._lost_worker()
         results = list(outcomes.values()) or [self._from_progress()]
         merged = merge_results(results + ([winner] if winner and winner not in results else []), winner)
         self.examples_per_worker = [self._examples_run(index, outcomes) for index in range(len(self.jobs))]
@@ -450,6 +460,37 @@ class WorkerPool:
         merged.interrupted = self.watch.interrupted
         merged.elapsed_s = time.monotonic() - self.started  # the wall time, process start-ups included
         return merged, self.replay_files.get(self.winner) if winner else None
+
+    def _lost_worker(self) -> FuzzResult:
+        """A worker ended without its result while nobody stopped it: its subject ended it.
+
+        Each worker's last scenario runs again here, in the campaign's own process, which the
+        supervisor watches as it watches a run without workers: a scenario that ends this
+        process too is reported by it, one that diverges otherwise is that divergence, and
+        if none does the lost worker is the divergence, with the first worker's scenario."""
+        job = self.jobs[0]
+        subject = resolve_subject(job.subject).subject
+        ran = {index: Scenario.from_dict(data) for index, data in sorted(self.scenarios.items())}
+        found = None
+        for index, scenario in ran.items():
+            outcome = run_scenario(subject, scenario, device=job.device)
+            if outcome.divergence is not None:
+                found = index, scenario, outcome.divergence
+                break
+        if found is None:
+            index, scenario = next(iter(ran.items()), (0, None))
+            found = index, scenario, lost_run_divergence(
+                EXITED, "A worker process running the subject ended without its result", scenario is not None)
+        index, scenario, divergence = found
+        result = FuzzResult(subject=job.subject, profile=job.profile, settings=job.settings, examples=0,
+                            elapsed_s=time.monotonic() - self.started, divergence=divergence, scenario=scenario,
+                            seed=job.seed, replays=False)
+        if scenario is not None:
+            path = DivergenceLog.of(replace(job, run=f"{job.run}-lost")).record(result)
+            if path is not None:
+                self.replay_files[index] = path
+        self.winner = index
+        return result
 
     def _examples_run(self, index: int, outcomes: dict[int, FuzzResult]) -> int:
         """What worker ``index`` ran: its result's count, else (it died) its last progress's."""
@@ -487,6 +528,8 @@ class WorkerPool:
                 self.pids[index] = payload
                 if self.stopping and index != self.spared:
                     _send(payload, signal.SIGINT)
+            elif kind == "scenario":
+                self.scenarios[index] = payload
             elif kind == "progress":
                 self.progress[index] = payload
                 self.line.update(self._combined_progress())

@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .names import EXIT_DIVERGENCE, EXIT_INTERNAL
 
@@ -79,7 +79,25 @@ class _Channel:
         return True
 
 
-_channel: _Channel | None = None
+class _Relay:
+    """A worker process's announcements, carried to its campaign over the worker queue."""
+
+    def __init__(self, send: Callable[[str, Any], None]):
+        self._send = send
+
+    def send(self, kind: str, payload: Any = None) -> bool:
+        self._send(kind, payload)
+        return True
+
+
+_channel: _Channel | _Relay | None = None
+
+
+def relay_to(send: Callable[[str, Any], None]) -> None:
+    """In a worker process of a campaign: announce to ``send`` (the campaign, which stands in
+    for the supervisor for its workers, see :class:`swafuzz.campaign.WorkerPool`)."""
+    global _channel
+    _channel = _Relay(send)
 
 
 def claim_channel() -> None:
@@ -281,19 +299,24 @@ def _lost_run(argv: list[str], returncode: int, reason: str | None, heard: _Hear
 
 
 def _report_lost_run(args: Any, kind: str, how: str, heard: _Heard) -> int:
-    from .diagnosis import Divergence
     from .reference import Scenario
 
     scenario = Scenario.from_dict(heard.scenario) if heard.scenario is not None else None
-    where = "while running this scenario" if scenario is not None else "before it ran any scenario"
-    harm = "stalls" if kind == HUNG else "takes down"
-    sentence = (f"The subject's process {how} {where}: in a serving engine this {harm} the worker and "
-                "every request in flight.")
-    divergence = Divergence(kind=kind, sentence=sentence, forward=None, event=None, mode=None, model=None,
-                            draft_step=None, micro_batch=None, layer_id=None, call=0)
+    divergence = lost_run_divergence(kind, f"The subject's process {how}", scenario is not None)
     if args.command == "replay":
         return _replayed(args, divergence)
     return _write_lost_run(args, divergence, scenario, heard)
+
+
+def lost_run_divergence(kind: str, what_happened: str, ran_a_scenario: bool) -> Divergence:
+    """The divergence of a process that ended (or was ended) while the subject ran in it."""
+    from .diagnosis import Divergence
+
+    where = "while running this scenario" if ran_a_scenario else "before it ran any scenario"
+    harm = "stalls" if kind == HUNG else "takes down"
+    sentence = f"{what_happened} {where}: in a serving engine this {harm} the worker and every request in flight."
+    return Divergence(kind=kind, sentence=sentence, forward=None, event=None, mode=None, model=None,
+                      draft_step=None, micro_batch=None, layer_id=None, call=0)
 
 
 def _replayed(args: Any, divergence: Divergence) -> int:

@@ -103,6 +103,12 @@ def test_a_subject_that_ends_or_stalls_its_process_is_a_replayable_divergence(tm
     assert replayed.returncode == 1 and "divergence still there" in out
 
 
+def test_a_subject_that_ends_a_worker_process_is_a_replayable_divergence(tmp_path):
+    code, report, _ = fuzzed(tmp_path, "hostile:ExitsInACall", "--workers", "2")
+    assert code == 1 and report["diagnosis"]["kind"] == "exited"
+    assert load_replay(tmp_path / report["replay_file"]).scenario.to_dict() == report["scenario"]
+
+
 def test_a_subject_that_ends_the_process_as_its_module_is_imported_is_a_divergence(tmp_path):
     (tmp_path / "exits_on_import.py").write_text("raise SystemExit(0)\n")
     code, report, _ = fuzzed(tmp_path, "exits_on_import:Subject")
