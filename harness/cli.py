@@ -254,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.handler == "subjects":
             return _cmd_subjects(args)
+        if getattr(args, "subject", None):
+            from .registry import unknown_subject
+
+            unknown = unknown_subject(args.subject)
+            if unknown is not None:
+                raise UsageError(unknown)
         from . import commands
 
         commands.apply_sglang_options(args)

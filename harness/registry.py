@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import reprlib
 import sys
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -172,6 +173,21 @@ def all_subjects() -> list[SubjectInfo]:
     return [*__getattr__("BUILTIN_SUBJECTS"), *sglang.discover()]
 
 
+def unknown_subject(spec: str) -> str | None:
+    """Why ``spec`` names no subject, where that shows from the name alone (a bare name that
+    is no built-in): the command line says so before it imports anything heavy."""
+    if ":" in spec or spec in subject_names():
+        return None
+    return (f"unknown subject {_SHORT_NAME.repr(spec)}; built-in subjects are {', '.join(subject_names())}, "
+            "or give module:attr")
+
+
+# a name for a one-line message, shortened as swafuzz.boundary.show shortens one (that module
+# loads the truth, and torch with it)
+_SHORT_NAME = reprlib.Repr()
+_SHORT_NAME.maxstring = 60
+
+
 def subject_listing() -> list[dict]:
     """What ``swafuzz subjects --json`` prints: the built-in rows as stated, then the real SGLang
     targets where an SGLang source is found (binding those imports torch; nothing else does)."""
@@ -209,11 +225,9 @@ def resolve_subject(spec: str, allow_import: bool = True,
         from . import sglang  # swafuzz.sglang imports this module
 
         return sglang.resolve(spec, switches=engine_switches)
-    if ":" not in spec:
-        raise SubjectError(
-            f"unknown subject {show(spec)}; built-in subjects are {', '.join(subject_names())}, "
-            "or give module:attr"
-        )
+    unknown = unknown_subject(spec)
+    if unknown is not None:
+        raise SubjectError(unknown)
     if not allow_import:
         raise SubjectError(
             f"{show(spec)} names code to import, which swafuzz never does because a file says so; "

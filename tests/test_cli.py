@@ -218,6 +218,7 @@ def test_a_user_subject_is_summarised_by_its_docstring_first_paragraph_whole():
     ["--help"], ["fuzz", "--help"], ["gate", "--help"], ["subjects"], ["subjects", "--json"], [],
     ["frobnicate"], ["fuzz", "--subject", "uncached", "--profile", "gentle"],
     ["fuzz", "--subject", "uncached", "--settings", "weekly"], ["fuzz", "--subject", "uncached", "--seed", "-1"],
+    ["fuzz", "--subject", "no-such-subject"], ["replay", "x.json", "--subject", "no-such-subject"],
 ])
 def test_help_subjects_and_usage_errors_answer_without_importing_torch_or_hypothesis(argv, tmp_path):
     probe = ("import sys; from swafuzz.cli import main; code = main(sys.argv[1:]); "
