@@ -102,6 +102,10 @@ def _add_sglang_options(parser: argparse.ArgumentParser) -> None:
                         help="set an SGLang engine switch against the release's default, e.g. "
                              "SGLANG_PREP_IN_CUDA_GRAPH=0 (repeatable; the README lists the switches; "
                              "default: $SWAFUZZ_SGLANG_SWITCHES, else each release's defaults)")
+    parser.add_argument("--sglang-attr", action="append", default=[], metavar="NAME=VALUE",
+                        help="a value (a Python literal) for a name the bound SGLang code reads that "
+                             "swafuzz cannot derive from the tree: self.NAME of a stand-in, or a global "
+                             "(repeatable; a binding that lacks one names it)")
 
 
 def _add_device(parser: argparse.ArgumentParser, default: str | None = "cpu") -> None:
@@ -285,7 +289,7 @@ def _is_usage_error(exc: Exception) -> bool:
 
 
 def _cmd_subjects(args: argparse.Namespace) -> int:
-    if args.sglang_source or args.sglang_mode or args.sglang_switch:
+    if args.sglang_source or args.sglang_mode or args.sglang_switch or args.sglang_attr:
         from . import commands  # SGLang is asked for: binding it takes the heavy modules anyway
 
         commands.apply_sglang_options(args)

@@ -29,7 +29,7 @@ from .reports import REPORT_FILES, Report
 
 def apply_sglang_options(args: argparse.Namespace) -> None:
     # through the environment, so that worker processes bind the same code
-    from .sglang import MODE_ENV, SOURCE_ENV, SWITCHES_ENV, switch_overrides
+    from .sglang import ATTRS_ENV, MODE_ENV, SOURCE_ENV, SWITCHES_ENV, attribute_values, switch_overrides
 
     for value, name in ((getattr(args, "sglang_source", None), SOURCE_ENV),
                         (getattr(args, "sglang_mode", None), MODE_ENV)):
@@ -44,6 +44,10 @@ def apply_sglang_options(args: argparse.Namespace) -> None:
         joined = ",".join(switches)
         switch_overrides(joined)  # read as the workers will read it; a bad one is refused here
         os.environ[SWITCHES_ENV] = joined
+    attributes = getattr(args, "sglang_attr", None)
+    if attributes:
+        attribute_values(attributes)  # a bad one is refused here, before any worker starts
+        os.environ[ATTRS_ENV] = json.dumps(attributes)
 
 
 # ---- shared checks -------------------------------------------------------------------------

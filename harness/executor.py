@@ -46,6 +46,27 @@ class SubjectError(TypeError):
     """The subject cannot be run at all (not a subject class, wrong API version)."""
 
 
+class ModelGap(Exception):
+    """Raised by code that runs the subject on swafuzz's models (the SGLang stand-ins) where
+    the code took a path those models lack. It says nothing about the code under test."""
+
+
+class UnmodelledPath(SubjectError):
+    """A run reached a path swafuzz does not model: it ends as a usage error that names what
+    to supply, never as a divergence (a false alarm on a merge gate)."""
+
+
+def model_gap(exc: BaseException | None) -> ModelGap | None:
+    """The :class:`ModelGap` behind ``exc``, also where the subject's code wrapped it."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, ModelGap):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class NotCheckable(SubjectError):
     """The subject's behaviour cannot be observed on this device: it is not checked, and
     so it is never reported as passing."""
@@ -653,7 +674,11 @@ class _Run:
 
     def _failed(self, where: "_Where", failure: SubjectFailure) -> _Stop:
         """The divergence of a failed call: the subject's write into its inputs, if it made
-        one (a failure on inputs it corrupted follows from it), else the failure."""
+        one (a failure on inputs it corrupted follows from it), else the failure. A call
+        that failed on a gap of swafuzz's models raises :class:`UnmodelledPath` instead."""
+        gap = model_gap(failure.exc)
+        if gap is not None:
+            raise UnmodelledPath(f"{self._site(where).describe()}: {gap}")
         # nothing is read while a graph records: the reads would be captured
         written = None if self.capturing else self._input_written(where)
         if written is not None:

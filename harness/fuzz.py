@@ -28,7 +28,7 @@ from .strategies.scenarios import PROFILES, REALISTIC, weakest_profile
 from .database import open_database
 from .diagnosis import Divergence
 from .devices import timeline_for
-from .executor import DEFAULT_TIMEOUT_S, DeadlinePassed, RunResult, check_device, run_scenario
+from .executor import DEFAULT_TIMEOUT_S, DeadlinePassed, RunResult, UnmodelledPath, check_device, run_scenario
 from .graphs import load_capture_machinery
 from .names import LONG_HORIZON_SETTINGS, PROFILE_PREFIX, SETTINGS_NAMES
 from .registry import SubjectInfo
@@ -241,8 +241,11 @@ def scenario_test(
         features = features_of(scenario)
         for feature in features:
             hypothesis.event(feature)
-        outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads,
-                               stream_delay_cycles=stream_delay_cycles, deadline=deadline)
+        try:
+            outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s, threads=threads,
+                                   stream_delay_cycles=stream_delay_cycles, deadline=deadline)
+        except UnmodelledPath as gap:
+            raise _PastHypothesis(gap) from None
         if not outcome.passed:
             scenario = pin_schedules(scenario, outcome.schedules)
         if on_example is not None:
@@ -255,6 +258,15 @@ def scenario_test(
     without = f":without-{'-'.join(sorted(exclude))}" if exclude else ""
     check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}{without}".encode()  # noqa: SLF001
     return given(scenarios_without(profile, exclude, long_horizon))(check)
+
+
+class _PastHypothesis(BaseException):
+    """Carries an :class:`UnmodelledPath` out of Hypothesis, which would otherwise take it
+    for a failure of the example and shrink it: a gap of swafuzz ends the search at once."""
+
+    def __init__(self, gap: UnmodelledPath):
+        super().__init__(str(gap))
+        self.gap = gap
 
 
 def fuzz(
@@ -409,6 +421,8 @@ def fuzz(
         except DeadlinePassed as cut:
             result.checks += cut.checks  # compared, though the example was cut short
             break
+        except _PastHypothesis as escaped:
+            raise escaped.gap from None
         except KeyboardInterrupt:
             # what was found and counted so far is the result, marked as cut short
             result.elapsed_s, result.coverage, result.interrupted = elapsed(), dict(coverage), True

@@ -386,12 +386,6 @@ def test_only_a_cited_path_with_the_default_settings_makes_a_divergence_reachabl
     assert "a reading that reaches it" in why and "MQALayer._forward_prepare" in why
 
 
-def test_a_read_the_stand_ins_lack_is_a_harness_gap_whatever_the_release():
-    judged, _ = judge(_finding("unified-metadata-merge", "0.5.19", GRAPH_DECODE, None, kind=RAISED,
-                               detail="StandInGap: forward_batch.seq_lens"))
-    assert judged == "harness gap"
-
-
 # ---- the rendered matrix -------------------------------------------------------------------------
 
 

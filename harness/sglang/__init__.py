@@ -11,8 +11,10 @@ runs with its default engine switches (:mod:`.switches`) except those set in
 
 from __future__ import annotations
 
+import ast
+import json
 import os
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..names import SGLANG_SOURCE_ENV as SOURCE_ENV
 from ..registry import SubjectInfo
@@ -25,11 +27,12 @@ from .targets import TARGETS, Target, target
 
 MODE_ENV = "SWAFUZZ_SGLANG_MODE"
 SWITCHES_ENV = "SWAFUZZ_SGLANG_SWITCHES"
+ATTRS_ENV = "SWAFUZZ_SGLANG_ATTRS"
 MODES = ("auto", "import", "source")
 
 __all__ = [
     "BindError", "ImportModeUnavailable", "SglangUnavailable", "SourceTree", "TARGETS", "Target",
-    "bind_target", "default_source", "discover", "resolve", "switch_overrides", "target",
+    "attribute_values", "bind_target", "default_source", "discover", "resolve", "switch_overrides", "target",
 ]
 
 
@@ -59,12 +62,37 @@ def switch_overrides(text: str | None = None) -> dict[str, bool]:
     return overrides
 
 
+def attribute_values(items: list[str] | None = None) -> dict[str, Any]:
+    """The values ``NAME=VALUE`` items give (default: those in ``$SWAFUZZ_SGLANG_ATTRS``, a
+    JSON list of such items) for names bound code reads that swafuzz cannot derive; VALUE is
+    a Python literal. BindError for an item that is not one."""
+    if items is None:
+        text = os.environ.get(ATTRS_ENV, "")
+        try:
+            items = json.loads(text) if text else []
+        except json.JSONDecodeError:
+            raise BindError(f"${ATTRS_ENV} is not a JSON list of NAME=VALUE items: {text!r}") from None
+    values = {}
+    for item in items:
+        name, equals, literal = str(item).partition("=")
+        name = name.strip()
+        if not equals or not name.isidentifier():
+            raise BindError(f"--sglang-attr takes NAME=VALUE with VALUE a Python literal, got {item!r}")
+        try:
+            values[name] = ast.literal_eval(literal.strip())
+        except (ValueError, SyntaxError):
+            raise BindError(f"--sglang-attr {item!r}: {literal.strip()!r} is not a Python literal "
+                            "(a number, string, True, False, None, or a tuple, list or dict of them)") from None
+    return values
+
+
 def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: str | None = None,
                 switches: Mapping[str, bool] | None = None) -> SubjectInfo:
     """``item`` bound from ``tree``, run with its release's default engine switches except
     ``switches`` and, over those, the environment's (:func:`switch_overrides`: the command
     line's ``--sglang-switch``)."""
     overrides = {**(switches or {}), **switch_overrides()}
+    supplied = attribute_values()
     if overrides and tree.version not in RELEASES:
         raise BindError(f"engine switches ({', '.join(overrides)}) are set per release, and {tree.label} "
                         "is not a release read here: bind a release (sglang:<target>@<version>)")
@@ -76,11 +104,11 @@ def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: s
     if mode == "auto":
         if tree.origin == "installed":
             try:
-                return as_released(item.info(tree, "import", name), item, tree.version, overrides)
+                return as_released(item.info(tree, "import", name, supplied), item, tree.version, overrides)
             except ImportModeUnavailable:
                 pass  # GPU-only dependencies missing: read the same files instead
         mode = "source"
-    return as_released(item.info(tree, mode, name), item, tree.version, overrides)
+    return as_released(item.info(tree, mode, name, supplied), item, tree.version, overrides)
 
 
 def resolve(

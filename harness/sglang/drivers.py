@@ -22,23 +22,29 @@ import functools
 import warnings
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
 from ..api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
+from ..executor import ModelGap
 from .binding import Binding
 
 
-class StandInGap(AttributeError):
-    """Bound SGLang code read something that swafuzz's stand-ins do not model."""
+class StandInGap(ModelGap, AttributeError):
+    """Bound SGLang code read something that swafuzz's stand-ins do not model. An
+    AttributeError, so that SGLang's own ``getattr(obj, name, default)`` reads behave as on
+    an object without the attribute; a :class:`ModelGap`, so that a run that meets it ends
+    as a gap of swafuzz, never as a divergence of the code."""
 
 
 class StandIn:
-    """An object that carries exactly the attributes its role declares."""
+    """An object that carries the attributes its role models, and those the bound tree's
+    own code gives the class (``tree_defaults``: made on first read, fresh per object)."""
 
     role: ClassVar[str]
     attributes: ClassVar[frozenset[str]]
+    tree_defaults: ClassVar[dict[str, Callable[[], Any]]] = {}
 
     def __init__(self, **values: Any) -> None:
         if set(values) != self.attributes:
@@ -48,6 +54,10 @@ class StandIn:
         self.__dict__.update(values)
 
     def __getattr__(self, name: str) -> Any:
+        make = type(self).tree_defaults.get(name)
+        if make is not None:
+            value = self.__dict__[name] = make()
+            return value
         raise StandInGap(
             f"SGLang code read {name!r} from the stand-in {self.role}, which swafuzz does not model"
         )
@@ -80,8 +90,27 @@ class ForwardMetadata(StandIn):
 
 
 class CoreMetadata(StandIn):
+    """The core attention metadata (SGLang's ``DSV4AttnMetadata``): one object per forward,
+    which the producer of the ring rows writes and every layer's getter reads. It models the
+    forward's locations, its ring metadata, the tokens' positions, and the attention lengths
+    and pages (empty: no attention runs); the tree's own field defaults give the rest."""
+
     role = "attention metadata"
-    attributes = frozenset({"swa_out_cache_loc", "unified"})
+    attributes = frozenset({
+        "swa_out_cache_loc", "unified", "positions_casual", "swa_topk_lengths", "c128_topk_lengths_raw",
+        "c4_sparse_topk_lengths_raw", "c128_page_indices", "c4_sparse_page_indices",
+    })
+
+    @classmethod
+    def of(cls, positions: torch.Tensor, swa_out_cache_loc: torch.Tensor | None = None, unified: Any = None):
+        n = positions.shape[0]
+        lengths = torch.zeros(n, dtype=torch.int32, device=positions.device)
+        pages = torch.empty((n, 0), dtype=torch.int32, device=positions.device)
+        return cls(
+            swa_out_cache_loc=swa_out_cache_loc, unified=unified, positions_casual=positions,
+            swa_topk_lengths=lengths, c128_topk_lengths_raw=lengths, c4_sparse_topk_lengths_raw=lengths,
+            c128_page_indices=pages, c4_sparse_page_indices=pages,
+        )
 
 
 class UnifiedStandIn(StandIn):
@@ -168,20 +197,6 @@ class GroupedVerifyStreams:
         raise StandInGap(f"SGLang code used grouped_verify_streams.{name}, which swafuzz does not model")
 
 
-class DecodeCore:
-    """What ``_attach_unified_kv_decode_streams`` reads from the core attention metadata:
-    the tokens' positions and the attention lengths and pages (empty: no attention runs)."""
-
-    def __init__(self, unified: Any, positions: torch.Tensor):
-        n = positions.shape[0]
-        self.unified = unified
-        self.positions_casual = positions
-        self.swa_topk_lengths = self.c128_topk_lengths_raw = self.c4_sparse_topk_lengths_raw = (
-            torch.zeros(n, dtype=torch.int32, device=positions.device))
-        self.c128_page_indices = self.c4_sparse_page_indices = torch.empty(
-            (n, 0), dtype=torch.int32, device=positions.device)
-
-
 # the global names bound SGLang code gets in place of SGLang's own
 STAND_INS: dict[str, Any] = {
     "DSV4Metadata": ForwardMetadata,
@@ -211,6 +226,8 @@ RING_GETTER_MODES = frozenset({
 })
 
 POOL_CLASS = "DeepSeekV4TokenToKVPool"
+METADATA_CLASS = "DSV4Metadata"
+CORE_METADATA_CLASS = "DSV4AttnMetadata"
 UNIFIED_METADATA_CLASS = "UnifiedKvMetadata"
 _EMPTY = torch.empty(0)
 
@@ -239,6 +256,13 @@ class SglangSubject(Subject):
         )
         if self.backend_class_name is not None:
             self.backend_class = self.binding.classes[self.backend_class_name].build(BackendStandIn)
+        # the tree's own metadata records where it declares them: a field a tree adds is there
+        self.metadata_class = self._record(METADATA_CLASS, ForwardMetadata)
+        self.core_class = self._record(CORE_METADATA_CLASS, CoreMetadata)
+
+    def _record(self, name: str, stand_in: type[StandIn]) -> type[StandIn]:
+        bound = self.binding.classes.get(name)
+        return bound.on_stand_in(stand_in) if bound is not None else stand_in
 
     def register_mapping(self, mapping: torch.Tensor) -> None:
         super().register_mapping(mapping)
@@ -338,11 +362,11 @@ class _MetadataSubject(SglangSubject):
         # SGLang's init_forward_metadata returns at once for idle forwards under MTP
         return self._backend(batch, 0).mtp_enabled and batch.mode.is_idle()
 
-    def _metadata(self, swa_out_cache_loc=None, unified=None) -> ForwardMetadata:
-        return ForwardMetadata(
-            core_attn_metadata=CoreMetadata(swa_out_cache_loc=swa_out_cache_loc, unified=unified),
-            late_layer_tail=None,
-        )
+    def _metadata(self, batch: ForwardBatch, swa_out_cache_loc=None, unified=None) -> ForwardMetadata:
+        return self._wrap(self.core_class.of(batch.positions, swa_out_cache_loc, unified))
+
+    def _wrap(self, core: CoreMetadata) -> ForwardMetadata:
+        return self.metadata_class(core_attn_metadata=core, late_layer_tail=None)
 
     def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
         backend = self._backend(batch, batch.draft_step)
@@ -378,7 +402,7 @@ class TranslatedLocSubject(_MetadataSubject):
 
     def _build_step(self, batch: ForwardBatch, step: int) -> None:
         backend = self._backend(batch, step)
-        backend.forward_metadata = self._metadata(swa_out_cache_loc=self._translated(batch))
+        backend.forward_metadata = self._metadata(batch, swa_out_cache_loc=self._translated(batch))
         self._slot(batch).built_for[(_role(batch.mode), step)] = batch.forward_id
 
     def _before_store(self, batch: ForwardBatch, backend) -> None:
@@ -392,7 +416,7 @@ class TranslatedLocSubject(_MetadataSubject):
             self._build_step(batch, batch.draft_step)
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
-        self._backend(batch, 0).forward_metadata = self._metadata()
+        self._backend(batch, 0).forward_metadata = self._metadata(batch)
 
     def init_graph_metadata(self, batch: ForwardBatch) -> None:
         # init_forward_metadata_in_graph: warm-ups run it eagerly, the capture records it
@@ -423,12 +447,14 @@ class RingSubject(_MetadataSubject):
         return UnifiedStandIn(swa_loc=None)
 
     def _build(self, batch: ForwardBatch) -> ForwardMetadata:
-        unified = self._unified()
+        # the producer writes into the metadata the getter reads, as in SGLang: a field
+        # a tree adds to it reaches the getter
+        core = self.core_class.of(batch.positions, unified=self._unified())
         if batch.mode.is_decode_or_idle():
             # decode passes one request slot per token, as SGLang's decode metadata does
             state_slot = batch.req_pool_indices[: batch.positions.shape[0]]
-            self._backend(batch, 0)._attach_unified_kv_decode_streams(DecodeCore(unified, batch.positions), state_slot)
-        return self._metadata(unified=unified)
+            self._backend(batch, 0)._attach_unified_kv_decode_streams(core, state_slot)
+        return self._wrap(core)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if self._skips_init(batch):
@@ -447,6 +473,7 @@ class RingSubject(_MetadataSubject):
         captured = self._slot(batch).captured[batch.num_tokens]
         fresh = self._build(batch)
         self._merge(captured.core_attn_metadata.unified, fresh.core_attn_metadata.unified)
+        _copy_written(captured.core_attn_metadata, fresh.core_attn_metadata)
         self._backend(batch, 0).forward_metadata = captured
 
     def _merge(self, captured: Any, fresh: Any) -> None:
@@ -454,6 +481,20 @@ class RingSubject(_MetadataSubject):
             captured.swa_loc.copy_(fresh.swa_loc)
         else:
             captured.swa_loc = fresh.swa_loc
+
+
+def _copy_written(captured: CoreMetadata, fresh: CoreMetadata) -> None:
+    """Bring into the captured metadata what the producer wrote beyond the modelled fields
+    (a field a tree adds), in place where the tensor fits, so that the getter reads it."""
+    for name, value in vars(fresh).items():
+        if name in CoreMetadata.attributes:
+            continue
+        old = vars(captured).get(name)
+        if isinstance(old, torch.Tensor) and isinstance(value, torch.Tensor) and old.shape == value.shape \
+                and old.dtype == value.dtype:
+            old.copy_(value)
+        else:
+            setattr(captured, name, value)
 
 
 class RingMergeSubject(RingSubject):

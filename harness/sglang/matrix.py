@@ -60,7 +60,7 @@ from ..diagnosis import (
     UNIFORM_REPEAT,
     Divergence,
 )
-from ..executor import run_scenario
+from ..executor import UnmodelledPath, run_scenario
 from ..fuzz import fuzz
 from ..registry import SubjectInfo
 from ..replay import Replay, write_replay
@@ -233,9 +233,13 @@ def _run_name(run: str, switches: SwitchSettings) -> str:
 
 
 def _run_examples(cell: Cell, info: SubjectInfo, switches: SwitchSettings, replay_dir: Path) -> None:
-    diverged = []
+    diverged, gaps = [], []
     for name, scenario in EXAMPLES.items():
-        divergence = run_scenario(info.subject, scenario).divergence
+        try:
+            divergence = run_scenario(info.subject, scenario).divergence
+        except UnmodelledPath as gap:
+            gaps.append(f"{name}: {gap}")
+            continue
         if divergence is None:
             continue
         diverged.append(name)
@@ -244,7 +248,8 @@ def _run_examples(cell: Cell, info: SubjectInfo, switches: SwitchSettings, repla
                        _run_name(f"example {name}", switches), settings=f"example {name}")
         cell.findings.append(Finding(cell.version, cell.target, EXAMPLES_COLUMN, divergence, scenario, path, name,
                                      switches))
-    cell.runs[EXAMPLES_COLUMN] = f"{len(diverged)}/{len(EXAMPLES)} diverge"
+    cell.runs[EXAMPLES_COLUMN] = f"{len(diverged)}/{len(EXAMPLES)} diverge" + "".join(
+        f"; harness gap in {gap}" for gap in gaps)
 
 
 def _run_fuzz(cell: Cell, info: SubjectInfo, profile: str, switches: SwitchSettings, settings: str,
@@ -256,8 +261,11 @@ def _run_fuzz(cell: Cell, info: SubjectInfo, profile: str, switches: SwitchSetti
     whole = [p for p in excluded if p.feature == EVERY_SCENARIO]
     if whole:
         return f"not run: {whole[0].why}"
-    result = fuzz(info, profile=profile, settings=settings, max_examples=max_examples, seed=seed,
-                  exclude=frozenset(p.feature for p in excluded))
+    try:
+        result = fuzz(info, profile=profile, settings=settings, max_examples=max_examples, seed=seed,
+                      exclude=frozenset(p.feature for p in excluded))
+    except UnmodelledPath as gap:
+        return f"harness gap: {gap}"
     unused = f"; no {', '.join(sorted({p.feature for p in excluded}))}" if excluded else ""
     if result.divergence is None:
         return f"no divergence ({result.examples} scenarios{unused})"
@@ -363,14 +371,10 @@ def _describe(batch: Batch) -> str:
 # ---- judging reachability ------------------------------------------------------------------
 
 
-def harness_gap(divergence: Divergence) -> bool:
-    """The bound code read something the stand-ins do not model: not a finding."""
-    return divergence.kind == RAISED and "StandInGap" in divergence.detail
-
-
 def reachability(finding: Finding) -> tuple[str, str]:
     """A verdict (reachable, reachable off-default, not reached, unconfirmed, adversarial
-    only, harness gap) and why.
+    only) and why. (A run that reaches what the stand-ins do not model ends there,
+    noted in its column as a harness gap: it never makes a divergence.)
 
     SGLang's own code decides first, through the call paths read per release
     (:mod:`.reachability`): a divergence whose problem the release's path never reaches,
@@ -381,8 +385,6 @@ def reachability(finding: Finding) -> tuple[str, str]:
     reached it, or the run's driver needs a switch set against the release's default.
     """
     divergence, target, version = finding.divergence, finding.target, finding.version
-    if harness_gap(divergence):
-        return "harness gap", "the stand-ins lack what the code read: " + divergence.sentence
     event, features = _up_to_divergence(finding)
     facts = [f"{DOMAIN_FACTS[f][1]} (DOMAIN.md {DOMAIN_FACTS[f][0]})" for f in sorted(features) if f in DOMAIN_FACTS]
     cause = question_key(finding, features)
@@ -535,8 +537,9 @@ def render(matrix: Matrix, report_path: Path) -> str:
         "cited path exists only under a non-default setting, named), **not reached** (the "
         "release's code, cited, never takes that path, whatever profile found it), "
         "**unconfirmed** (realistic for the domain brief, but no call path has been read), "
-        "**adversarial only** (outside the realistic profile, with the reasons), or **harness "
-        "gap** (the stand-ins lack something the code read).",
+        "or **adversarial only** (outside the realistic profile, with the reasons). A run that "
+        "reaches something the stand-ins do not model stops there and its column says *harness "
+        "gap*: a gap of swafuzz is never a divergence.",
         "",
         "## Summary",
         "",

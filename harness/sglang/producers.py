@@ -46,7 +46,7 @@ from ..reference.truth import (
 
 from ..api import ForwardMode
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
-from .drivers import STAND_INS, STANDARD_NAMES, SglangMode, StandIn, StandInGap
+from .drivers import STAND_INS, STANDARD_NAMES, CoreMetadata, SglangMode, StandIn, StandInGap
 from .locate import SourceTree
 from .real_classes import RealClass, attributes
 from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE, POOL_FILE
@@ -124,25 +124,6 @@ class UnifiedRingPool(StandIn):
     role = "unified ring pool"
     attributes = frozenset({"unified_swa_window", "unified_swa_ring_size", "unified_swa_pages"})
     replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
-
-
-class DecodeCoreMetadata(StandIn):
-    """The attention metadata the ring producer reads: the tokens' positions, and attention
-    lengths and pages that are empty (no attention runs here)."""
-
-    role = "attention metadata"
-    attributes = frozenset({
-        "unified", "positions_casual", "swa_topk_lengths", "c128_topk_lengths_raw",
-        "c4_sparse_topk_lengths_raw", "c128_page_indices", "c4_sparse_page_indices",
-    })
-
-    @classmethod
-    def of(cls, positions: torch.Tensor) -> "DecodeCoreMetadata":
-        lengths = torch.zeros(positions.shape[0], dtype=torch.int32)
-        pages = torch.empty((positions.shape[0], 0), dtype=torch.int32)
-        return cls(unified=None, positions_casual=positions, swa_topk_lengths=lengths,
-                   c128_topk_lengths_raw=lengths, c4_sparse_topk_lengths_raw=lengths,
-                   c128_page_indices=pages, c4_sparse_page_indices=pages)
 
 
 class PrefillCoreMetadata(StandIn):
@@ -459,9 +440,11 @@ def check(producer: Producer, batch: Batch, window: int = 128) -> list[str]:
 
 def _owner(producer: Producer, **offered: Any) -> StandIn:
     """The stand-in for the producer's own class, carrying those of ``offered`` that the
-    release's code reads (the stand-in it was bound on)."""
+    release's code reads (the stand-in it was bound on), with the methods the producer
+    reaches and the attribute values the class's own code gives."""
     stand_in = producer.stand_ins[0].stand_in
-    return stand_in(**{name: offered[name] for name in stand_in.attributes})
+    owner = producer.binding.classes[producer.backend].build(stand_in)
+    return owner(**{name: offered[name] for name in stand_in.attributes})
 
 
 def _differences(name: str, got: Any, want: torch.Tensor) -> list[str]:
@@ -580,7 +563,7 @@ def _bind_decode_streams(tree: SourceTree, mode: str) -> Producer:
     return _bind_method(
         tree, mode, DECODE_STREAMS, ((HIP_BACKEND_FILE, HIP_BACKEND),),
         (DecodeStreamsBackend, DsparkDecodeStreamsBackend), records=(UNIFIED_RECORD,),
-        site_stand_ins=((DecodeCoreMetadata, "DSV4AttnMetadata"),),
+        site_stand_ins=((CoreMetadata, "DSV4AttnMetadata"),),
         more_stand_ins=(StandInUse(UnifiedRingPool, UnifiedRingPool.replaces),),
     )
 
@@ -600,7 +583,7 @@ def _run_decode_streams(producer: Producer, batch: Batch, window: int) -> list[s
     pool = UnifiedRingPool(unified_swa_window=window, unified_swa_ring_size=ring, unified_swa_pages=0)
     backend = _owner(producer, token_to_kv_pool=pool, is_dspark=False, _fp8_decode_num_heads=None,
                      _fp8_verify_epi=None)
-    core = DecodeCoreMetadata.of(batch.positions)
+    core = CoreMetadata.of(batch.positions)
     arguments = {"num_draft": draft} if "num_draft" in _parameters(producer.function) else {}
     producer.function(backend, core, batch.token_slots, **arguments)
     want = ring_rows(batch.token_slots, batch.positions, ring, batch.num_req_slots)

@@ -8,10 +8,13 @@ looks for the code itself, so a checkout of any branch binds whatever it has.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from ..registry import SubjectInfo
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
 from .drivers import (
+    CORE_METADATA_CLASS,
+    METADATA_CLASS,
     POOL_CLASS,
     STAND_IN_ATTRIBUTES,
     STAND_INS,
@@ -35,16 +38,23 @@ HIP_BACKEND = "DeepseekV4HipRadixBackend"
 # the ring getter and the producer of the rows it caches (decode metadata)
 RING_METHODS = ("get_unified_swa_loc", "_attach_unified_kv_decode_streams")
 
-_POOL_TRANSLATION = ClassCode(POOL_FILE, POOL_CLASS, ("register_mapping", "translate_loc_from_full_to_swa"), role="pool")
+# the drivers call register_mapping where the pool defines it; every method the entry
+# methods reach (a helper the store calls) is bound with them
+_POOL_TRANSLATION = ClassCode(POOL_FILE, POOL_CLASS, ("translate_loc_from_full_to_swa",), role="pool",
+                              if_defined=("register_mapping",))
 
 
 def _pool_store(store: str) -> ClassCode:
     # raw_loc: the store translates full-pool locations itself (0.5.13 moved that out)
-    return ClassCode(
-        POOL_FILE, POOL_CLASS,
-        ("register_mapping", "translate_loc_from_full_to_swa", store, "_swa_local_layer_id"),
-        role="pool", parameters={store: "raw_loc"},
-    )
+    return ClassCode(POOL_FILE, POOL_CLASS, (store,), role="pool", parameters={store: "raw_loc"},
+                     if_defined=("register_mapping",))
+
+
+def _metadata_records(path: str) -> tuple[ClassCode, ...]:
+    """The backend file's metadata dataclasses, whose declared fields (and defaults) the
+    drivers' metadata objects carry, where the tree has them."""
+    return tuple(ClassCode(path, name, dataclass_fields=True, required=False)
+                 for name in (METADATA_CLASS, CORE_METADATA_CLASS))
 
 
 @dataclass(frozen=True)
@@ -61,8 +71,9 @@ class Target:
     def subject_name(self) -> str:
         return f"sglang:{self.name}"
 
-    def bind(self, tree: SourceTree, mode: str = "source") -> Binding:
-        return bind(tree, self.code, {**STANDARD_NAMES, **STAND_INS}, STAND_IN_ATTRIBUTES, mode)
+    def bind(self, tree: SourceTree, mode: str = "source", supplied: Mapping[str, Any] | None = None) -> Binding:
+        """``supplied``: values for names the tree's code reads that swafuzz cannot derive."""
+        return bind(tree, self.code, {**STANDARD_NAMES, **STAND_INS}, STAND_IN_ATTRIBUTES, mode, supplied)
 
     def subject(self, binding: Binding) -> type[SglangSubject]:
         version = (binding.version or "source").replace(".", "_")
@@ -72,8 +83,9 @@ class Target:
             **dict(self.driver_settings),
         })
 
-    def info(self, tree: SourceTree, mode: str = "source", name: str | None = None) -> SubjectInfo:
-        binding = self.bind(tree, mode)
+    def info(self, tree: SourceTree, mode: str = "source", name: str | None = None,
+             supplied: Mapping[str, Any] | None = None) -> SubjectInfo:
+        binding = self.bind(tree, mode, supplied)
         return SubjectInfo(
             name or self.subject_name, self.subject(binding), expected="unknown", kind="sglang",
             summary=f"{self.summary} ({binding.label})",
@@ -104,7 +116,8 @@ TARGETS: tuple[Target, ...] = (
         "cuda-swa-out-cache-loc",
         "CUDA DeepSeek-V4 backend get_swa_out_cache_loc over per-forward translated locations",
         TranslatedLocSubject,
-        (_POOL_TRANSLATION, ClassCode(CUDA_BACKEND_FILE, CUDA_BACKEND, ("get_swa_out_cache_loc",), role="backend")),
+        (_POOL_TRANSLATION, ClassCode(CUDA_BACKEND_FILE, CUDA_BACKEND, ("get_swa_out_cache_loc",), role="backend"),
+         *_metadata_records(CUDA_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", CUDA_BACKEND),),
     ),
@@ -112,7 +125,8 @@ TARGETS: tuple[Target, ...] = (
         "hip-swa-out-cache-loc",
         "HIP DeepSeek-V4 backend get_swa_out_cache_loc over per-forward translated locations",
         TranslatedLocSubject,
-        (_POOL_TRANSLATION, ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_swa_out_cache_loc",), role="backend")),
+        (_POOL_TRANSLATION, ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_swa_out_cache_loc",), role="backend"),
+         *_metadata_records(HIP_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
     ),
@@ -120,7 +134,7 @@ TARGETS: tuple[Target, ...] = (
         "hip-unified-swa-loc",
         "HIP DeepSeek-V4 backend get_unified_swa_loc over per-forward ring rows",
         RingSubject,
-        (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"),),
+        (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"), *_metadata_records(HIP_BACKEND_FILE)),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
     ),
@@ -132,6 +146,7 @@ TARGETS: tuple[Target, ...] = (
             ClassCode(HIP_BACKEND_FILE, UNIFIED_METADATA_CLASS, ("copy_",), dataclass_fields=True),
             FunctionCode(METADATA_FILE, "copy_metadata"),
             ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"),
+            *_metadata_records(HIP_BACKEND_FILE),
         ),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
