@@ -1,0 +1,189 @@
+"""Trees that are not releases bind as they are, and get the verdict their code deserves.
+
+Each tree here is a released wheel's files with one small edit, made at test time, of the
+kind a pull request makes: extract a helper, rename a private method, read a new attribute,
+add a metadata field and read it, drop a bypass. No SGLang code is kept in this repository;
+an edit names the released text it replaces, so a test fails loudly when a release moves.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swafuzz.executor import run_scenario
+from swafuzz.fuzz import fuzz
+from swafuzz.sglang import BindError, bind_target, locate
+from swafuzz.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
+from swafuzz.strategies.examples import EXAMPLES
+from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, RAGGED_EXTEND
+
+FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, *locate.VERSION_FILES)
+
+
+@functools.lru_cache(maxsize=None)
+def _release(version: str) -> locate.SourceTree | str:
+    installed = locate.installed()
+    if installed is not None and installed.version == version:
+        return installed
+    try:
+        return locate.wheel(version)
+    except locate.SglangUnavailable as exc:
+        return f"no sglang {version} wheel: {exc}"
+
+
+def edited_tree(tmp_path: Path, version: str, edits: dict[str, list[tuple[str, str]]]) -> locate.SourceTree:
+    """A checkout of ``version``'s files with each ``(old, new)`` replacement made (every
+    occurrence; ``old`` must occur)."""
+    release = _release(version)
+    if isinstance(release, str):
+        pytest.skip(release)
+    root = tmp_path / "tree" / "python"
+    (root / "sglang").mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text("")
+    for path in FILES:
+        text = release.read(path)
+        if text is None:
+            continue
+        for old, new in edits.get(path, []):
+            assert old in text, f"sglang {version}'s {path} no longer holds the text this edit replaces"
+            text = text.replace(old, new)
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return locate.checkout(tmp_path / "tree")
+
+
+def _subject(tree: locate.SourceTree, name: str):
+    return bind_target(target(name), tree, "source")
+
+
+def _diverges(info, max_examples: int = 300, exclude: frozenset[str] = frozenset()) -> bool:
+    return fuzz(info, settings="ci", max_examples=max_examples, exclude=exclude).divergence is not None
+
+
+# ---- the pool's inline cache (0.5.12) ----------------------------------------------------------
+
+INLINE_CACHE = """        if self._should_cache_swa:
+            if layer_id == self.start_layer or self.cached_loc is None:
+                self.cached_loc = self.translate_loc_from_full_to_swa(raw_loc)
+            swa_loc = self.cached_loc
+        else:
+            swa_loc = self.translate_loc_from_full_to_swa(raw_loc)
+"""
+STORE = "    def set_swa_key_buffer_radix_fused(\n"
+INIT = "        self.cached_loc = None\n"  # in the pool's __init__
+
+
+def _helper(body_reads: str = "") -> str:
+    return ("    def get_cached_swa_loc(self, layer_id, raw_loc):\n" + body_reads
+            + INLINE_CACHE + "        return swa_loc\n\n")
+
+
+EXTRACTED = [(INLINE_CACHE, "        swa_loc = self.get_cached_swa_loc(layer_id, raw_loc)\n"),
+             (STORE, _helper() + STORE)]
+
+
+def test_a_helper_a_pull_request_extracts_binds_and_keeps_the_releases_verdict(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: EXTRACTED})
+    info = _subject(tree, "pool-fused-store")
+    assert "get_cached_swa_loc" in info.subject.binding.classes["DeepSeekV4TokenToKVPool"].methods
+    assert _diverges(info)  # the release's stale cache, now inside the helper
+    fixed = edited_tree(tmp_path / "fixed", "0.5.12", {POOL_FILE: [
+        *EXTRACTED, ("if layer_id == self.start_layer or self.cached_loc is None:", "if True:")]})
+    assert not _diverges(_subject(fixed, "pool-fused-store"), max_examples=150)
+
+
+def test_a_renamed_private_method_binds_under_its_new_name(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: [("_swa_local_layer_id", "_stage_local_swa_layer")]})
+    methods = _subject(tree, "pool-fused-store").subject.binding.classes["DeepSeekV4TokenToKVPool"].methods
+    assert "_stage_local_swa_layer" in methods and "_swa_local_layer_id" not in methods
+
+
+def test_an_attribute_the_class_sets_to_a_literal_is_read_from_the_tree(tmp_path):
+    reads = "        if self.swa_cache_epoch != 0:\n            raise RuntimeError('epoch moved')\n"
+    init = "        self.swa_cache_epoch = 0\n"
+    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: [
+        (INLINE_CACHE, "        swa_loc = self.get_cached_swa_loc(layer_id, raw_loc)\n"),
+        (STORE, _helper(reads) + STORE),
+        (INIT, INIT + init),
+    ]})
+    assert run_scenario(_subject(tree, "pool-fused-store").subject, EXAMPLES["pipeline-stage"]).passed
+
+
+def test_every_piece_a_tree_lacks_is_named_at_once_with_how_to_supply_it(tmp_path):
+    reads = "        if self.swa_cache_layers and self.swa_cache_policy:\n            pass\n"
+    init = "        self.swa_cache_layers = get_int_env_var('SWA_CACHE_LAYERS', 0)\n"
+    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: [
+        (INLINE_CACHE, "        swa_loc = self.get_cached_swa_loc(layer_id, raw_loc)\n"),
+        (STORE, _helper(reads) + STORE),
+        (INIT, INIT + init),
+    ]})
+    with pytest.raises(BindError) as caught:
+        _subject(tree, "pool-fused-store")
+    message = str(caught.value)
+    assert "2 pieces are missing" in message
+    assert "self.swa_cache_layers" in message and "get_int_env_var('SWA_CACHE_LAYERS', 0)" in message
+    assert "--sglang-attr swa_cache_layers=VALUE" in message and "--sglang-attr swa_cache_policy=VALUE" in message
+
+
+def test_supplied_attributes_complete_the_binding(tmp_path, monkeypatch):
+    reads = "        if self.swa_cache_layers and self.swa_cache_policy:\n            pass\n"
+    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: [
+        (INLINE_CACHE, "        swa_loc = self.get_cached_swa_loc(layer_id, raw_loc)\n"),
+        (STORE, _helper(reads) + STORE)]})
+    monkeypatch.setenv("SWAFUZZ_SGLANG_ATTRS", '["swa_cache_layers=0", "swa_cache_policy=\'lru\'"]')
+    assert run_scenario(_subject(tree, "pool-fused-store").subject, EXAMPLES["pipeline-stage"]).passed
+
+
+# ---- the ring getter reading a per-forward field (0.5.23) --------------------------------------
+
+FIELD = "    unified: Optional[UnifiedKvMetadata] = None\n"
+PRODUCED = "        core.unified.verify_store_state_slot = state_slot\n"
+CACHED_READ = "        cached = unified.swa_loc if unified is not None else None\n"
+BYPASS = "            and not is_multistep_draft_decode\n"
+
+
+def _ring_field_tree(tmp_path: Path, read: str, *more: tuple[str, str]) -> locate.SourceTree:
+    return edited_tree(tmp_path, "0.5.23", {HIP_BACKEND_FILE: [
+        (FIELD, FIELD + "    unified_swa_loc: Optional[torch.Tensor] = None\n"),
+        (PRODUCED, PRODUCED + "        core.unified_swa_loc = core.unified.swa_loc\n"),
+        (CACHED_READ, f"        cached = {read}\n"),
+        *more,
+    ]})
+
+
+# what the release itself diverges on first (the ragged fallback of extends, padding rows in an idle
+# replay), left out so that the search is about the cached rows the edits move
+RELEASE_FINDINGS = frozenset({RAGGED_EXTEND, DRAFT_EXTEND, IDLE, GRAPH_REPLAY})
+
+
+@pytest.mark.parametrize("read", ["core.unified_swa_loc", 'getattr(core, "unified_swa_loc", None)'])
+def test_a_field_the_producer_writes_reaches_the_getter(tmp_path, read):
+    release = _release("0.5.23")
+    if isinstance(release, str):
+        pytest.skip(release)
+    assert not _diverges(_subject(release, "hip-unified-swa-loc"), 150, RELEASE_FINDINGS)
+    tree = _ring_field_tree(tmp_path, read)
+    assert not _diverges(_subject(tree, "hip-unified-swa-loc"), 150, RELEASE_FINDINGS)
+    # with the multi-step draft bypass dropped, the rows cached at init go stale between steps
+    broken = _ring_field_tree(tmp_path / "broken", read, (BYPASS, ""))
+    result = fuzz(_subject(broken, "hip-unified-swa-loc"), settings="ci", max_examples=600, exclude=RELEASE_FINDINGS)
+    assert result.divergence is not None and "draft" in result.divergence.sentence
+
+
+def test_a_gap_met_while_fuzzing_a_tree_exits_2_naming_it(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {HIP_BACKEND_FILE: [
+        ("        positions = forward_batch.positions\n        core = getattr(self.forward_metadata",
+         "        positions = forward_batch.positions\n        forward_batch.spec_info.draft_token_num\n"
+         "        core = getattr(self.forward_metadata")]})
+    done = subprocess.run(
+        [sys.executable, "-m", "swafuzz", "fuzz", "--subject", "sglang:hip-unified-swa-loc", "--sglang-source",
+         str(tree.root), "--sglang-mode", "source", "--settings", "ci", "--report-dir", str(tmp_path / "reports")],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "'spec_info'" in done.stderr and "does not model" in done.stderr
+    assert "divergence" not in done.stdout
