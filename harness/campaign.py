@@ -216,7 +216,7 @@ class DivergenceLog:
         replay = Replay(
             subject=self.subject, profile=profile or self.profile, scenario=scenario,
             divergence=divergence, seed=seed, settings=settings or self.settings, device=self.device,
-            engine_switches=_engine_switches(self.subject),
+            engine_switches=_engine_switches(self.subject), sglang_tree=_sglang_tree(self.subject),
         )
         try:
             if self.path is None:  # this run's own file, beside any other run's
@@ -245,6 +245,16 @@ def _engine_switches(subject: str) -> dict[str, bool] | None:
     from .sglang import switch_overrides
 
     return switch_overrides() or None
+
+
+def _sglang_tree(subject: str) -> dict | None:
+    """The SGLang tree a run of ``subject`` binds, which its replay file must record to be
+    replayed as printed (a release's wheel is named by the subject itself)."""
+    if not subject.startswith("sglang:"):
+        return None
+    from .sglang import tree_record
+
+    return tree_record(subject)
 
 
 def run_until_interrupted(start: Callable[[Callable[[Progress], None]], FuzzResult],

@@ -270,8 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(commands, args.handler)(args)
     except Exception as exc:  # noqa: BLE001 - a harness bug: say so, never pass it off as a divergence
         if _is_usage_error(exc):
-            message = " ".join(str(exc).splitlines())
-            print(f"swafuzz {args.command}: error: {message}", file=sys.stderr)
+            # a message that lists several pieces (a binding's gaps) keeps one line each
+            first, *more = str(exc).splitlines() or [""]
+            print(f"swafuzz {args.command}: error: {first}", file=sys.stderr)
+            for line in more:
+                print(f"  {line.strip()}", file=sys.stderr)
             return EXIT_USAGE
         print(f"swafuzz {args.command}: internal error (a bug in swafuzz):\n{traceback.format_exc()}",
               file=sys.stderr)

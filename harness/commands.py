@@ -181,6 +181,12 @@ def replay(args: argparse.Namespace) -> int:
         info = resolve_subject(args.subject) if args.subject else recorded_subject(recorded)
     except ReplayError as exc:
         raise ReplayError(f"{describe_path(args.file)}: {exc}") from None
+    if recorded.sglang_tree is not None and not args.subject:
+        from .sglang import tree_changes
+
+        changed = tree_changes(recorded.subject, recorded.sglang_tree)
+        if changed:
+            print(f"swafuzz replay: note: {changed}", file=sys.stderr)
     device = check_device(args.device or recorded.device)
     started = time.monotonic()
     try:

@@ -200,12 +200,14 @@ def subject_listing() -> list[dict]:
 
 
 def resolve_subject(spec: str, allow_import: bool = True,
-                    engine_switches: Mapping[str, bool] | None = None) -> SubjectInfo:
+                    engine_switches: Mapping[str, bool] | None = None,
+                    recorded_tree: Mapping[str, Any] | None = None) -> SubjectInfo:
     """A built-in name, ``sglang:<target>[@<version>]`` (real SGLang code), or
     ``module:attr`` naming a Subject class or a SubjectInfo.
 
     ``engine_switches`` (SGLang targets only) are set against the release's defaults, over
-    any that ``$SWAFUZZ_SGLANG_SWITCHES`` leaves unset.
+    any that ``$SWAFUZZ_SGLANG_SWITCHES`` leaves unset; ``recorded_tree`` is the SGLang tree
+    a replay file records (see :func:`swafuzz.sglang.resolve`).
 
     A module is looked for in the current directory first, as ``python -m`` would, so that
     ``--subject my_subject:Class`` finds ``my_subject.py`` where the command runs. With
@@ -224,7 +226,7 @@ def resolve_subject(spec: str, allow_import: bool = True,
     if spec.startswith("sglang:"):  # before module:attr, since "sglang" is a module too
         from . import sglang  # swafuzz.sglang imports this module
 
-        return sglang.resolve(spec, switches=engine_switches)
+        return sglang.resolve(spec, switches=engine_switches, recorded_tree=recorded_tree)
     unknown = unknown_subject(spec)
     if unknown is not None:
         raise SubjectError(unknown)

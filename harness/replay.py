@@ -56,9 +56,13 @@ class Replay:
     device: str = "cpu"
     harness_version: str = __version__
     engine_switches: dict[str, bool] | None = None  # SGLang switch -> value of the run
+    # the SGLang tree an sglang:<target> subject was bound from (swafuzz.sglang.tree_record)
+    sglang_tree: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         switches = {} if self.engine_switches is None else {"engine_switches": dict(self.engine_switches)}
+        if self.sglang_tree is not None:
+            switches["sglang_tree"] = dict(self.sglang_tree)
         return {
             "format": FORMAT,
             "schema_version": SCHEMA_VERSION,
@@ -110,6 +114,7 @@ class Replay:
             divergence=divergence_from(data.get("diagnosis")), seed=data.get("seed"),
             settings=data.get("settings"), device=data["device"], harness_version=data["harness_version"],
             engine_switches=_engine_switches(data.get("engine_switches")),
+            sglang_tree=_sglang_tree(data.get("sglang_tree")),
         )
 
 
@@ -124,6 +129,34 @@ def _engine_switches(data: Any) -> dict[str, bool] | None:
             raise ReplayError(f"field 'engine_switches' maps switch names to true or false, got "
                               f"{show(name)}: {show(value)}")
     return dict(data)
+
+
+MAX_PATH_LENGTH = 4096
+MAX_SUPPLIED_VALUES = 64
+
+
+def _sglang_tree(data: Any) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    problem = None
+    if not isinstance(data, dict):
+        problem = "must be an object"
+    else:
+        for name, limit in (("path", MAX_PATH_LENGTH), ("origin", MAX_NAME_LENGTH), ("digest", MAX_NAME_LENGTH)):
+            value = data.get(name)
+            if not (isinstance(value, str) and len(value) <= limit and value.isprintable()):
+                problem = f"needs '{name}' as printable text of at most {limit} characters, got {show(value)}"
+                break
+        version = data.get("version")
+        attributes = data.get("attributes")
+        if problem is None and not (version is None or isinstance(version, str) and len(version) <= MAX_NAME_LENGTH):
+            problem = f"has a 'version' that is neither text nor null: {show(version)}"
+        if problem is None and not (isinstance(attributes, list) and len(attributes) <= MAX_SUPPLIED_VALUES
+                                    and all(isinstance(a, str) and len(a) <= MAX_PATH_LENGTH for a in attributes)):
+            problem = f"needs 'attributes' as a list of at most {MAX_SUPPLIED_VALUES} NAME=VALUE texts, got {show(attributes)}"
+    if problem is not None:
+        raise ReplayError(f"field 'sglang_tree' {problem}")
+    return {name: data[name] for name in ("path", "origin", "version", "digest", "attributes")}
 
 
 def divergence_from(data: Any) -> Divergence:
@@ -199,9 +232,11 @@ def run_replay(replay: Replay, *, subject: str | None = None, device: str | None
 
 def recorded_subject(replay: Replay) -> SubjectInfo:
     """The subject a replay file names, refused when naming it would import code, with the
-    engine switches the file records (the command line's ``--sglang-switch`` wins)."""
+    engine switches and the SGLang tree the file records (the command line's
+    ``--sglang-switch``, ``--sglang-source`` and ``--sglang-attr`` win)."""
     try:
-        return resolve_subject(replay.subject, allow_import=False, engine_switches=replay.engine_switches)
+        return resolve_subject(replay.subject, allow_import=False, engine_switches=replay.engine_switches,
+                               recorded_tree=replay.sglang_tree)
     except SubjectError as exc:
         raise ReplayError(f"field 'subject': {exc}") from None
 

@@ -187,3 +187,33 @@ def test_a_gap_met_while_fuzzing_a_tree_exits_2_naming_it(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "'spec_info'" in done.stderr and "does not model" in done.stderr
     assert "divergence" not in done.stdout
+
+
+# ---- replays of a tree ---------------------------------------------------------------------------
+
+
+def _swafuzz(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swafuzz", *arguments], capture_output=True, text=True, timeout=300)
+
+
+def test_a_replay_records_the_tree_and_reproduces_as_printed(tmp_path):
+    tree = edited_tree(tmp_path / "head", "0.5.12", {POOL_FILE: EXTRACTED})
+    found = _swafuzz("fuzz", "--subject", "sglang:pool-fused-store", "--sglang-source", str(tree.root),
+                     "--sglang-mode", "source", "--settings", "ci", "--report-dir", str(tmp_path / "reports"))
+    assert found.returncode == 1, found.stdout + found.stderr
+    command = next(line.split("reproduce:", 1)[1].strip() for line in found.stdout.splitlines() if "reproduce:" in line)
+    replay_file = command.split()[-1]
+    assert command == f"swafuzz replay {replay_file}"
+    assert _swafuzz("replay", replay_file).returncode == 1  # as printed: the file names the tree
+
+    moved = tmp_path / "moved"
+    (tmp_path / "head" / "tree").rename(moved)
+    lost = _swafuzz("replay", replay_file)
+    assert lost.returncode == 2 and "--sglang-source" in lost.stderr, lost.stderr
+    assert _swafuzz("replay", replay_file, "--sglang-source", str(moved)).returncode == 1
+
+    pool = moved / "python" / POOL_FILE
+    pool.write_text(pool.read_text().replace("if layer_id == self.start_layer or self.cached_loc is None:", "if True:"))
+    fixed = _swafuzz("replay", replay_file, "--sglang-source", str(moved))
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "differ from those this replay was recorded on" in fixed.stderr

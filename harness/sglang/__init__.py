@@ -33,6 +33,7 @@ MODES = ("auto", "import", "source")
 __all__ = [
     "BindError", "ImportModeUnavailable", "SglangUnavailable", "SourceTree", "TARGETS", "Target",
     "attribute_values", "bind_target", "default_source", "discover", "resolve", "switch_overrides", "target",
+    "tree_changes", "tree_record",
 ]
 
 
@@ -87,12 +88,14 @@ def attribute_values(items: list[str] | None = None) -> dict[str, Any]:
 
 
 def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: str | None = None,
-                switches: Mapping[str, bool] | None = None) -> SubjectInfo:
+                switches: Mapping[str, bool] | None = None,
+                supplied: Mapping[str, Any] | None = None) -> SubjectInfo:
     """``item`` bound from ``tree``, run with its release's default engine switches except
     ``switches`` and, over those, the environment's (:func:`switch_overrides`: the command
-    line's ``--sglang-switch``)."""
+    line's ``--sglang-switch``); ``supplied`` values (default: the command line's
+    ``--sglang-attr``) for names the tree's code reads that swafuzz cannot derive."""
     overrides = {**(switches or {}), **switch_overrides()}
-    supplied = attribute_values()
+    supplied = attribute_values() if supplied is None else supplied
     if overrides and tree.version not in RELEASES:
         raise BindError(f"engine switches ({', '.join(overrides)}) are set per release, and {tree.label} "
                         "is not a release read here: bind a release (sglang:<target>@<version>)")
@@ -114,11 +117,23 @@ def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: s
 def resolve(
     name: str, *, source: str | os.PathLike | None = None, mode: str | None = None,
     cache: str | os.PathLike | None = None, switches: Mapping[str, bool] | None = None,
+    recorded_tree: Mapping[str, Any] | None = None,
 ) -> SubjectInfo:
     """The subject ``sglang:<target>`` or ``sglang:<target>@<version>``, with ``switches``
-    set against its release's defaults (see :func:`bind_target`)."""
+    set against its release's defaults (see :func:`bind_target`). ``recorded_tree`` (a
+    replay file's :func:`tree_record`) binds the tree and values it records, except where
+    the command line names others."""
     bare, _, version = name.partition("@")
     item = target(bare)
+    supplied = None
+    if recorded_tree is not None and not version:
+        source = _replay_source(recorded_tree, source)
+        if source == recorded_tree["path"] and not locate.holds_sglang(source):
+            raise BindError(
+                f"{name!r} was recorded on the SGLang checkout {source}, which holds no sglang package "
+                "now: give the tree's new place with --sglang-source PATH")
+        if not os.environ.get(ATTRS_ENV):
+            supplied = attribute_values(list(recorded_tree["attributes"]))
     if version:
         try:
             tree = locate.wheel(version, cache)
@@ -131,7 +146,42 @@ def resolve(
                 f"no SGLang for {name!r}: install sglang, point --sglang-source (or "
                 f"${SOURCE_ENV}) at a checkout, or name a release, e.g. {bare}@0.5.23"
             )
-    return bind_target(item, tree, mode, name, switches)
+    return bind_target(item, tree, mode, name, switches, supplied)
+
+
+def _replay_source(recorded_tree: Mapping[str, Any], source: str | os.PathLike | None = None):
+    """The tree a replay binds: the one the command line names, else the recorded checkout."""
+    if source or os.environ.get(SOURCE_ENV) or recorded_tree["origin"] != "checkout":
+        return source
+    return recorded_tree["path"]
+
+
+def tree_record(name: str, source: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """What a replay file records of the SGLang tree that ``name`` (an ``sglang:`` subject
+    bound from the default source, not a release wheel) binds: where it is, a digest of the
+    files bound and cited, and the values ``--sglang-attr`` supplied."""
+    if not name.startswith("sglang:") or "@" in name:
+        return None
+    from .provenance import sglang_digest
+
+    tree = default_source(source)
+    if tree is None:
+        return None
+    attributes = json.loads(os.environ.get(ATTRS_ENV) or "[]")
+    return {"path": str(tree.root), "origin": tree.origin, "version": tree.version,
+            "digest": sglang_digest(tree), "attributes": attributes}
+
+
+def tree_changes(name: str, recorded_tree: Mapping[str, Any]) -> str | None:
+    """A note when the tree ``name`` binds now is not the one ``recorded_tree`` describes
+    (its files changed, or another tree is given): the replay then runs on the code as it
+    is now, which is how a fix is checked, and says so."""
+    now = tree_record(name, _replay_source(recorded_tree))
+    if now is None or now["digest"] == recorded_tree["digest"]:
+        return None
+    where = "" if now["path"] == recorded_tree["path"] else f" (recorded at {recorded_tree['path']}, now {now['path']})"
+    return (f"the SGLang files differ from those this replay was recorded on{where}: digest "
+            f"{recorded_tree['digest']} then, {now['digest']} now; replaying on the code as it is now")
 
 
 def discover(source: str | os.PathLike | None = None, mode: str | None = None) -> list[SubjectInfo]:

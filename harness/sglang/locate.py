@@ -114,6 +114,15 @@ def checkout(path: str | os.PathLike) -> SourceTree:
     raise SglangUnavailable(f"{base} holds no sglang package (looked for python/sglang/ and sglang/)")
 
 
+def holds_sglang(path: str | os.PathLike) -> bool:
+    """Whether :func:`checkout` finds an ``sglang`` package at ``path``."""
+    try:
+        checkout(path)
+    except SglangUnavailable:
+        return False
+    return True
+
+
 def installed() -> SourceTree | None:
     """The installed ``sglang`` package's files, found without importing it."""
     spec = importlib.util.find_spec("sglang")
