@@ -51,6 +51,7 @@ from .strategies.profiles import ADVERSARIAL, REALISTIC
 from .api import ModelSpec, Subject
 from .boundary import InputError, describe_path, parse_json, read_regular_file, show
 from .campaign import CAMPAIGN_TORCH_THREADS
+from .cli import MUTANT_BUDGET_S, MUTATION_OPERATORS
 from .executor import run_scenario
 from .fuzz import fuzz
 from .guard import describe_exception
@@ -58,7 +59,6 @@ from .registry import SubjectInfo, resolve_subject
 from .reports import write_atomically
 from .supervisor import EXITED, HUNG, KILLED, relay_to
 
-DEFAULT_BUDGET_S = 20.0
 # a mutant's call that loops forever costs this much of its budget, not the harness's 10 s
 CALL_TIMEOUT_S = 2.0
 # past its budget, a mutant's process still shrinks, replays three times and checks the
@@ -844,7 +844,7 @@ def builtin_equivalents(subject: str) -> dict[str, str]:
     return lists.get(subject, {})
 
 
-def mutate(spec: str, *, budget_s: float = DEFAULT_BUDGET_S, seed: int = 0, device: str = "cpu",
+def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, device: str = "cpu",
            equivalents: dict[str, str] | None = None, operators: tuple[str, ...] | None = None,
            isolated: bool | None = None, on_outcome: Callable[[int, int, Outcome], None] | None = None,
            ) -> MutationReport:
@@ -856,10 +856,10 @@ def mutate(spec: str, *, budget_s: float = DEFAULT_BUDGET_S, seed: int = 0, devi
     from .supervisor import SWITCH_ENV
 
     started = time.monotonic()
-    info = resolve_subject(spec)
     if spec.startswith("sglang:"):
         raise InputError(f"{show(spec)}: mutants are made from a subject's own Python source; "
                          "an sglang:<target> binds SGLang's code and is not mutated")
+    info = resolve_subject(spec)
     if equivalents is None:
         equivalents = builtin_equivalents(info.name) if info.kind == "builtin" else {}
     mutants = derive_mutants(info.subject, operators)
