@@ -257,8 +257,10 @@ def mutate(args: argparse.Namespace) -> int:
 
 
 def _print_mutation_summary(report: Any, written: list[Path]) -> None:
+    from . import mutate as mutation
+
     print(report.headline())
-    if report.baseline.status != "passes":
+    if report.baseline.status != mutation.PASSES:
         print(f"  {printable(report.baseline.sentence or '')}")
     times = report.time_to_kill()
     if times["max_s"] is not None:

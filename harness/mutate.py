@@ -65,6 +65,7 @@ CALL_TIMEOUT_S = 2.0
 # unmutated subject; one that has not answered by then is ended as hung
 WORKER_GRACE_S = 30.0
 CHECK_LIMIT_S = 60.0
+WORKER_START_LIMIT_S = 300.0  # torch's import on a loaded machine
 BUILTIN_EQUIVALENTS = Path(__file__).with_name("equivalent_mutants.json")
 REPORT_FILES = ("mutants.md", "mutants.json")
 
@@ -175,8 +176,8 @@ def _names_loaded(node: ast.AST) -> set[str]:
 
 @dataclass(frozen=True)
 class _Edit:
-    """Replace the source from (line, col) to (end_line, end_col) (ast's positions: lines
-    from 1, columns in UTF-8 bytes) with ``text``."""
+    """Replace the source of ``node`` (from its ``lineno``/``col_offset`` to its
+    ``end_lineno``/``end_col_offset``: lines from 1, columns in UTF-8 bytes) with ``text``."""
 
     node: ast.AST
     text: str
@@ -632,6 +633,7 @@ def _serve(connection: Any, spec: str, device: str) -> None:
     torch.set_num_threads(CAMPAIGN_TORCH_THREADS)
     subject = resolve_subject(spec).subject
     relay_to(lambda kind, payload: connection.send((kind, payload)) if kind == "scenario" else None)
+    connection.send(("done", None))  # ready
     while True:
         try:
             request, arguments = connection.recv()
@@ -652,6 +654,8 @@ class _Worker:
         self.connection: Any = None
 
     def ask(self, request: str, arguments: tuple, limit_s: float) -> Any:
+        """The worker's answer, or :class:`_Lost` when it ends or overruns ``limit_s``
+        (counted from when it is ready: its start-up, imports included, is not the mutant's)."""
         if self.process is None:
             context = multiprocessing.get_context("spawn")  # CUDA cannot be used after fork
             self.connection, theirs = context.Pipe()
@@ -659,10 +663,16 @@ class _Worker:
                                            name="swafuzz-mutant")
             self.process.start()
             theirs.close()
+            ready = self._reply(WORKER_START_LIMIT_S)
+            if isinstance(ready, _Lost):
+                return ready
+        self.connection.send((request, arguments))
+        return self._reply(limit_s)
+
+    def _reply(self, limit_s: float) -> Any:
         started = time.monotonic()
         deadline = started + limit_s
         scenario = None
-        self.connection.send((request, arguments))
         while time.monotonic() < deadline:
             if not self.connection.poll(min(0.5, max(0.0, deadline - time.monotonic()))):
                 if self.process.is_alive():
@@ -716,6 +726,11 @@ class _InProcess:
         pass
 
 
+def nearest_rank(ordered: list[float], fraction: float) -> float | None:
+    """The value of sorted ``ordered`` that ``fraction`` of them are at or below (None if empty)."""
+    return ordered[math.ceil(fraction * len(ordered)) - 1] if ordered else None
+
+
 # ---- a mutation run -----------------------------------------------------------------------------
 
 
@@ -756,8 +771,7 @@ class MutationReport:
         times = self.times_to_kill
         if not times:
             return {"median_s": None, "p90_s": None, "max_s": None}
-        return {"median_s": statistics.median(times), "p90_s": times[math.ceil(0.9 * len(times)) - 1],
-                "max_s": times[-1]}
+        return {"median_s": statistics.median(times), "p90_s": nearest_rank(times, 0.9), "max_s": times[-1]}
 
     @property
     def survivors(self) -> list[Outcome]:

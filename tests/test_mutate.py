@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -291,6 +292,38 @@ def test_a_mutant_that_ends_its_process_is_killed_and_one_that_raises_when_built
     ended = outcomes["swa_write_location"]
     assert ended.status == KILLED_STATUS and ended.kind == "exited" and "status 3" in ended.sentence
     assert report.baseline.status == PASSES and report.passed
+
+
+class GuardedAgainstHanging(Subject):
+    truth = Truth.POOL
+
+    def swa_write_location(self, batch, layer_id):
+        if layer_id < 0:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # no call timeout ends it
+            while True:
+                pass
+        return _rows(self.mapping, batch.out_cache_loc)
+
+
+def test_a_mutant_that_hangs_past_every_alarm_is_ended_and_killed(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setattr(mutation, "WORKER_GRACE_S", 3.0)
+    report = mutate("test_mutate:GuardedAgainstHanging", budget_s=1, isolated=True, operators=("negate-guard",))
+    hung = next(o for o in report.outcomes if "`layer_id < 0`" in o.mutant.description)
+    assert hung.status == KILLED_STATUS and hung.kind == "hung" and hung.scenario is not None
+    assert report.baseline.status == PASSES
+
+
+def test_the_mutants_benchmark_prints_and_returns_the_figures():
+    from swafuzz.bench import bench_mutants
+
+    printed: list[str] = []
+    figures = bench_mutants(subjects=("uncached",), budget_s=1, out=printed.append)
+    overall = figures["overall"]
+    assert overall["kill_rate"] == 1.0 and overall["unmutated_divergences"] == 0
+    assert set(overall["time_to_kill"]) == {"median_s", "p90_s", "max_s"}
+    assert figures["subjects"]["uncached"]["made"] == 1
+    assert any(line.startswith("uncached ") for line in printed) and printed[-1].startswith("all: 1 of 1 killed")
 
 
 # ---- the command line ----------------------------------------------------------------------------
