@@ -877,6 +877,9 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
     if equivalents is None:
         equivalents = builtin_equivalents(info.name) if info.kind == "builtin" else {}
     mutants = derive_mutants(info.subject, operators)
+    if not mutants:  # a figure over no mutants would pass a search nothing has measured
+        raise InputError(f"no mutants of {show(spec)}: its source cannot be read, or no operator "
+                         f"({', '.join(operators or OPERATORS)}) applies to it")
     if isolated is None:
         isolated = os.environ.get(SWITCH_ENV, "1") != "0"
     runner = (_Worker if isolated else _InProcess)(spec, device)

@@ -348,6 +348,12 @@ def test_bad_input_to_mutate_is_a_usage_error(arguments, tmp_path):
     assert main(["mutate", *arguments, "--report-dir", str(tmp_path)]) == 2
 
 
+def test_a_subject_no_operator_applies_to_is_a_usage_error(tmp_path):
+    # uncached's one mutant swaps two arguments; a key to drop it has none
+    assert main(["mutate", "--subject", "uncached", "--operator", "drop-key-element",
+                 "--report-dir", str(tmp_path)]) == 2
+
+
 def test_a_malformed_list_of_equivalent_mutants_is_a_usage_error(tmp_path):
     listed = tmp_path / "equivalent.json"
     listed.write_text(json.dumps({"negate-guard/X.y/1": 3}))
