@@ -241,7 +241,8 @@ def mutate(args: argparse.Namespace) -> int:
     equivalents = mutation.load_equivalents(args.equivalent) if args.equivalent is not None else None
 
     def progress(number: int, total: int, outcome: mutation.Outcome) -> None:
-        how = f" ({outcome.profile or outcome.kind}, {outcome.time_to_kill_s:.2f} s)" if outcome.time_to_kill_s else ""
+        how = (f" ({outcome.profile or outcome.kind}, {outcome.time_to_kill_s:.2f} s)"
+               if outcome.time_to_kill_s is not None else "")
         print(f"  [{number}/{total}] {outcome.status}: {outcome.mutant.id}{how}", file=sys.stderr)
 
     with stdout_to_stderr(args.json):
