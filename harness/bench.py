@@ -21,6 +21,9 @@
   under the nightly settings, the same seed and budget: examples and checks per second, the
   efficiency (N workers' rate over N times one process's), examples per CPU second (the
   workers' start-up included), and how far each run went past its budget.
+- ``mutants``: ``swafuzz mutate`` over the correct built-in designs: mutants made, killed
+  (per profile), survived, equivalent and not runnable, the kill rate over the mutants not
+  judged equivalent, and the time to kill (median, p90, max), per subject and over all.
 - ``device``: per-layer cost of the uncached translation against the cached designs, for
   batch sizes 1 to 256, on a GPU (or ``--device cpu``).
 """
@@ -367,18 +370,69 @@ def bench_scaling(subjects: tuple[str, ...] = SCALING_SUBJECTS, profiles=("reali
     return ratios
 
 
+MUTATED_SUBJECTS = ("uncached", "uncached-ring", "step-keyed-capture", "step-keyed-capture-ring")
+
+
+def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, budget_s: float = SCALING_BUDGET_S,
+                  out=print) -> dict:
+    """Mutation figures of each correct built-in design, each in one ``mutate`` run (its own
+    worker process), then over all of them. Returns them as ``--json-out`` writes them."""
+    from .mutate import ADVERSARIAL, REALISTIC, mutate, nearest_rank
+
+    out(f"mutants: swafuzz mutate, {budget_s:g} s per mutant (realistic, then adversarial), seed 0, CPU")
+    out(f"{'subject':24s} {'unmutated':>9s} {'made':>4s} {'killed':>6s} {'real':>4s} {'adv':>4s} {'surv':>4s} "
+        f"{'equiv':>5s} {'n/r':>3s} {'rate':>6s} {'ttk med':>7s} {'p90':>6s} {'max':>6s} {'run s':>6s}")
+    reports = []
+    for name in subjects:
+        report = mutate(name, budget_s=budget_s, seed=0)
+        reports.append(report)
+        times = {name: "-" if value is None else f"{value:.2f}" for name, value in report.time_to_kill().items()}
+        rate = "-" if report.kill_rate is None else f"{report.kill_rate:.1%}"
+        out(f"{report.subject:24s} {report.baseline.status:>9s} {len(report.outcomes):4d} "
+            f"{report.count('killed'):6d} {report.killed_by_profile[REALISTIC]:4d} "
+            f"{report.killed_by_profile[ADVERSARIAL]:4d} {len(report.survivors):4d} {report.count('equivalent'):5d} "
+            f"{report.count('not runnable'):3d} {rate:>6s} {times['median_s']:>7s} {times['p90_s']:>6s} "
+            f"{times['max_s']:>6s} {report.elapsed_s:6.1f}")
+    killed = sum(report.count("killed") for report in reports)
+    counted = sum(report.counted for report in reports)
+    times = sorted(t for report in reports for t in report.times_to_kill)
+    overall = {
+        "kill_rate": killed / counted if counted else None, "killed": killed, "counted": counted,
+        "survived": sum(len(report.survivors) for report in reports),
+        "equivalent": sum(report.count("equivalent") for report in reports),
+        "unmutated_divergences": sum(report.baseline.status != "passes" for report in reports),
+        "time_to_kill": {"median_s": statistics.median(times) if times else None,
+                         "p90_s": nearest_rank(times, 0.9), "max_s": times[-1] if times else None},
+    }
+    shown = {name: "-" if value is None else f"{value:.2f} s" for name, value in overall["time_to_kill"].items()}
+    rate = "-" if overall["kill_rate"] is None else f"{overall['kill_rate']:.1%}"
+    out(f"all: {killed} of {counted} killed ({rate}), {overall['survived']} survived, {overall['equivalent']} "
+        f"equivalent; time to kill median {shown['median_s']}, p90 {shown['p90_s']}, max {shown['max_s']}; "
+        f"divergences of the unmutated subjects: {overall['unmutated_divergences']}")
+    for report in reports:
+        for outcome in report.survivors:
+            out(f"survived: {report.subject}: {outcome.mutant.id}: {outcome.mutant.description}")
+        for outcome in report.outcomes:
+            if outcome.equivalent_reason:
+                out(f"equivalent: {report.subject}: {outcome.mutant.id}: {outcome.equivalent_reason}")
+    return {"overall": overall, "subjects": {report.subject: report.to_dict() for report in reports}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="swafuzz bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("executor", "fuzz", "peer", "cold", "scaling", "device", "all"),
+    parser.add_argument("--suite", choices=("executor", "fuzz", "peer", "cold", "scaling", "mutants", "device",
+                                            "all"),
                         default="all",
                         help="all = executor, fuzz and peer; cold (a process per seed), scaling (worker "
-                             "processes against one) and device run on their own")
+                             "processes against one), mutants (swafuzz mutate over the correct built-ins) "
+                             "and device run on their own")
     parser.add_argument("--seeds", type=int, default=10, help="seeds per subject for the fuzz and peer suites")
     parser.add_argument("--device", default="cuda", help="device for the device suite (default cuda)")
     parser.add_argument("--workers", type=int, default=max(2, len(os.sched_getaffinity(0))),
                         help="worker processes for the scaling suite (default: this machine's CPUs, at least 2)")
     parser.add_argument("--budget", type=float, default=SCALING_BUDGET_S,
-                        help=f"seconds per campaign for the scaling suite (default {SCALING_BUDGET_S:g})")
+                        help=f"seconds per campaign for the scaling suite, per mutant for the mutants suite "
+                             f"(default {SCALING_BUDGET_S:g})")
     parser.add_argument("--subjects", default=",".join(SCALING_SUBJECTS),
                         help="comma-separated subjects for the scaling suite, or 'all' for every built-in "
                              f"that runs on the CPU (default {','.join(SCALING_SUBJECTS)})")
@@ -386,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the ratios measured (higher is better for each) to this JSON file")
     args = parser.parse_args(argv)
     ratios: dict[str, float] = {}
+    mutants = None
     if args.suite in ("executor", "all"):
         ratios.update(bench_executor())
     if args.suite in ("fuzz", "all"):
@@ -400,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
         subjects = (tuple(info.name for info in BUILTIN_SUBJECTS if not info.subject.requires)
                     if args.subjects == "all" else tuple(args.subjects.split(",")))
         ratios.update(bench_scaling(subjects, workers=args.workers, budget_s=args.budget))
+    if args.suite == "mutants":
+        mutants = bench_mutants(budget_s=args.budget)
+        ratios.update({f"mutants/kill_rate/{name}": report["kill_rate"]
+                       for name, report in mutants["subjects"].items() if report["kill_rate"] is not None})
     if args.suite == "device":
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             print("swafuzz bench: no GPU is visible to torch; use --device cpu for host numbers")
@@ -407,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_device(args.device)
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as handle:
-            json.dump({"suite": args.suite, "ratios": ratios}, handle, indent=2, sort_keys=True)
+            figures = {} if mutants is None else {"mutants": mutants}
+            json.dump({"suite": args.suite, "ratios": ratios, **figures}, handle, indent=2, sort_keys=True)
             handle.write("\n")
     return 0

@@ -3,7 +3,8 @@
 Exit codes, for every subcommand:
 
 - 0: no divergence
-- 1: a divergence was found (or a replayed one is still there)
+- 1: a divergence was found (or a replayed one is still there); for ``mutate``, also a
+  mutant that survived its search and is not listed as equivalent
 - 2: usage or input error: bad option, unknown subject, malformed replay file, no such device
 - 130 / 143: interrupted by SIGINT / SIGTERM before any divergence was found
 - 3: swafuzz itself failed (a bug in the harness, with its traceback)
@@ -29,6 +30,10 @@ from .shard import Shard
 from .strategies.profiles import PROFILES
 
 GATE_BUDGET_S = 120.0
+MUTANT_BUDGET_S = 20.0
+# the operators of swafuzz.mutate, named here so that --help answers without torch
+MUTATION_OPERATORS = ("negate-guard", "drop-guard", "layer-bound", "drop-key-element", "drop-reset",
+                      "ring-window", "off-by-one", "copy-prefix", "assign-instead-of-copy", "swap-arguments")
 
 
 class UsageError(Exception):
@@ -241,6 +246,28 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--report-dir", type=Path, default=Path("reports") / "merged", metavar="DIR",
                        help="where the merged reports go (default: reports/merged)")
     merge.set_defaults(handler='merge_reports')
+
+    mutate = commands.add_parser(
+        "mutate", help="measure the search: fuzz mutants of a correct subject",
+        description="Derive mutants from the subject's Python source (one operator applied at one "
+                    "place each), fuzz the unmutated subject and then each mutant, and report how many "
+                    "the search killed and how fast. Exits 0 when the unmutated subject passes and "
+                    "every mutant not listed as equivalent is killed, 1 otherwise.")
+    _add_subject(mutate)
+    mutate.add_argument("--budget", type=_seconds, default=MUTANT_BUDGET_S, metavar="SECONDS",
+                        help=f"search time per mutant, the realistic profile for the first half and the "
+                             f"adversarial one for the rest (default: {MUTANT_BUDGET_S:g})")
+    mutate.add_argument("--seed", type=_seed, default=0, metavar="N", help="random seed (default: 0)")
+    mutate.add_argument("--equivalent", type=Path, metavar="FILE",
+                        help="a reviewed JSON object of mutant id to the reason it is equivalent: those "
+                             "survivors are left out of the kill rate (default: the built-in subjects' own list)")
+    mutate.add_argument("--operator", action="append", choices=MUTATION_OPERATORS, metavar="NAME",
+                        help=f"only this operator (repeatable; default: all of {', '.join(MUTATION_OPERATORS)})")
+    _add_device(mutate)
+    mutate.add_argument("--report-dir", type=Path, default=Path("reports") / "mutants", metavar="DIR",
+                        help="where mutants.md and mutants.json go (default: reports/mutants)")
+    mutate.add_argument("--json", action="store_true", help="print one JSON object on stdout and no progress")
+    mutate.set_defaults(handler='mutate')
 
     commands.add_parser("bench", add_help=False, help="benchmarks (arguments go to the benchmark runner)")
     return parser

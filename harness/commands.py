@@ -17,7 +17,7 @@ import torch
 from .reference import ScenarioError
 from .strategies.features import ALL_FEATURES
 
-from .boundary import describe_path, printable, writable_file
+from .boundary import describe_path, printable, writable_directory, writable_file
 from .campaign import Campaign, Finished, earlier_reports, stdout_to_stderr
 from .cli import GATE_BUDGET_S, UsageError
 from . import merge
@@ -238,3 +238,53 @@ def merge_reports(args: argparse.Namespace) -> int:
     print(merged.headline())
     print(f"  reports: {', '.join(str(path) for path in merged.written.values())}")
     return EXIT_DIVERGENCE if merged.diverged else EXIT_OK
+
+
+# ---- mutate --------------------------------------------------------------------------------
+
+
+def mutate(args: argparse.Namespace) -> int:
+    from . import mutate as mutation
+
+    device = check_device(args.device)
+    writable_directory(args.report_dir, "--report-dir")
+    equivalents = mutation.load_equivalents(args.equivalent) if args.equivalent is not None else None
+
+    def progress(number: int, total: int, outcome: mutation.Outcome) -> None:
+        how = (f" ({outcome.profile or outcome.kind}, {outcome.time_to_kill_s:.2f} s)"
+               if outcome.time_to_kill_s is not None else "")
+        print(f"  [{number}/{total}] {outcome.status}: {outcome.mutant.id}{how}", file=sys.stderr)
+
+    with stdout_to_stderr(args.json):
+        report = mutation.mutate(args.subject, budget_s=args.budget, seed=args.seed, device=device,
+                                 equivalents=equivalents, operators=tuple(args.operator or ()) or None,
+                                 on_outcome=None if args.json else progress)
+    written = report.write(args.report_dir)
+    if args.json:
+        _print_json({**report.to_dict(), "reports": [str(path) for path in written]})
+    else:
+        _print_mutation_summary(report, written)
+    return EXIT_OK if report.passed else EXIT_DIVERGENCE
+
+
+def _print_mutation_summary(report: Any, written: list[Path]) -> None:
+    from . import mutate as mutation
+
+    print(report.headline())
+    if report.baseline.status != mutation.PASSES:
+        print(f"  {printable(report.baseline.sentence or '')}")
+    times = report.time_to_kill()
+    if times["max_s"] is not None:
+        print(f"  time to kill: median {times['median_s']:.2f} s, p90 {times['p90_s']:.2f} s, "
+              f"max {times['max_s']:.2f} s")
+    for outcome in report.survivors:
+        print(f"  survived: {outcome.mutant.id}: {outcome.mutant.description}")
+        if outcome.sentence:  # the unmutated subject fails the scenario that the mutant failed
+            print(f"    the unmutated subject fails its scenario too: {printable(outcome.sentence)}")
+        print("    " + outcome.mutant.diff.rstrip().replace("\n", "\n    "))
+    for outcome in report.outcomes:
+        if outcome.equivalent_reason:
+            print(f"  equivalent: {outcome.mutant.id}: {outcome.equivalent_reason}")
+    for mutant_id in report.wrongly_listed:
+        print(f"  listed as equivalent, yet killed: {mutant_id}")
+    print(f"  reports: {', '.join(str(path) for path in written)}")

@@ -1,0 +1,919 @@
+"""Mutation figures: how many plausible bugs of a correct design the search finds, and how fast.
+
+A green gate means something only if the search would have found a bug that was there.
+:func:`derive_mutants` reads a subject's Python source (its class, the classes it inherits
+from outside swafuzz's API, and the module-level functions their methods call) with
+:mod:`ast` and makes one *mutant* per place where one operator of :data:`OPERATORS` applies:
+the kinds of mistakes cached write locations are known for (a dropped guard, a cache key
+missing a component, a reset left out, the window where the ring belongs, an off-by-one in
+ring arithmetic, a reference kept where a copy was meant). A mutant is named by its operator,
+the function it changes and the place's number in it (``drop-key-element/StepKeyed._key/2``),
+and carries a unified diff of the source it changes; nothing is written into the subject's
+files: the changed function is compiled into a subclass of the subject, in a copy of its
+module's globals.
+
+:func:`mutate` fuzzes the unmutated subject first (it must pass: a subject that diverges
+makes no figures), then every mutant with its own budget, the realistic profile for the first
+half and the adversarial one for the rest. A mutant is *killed* only when the unmutated
+subject passes the shrunk scenario that the mutant failed. All of it runs in a worker process
+(spawned once per subject, again after a mutant ended it): a mutant that ends or hangs its
+process is killed if the unmutated subject passes the scenario it was running, else *not
+runnable*, as is one that does not compile or raises on construction. Survivors that a person
+has judged equivalent (a list keyed by mutant id, each with its reason;
+:data:`BUILTIN_EQUIVALENTS` for the built-in subjects) are left out of the kill rate.
+"""
+
+from __future__ import annotations
+
+import __future__
+import ast
+import dataclasses
+import difflib
+import inspect
+import json
+import math
+import multiprocessing
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FunctionType, ModuleType
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .reference import EngineConfig, Scenario
+from .strategies.profiles import ADVERSARIAL, REALISTIC
+
+from .api import ModelSpec, Subject
+from .boundary import InputError, describe_path, parse_json, read_regular_file, show
+from .campaign import CAMPAIGN_TORCH_THREADS
+from .cli import MUTANT_BUDGET_S, MUTATION_OPERATORS
+from .executor import run_scenario
+from .fuzz import fuzz
+from .guard import describe_exception
+from .registry import SubjectInfo, resolve_subject
+from .reports import write_atomically
+from .supervisor import EXITED, HUNG, KILLED, relay_to
+
+# a mutant's call that loops forever costs this much of its budget, not the harness's 10 s
+CALL_TIMEOUT_S = 2.0
+# past its budget, a mutant's process still shrinks, replays three times and checks the
+# unmutated subject; one that has not answered by then is ended as hung
+WORKER_GRACE_S = 30.0
+CHECK_LIMIT_S = 60.0
+WORKER_START_LIMIT_S = 300.0  # torch's import on a loaded machine
+BUILTIN_EQUIVALENTS = Path(__file__).with_name("equivalent_mutants.json")
+REPORT_FILES = ("mutants.md", "mutants.json")
+
+# outcomes of a mutant
+KILLED_STATUS, SURVIVED, EQUIVALENT, NOT_RUNNABLE = "killed", "survived", "equivalent", "not runnable"
+# a mutant's scenario the unmutated subject fails too: a divergence of the subject itself
+ORIGINAL_DIVERGES = "unmutated subject diverges"
+# outcomes of the unmutated subject
+PASSES, DIVERGES = "passes", "diverges"
+
+
+# ---- reading the source ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Function:
+    """A function of the subject's source that a mutant may change."""
+
+    module: ModuleType
+    path: str
+    lines: tuple[str, ...]  # the whole file, line ends kept
+    node: ast.FunctionDef
+    owner: str | None  # the class defining it, None for a module-level function
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.owner}.{self.node.name}" if self.owner else self.node.name
+
+    @property
+    def first_line(self) -> int:
+        return min([self.node.lineno, *(d.lineno for d in self.node.decorator_list)])
+
+
+def _module_source(module: ModuleType) -> tuple[str, tuple[str, ...], ast.Module] | None:
+    try:
+        path = inspect.getsourcefile(module)
+        text = Path(path).read_text(encoding="utf-8") if path else None
+    except (OSError, TypeError, UnicodeDecodeError):
+        return None
+    if text is None:
+        return None
+    try:
+        return path, tuple(text.splitlines(keepends=True)), ast.parse(text)
+    except SyntaxError:
+        return None
+
+
+def _source_classes(subject: type) -> list[type]:
+    """The subject's class and those it inherits from whose source is the subject's own
+    (not swafuzz's API, not ``object``)."""
+    return [cls for cls in subject.__mro__
+            if cls is not object and cls.__module__ != Subject.__module__ and "." not in cls.__qualname__]
+
+
+def _defining_class(subject: type, name: str) -> type | None:
+    return next((cls for cls in subject.__mro__ if name in vars(cls)), None)
+
+
+def _functions(subject: type) -> list[_Function]:
+    """The methods the subject runs (those its MRO resolves to, in classes of its own
+    source), then the module-level functions of those modules that they call, directly
+    or through each other."""
+    found: list[_Function] = []
+    sources: dict[str, tuple[str, tuple[str, ...], ast.Module] | None] = {}
+    for cls in _source_classes(subject):
+        module = sys.modules.get(cls.__module__)
+        if module is None:
+            continue
+        if module.__name__ not in sources:
+            sources[module.__name__] = _module_source(module)
+        source = sources[module.__name__]
+        if source is None:
+            continue
+        path, lines, tree = source
+        class_node = next((node for node in tree.body if isinstance(node, ast.ClassDef)
+                           and node.name == cls.__qualname__), None)
+        for node in class_node.body if class_node is not None else ():
+            if (isinstance(node, ast.FunctionDef) and isinstance(vars(cls).get(node.name), FunctionType)
+                    and _defining_class(subject, node.name) is cls):
+                found.append(_Function(module, path, lines, node, cls.__qualname__))
+    for module_name, source in sources.items():
+        if source is not None:
+            found += _called_helpers(sys.modules[module_name], source, found)
+    return found
+
+
+def _called_helpers(module: ModuleType, source: tuple[str, tuple[str, ...], ast.Module],
+                    methods: list[_Function]) -> list[_Function]:
+    path, lines, tree = source
+    helpers = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)
+               and isinstance(vars(module).get(node.name), FunctionType)
+               and vars(module)[node.name].__module__ == module.__name__}
+    wanted = [_names_loaded(f.node) for f in methods if f.module is module]
+    reached: list[str] = []
+    while wanted:
+        for name in sorted(wanted.pop() & set(helpers) - set(reached)):
+            reached.append(name)
+            wanted.append(_names_loaded(helpers[name]))
+    return [_Function(module, path, lines, helpers[name], None) for name in reached]
+
+
+def _names_loaded(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+# ---- the operators ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Edit:
+    """Replace the source of ``node`` (from its ``lineno``/``col_offset`` to its
+    ``end_lineno``/``end_col_offset``: lines from 1, columns in UTF-8 bytes) with ``text``."""
+
+    node: ast.AST
+    text: str
+    description: str
+
+
+def _tokens(name: str) -> set[str]:
+    return set(name.lower().split("_"))
+
+
+def _identifiers(node: ast.AST) -> Iterator[str]:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            yield n.id
+        elif isinstance(n, ast.Attribute):
+            yield n.attr
+
+
+def _mentions(node: ast.AST, words: set[str]) -> bool:
+    return any(_tokens(name) & words for name in _identifiers(node))
+
+
+RING_WORDS, WINDOW_WORDS = {"ring"}, {"window"}
+POSITION_WORDS = {"pos", "position", "positions"}
+LAYER_BOUNDS = ("start_layer", "first_swa_layer")  # ModelSpec's, and 0
+EMPTY_CALLS = {"dict", "list", "set", "tuple", "empty", "new_empty"}
+
+
+class _Text:
+    """Source segments of one function's file."""
+
+    def __init__(self, function: _Function):
+        self.source = "".join(function.lines)
+
+    def __call__(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.source, node) or ast.unparse(node)
+
+
+def _guard_tests(node: ast.AST) -> Iterator[ast.expr]:
+    for n in ast.walk(node):
+        if isinstance(n, (ast.If, ast.IfExp, ast.While)):
+            yield n.test
+
+
+def negate_guard(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """An ``if`` test, or one operand of a boolean operation, negated."""
+    for test in _guard_tests(function.node):
+        yield _Edit(test, f"not ({text(test)})", f"the condition `{text(test)}` negated")
+    for n in ast.walk(function.node):
+        if isinstance(n, ast.BoolOp):
+            for operand in n.values:
+                yield _Edit(operand, f"not ({text(operand)})", f"the operand `{text(operand)}` negated")
+
+
+def drop_guard(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """One operand of a boolean operation left out; an ``if`` test of one condition
+    replaced by ``True``."""
+    for test in _guard_tests(function.node):
+        if not isinstance(test, ast.BoolOp):
+            yield _Edit(test, "True", f"the condition `{text(test)}` dropped (always true)")
+    for n in ast.walk(function.node):
+        if isinstance(n, ast.BoolOp):
+            joiner = " and " if isinstance(n.op, ast.And) else " or "
+            for index, operand in enumerate(n.values):
+                rest = [text(value) for i, value in enumerate(n.values) if i != index]
+                yield _Edit(n, f"({joiner.join(rest)})", f"the operand `{text(operand)}` dropped")
+
+
+def _is_zero(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int and node.value == 0
+
+
+def layer_bound(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """A layer bound (the stage's ``start_layer``, its ``first_swa_layer``, or 0 compared
+    with a layer) replaced by each of the others."""
+    bounds = [n for n in ast.walk(function.node) if isinstance(n, ast.Attribute) and n.attr in LAYER_BOUNDS]
+    base = text(bounds[0].value) if bounds else "self.spec"
+    for n in bounds:
+        for other in LAYER_BOUNDS:
+            if other != n.attr:
+                yield _Edit(n, f"{text(n.value)}.{other}", f"`{text(n)}` replaced by `{other}`")
+        yield _Edit(n, "0", f"`{text(n)}` replaced by layer 0")
+    for n in ast.walk(function.node):
+        if isinstance(n, ast.Compare):
+            operands = [n.left, *n.comparators]
+            for operand in operands:
+                if _is_zero(operand) and any(_mentions(o, {"layer"}) for o in operands if o is not operand):
+                    for bound in LAYER_BOUNDS:
+                        yield _Edit(operand, f"{base}.{bound}", f"layer 0 replaced by `{base}.{bound}`")
+
+
+def _key_tuples(node: ast.AST) -> Iterator[ast.Tuple]:
+    keyed_function = bool(_tokens(node.name) & {"key"})
+    for n in ast.walk(node):
+        candidates: list[ast.AST] = []
+        if isinstance(n, ast.Return) and keyed_function and n.value is not None:
+            candidates.append(n.value)
+        elif isinstance(n, ast.Assign) and any(_mentions(t, {"key"}) for t in n.targets):
+            candidates.append(n.value)
+        elif isinstance(n, ast.Compare) and _mentions(n, {"key"}):
+            candidates += [n.left, *n.comparators]
+        elif isinstance(n, ast.Subscript):
+            candidates.append(n.slice)
+        yield from (c for c in candidates if isinstance(c, ast.Tuple) and len(c.elts) >= 2)
+
+
+def drop_key_element(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """One component of a cache key (a tuple returned by a ``*key*`` function, assigned
+    to or compared with a key, or indexing a cache) left out."""
+    for key in _key_tuples(function.node):
+        for index, element in enumerate(key.elts):
+            rest = [text(e) for i, e in enumerate(key.elts) if i != index]
+            shown = f"({rest[0]},)" if len(rest) == 1 else f"({', '.join(rest)})"
+            yield _Edit(key, shown, f"`{text(element)}` dropped from the key")
+
+
+def _is_empty(value: ast.AST) -> bool:
+    if isinstance(value, ast.Constant):
+        return value.value is None
+    if isinstance(value, (ast.List, ast.Tuple, ast.Set)):
+        return not value.elts
+    if isinstance(value, ast.Dict):
+        return not value.keys
+    if isinstance(value, ast.Call):
+        name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
+        return name in EMPTY_CALLS
+    return False
+
+
+def _is_reset(statement: ast.stmt) -> bool:
+    if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
+        return _is_empty(statement.value)
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        func = statement.value.func
+        return isinstance(func, ast.Attribute) and func.attr == "clear"
+    return isinstance(statement, ast.Delete)
+
+
+def drop_reset(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """An invalidation or reset left out: an assignment of None or an empty value, a
+    ``.clear()``, a ``del``."""
+    for n in ast.walk(function.node):
+        if isinstance(n, ast.stmt) and n is not function.node and _is_reset(n):
+            yield _Edit(n, "pass", f"`{text(n)}` left out")
+
+
+def _attributes(function: _Function) -> set[str]:
+    tree = ast.parse("".join(function.lines))
+    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
+def ring_window(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """An attribute naming the ring size read as one naming the sliding window, and the
+    other way round (ModelSpec's ``ring`` and ``sliding_window``, and any other attribute
+    of the module named so)."""
+    seen = _attributes(function) | {"ring", "sliding_window"}
+    rings = sorted(name for name in seen if _tokens(name) & RING_WORDS)
+    windows = sorted(name for name in seen if _tokens(name) & WINDOW_WORDS)
+    for n in ast.walk(function.node):
+        if isinstance(n, ast.Attribute):
+            others = windows if n.attr in rings else rings if n.attr in windows else []
+            for other in others:
+                yield _Edit(n, f"{text(n.value)}.{other}", f"`{text(n)}` replaced by `.{other}`")
+
+
+def off_by_one(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """One more or one less on an operand of ring or position arithmetic (a ``%``, or an
+    operation on a ring size or positions)."""
+    words = RING_WORDS | POSITION_WORDS
+    for n in ast.walk(function.node):
+        if isinstance(n, ast.BinOp):
+            for operand in (n.left, n.right):
+                if isinstance(n.op, ast.Mod) or _mentions(operand, words):
+                    for sign in ("+", "-"):
+                        yield _Edit(operand, f"({text(operand)} {sign} 1)",
+                                    f"`{text(operand)}` {sign} 1")
+
+
+def copy_prefix(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """A slice's end one short: ``x[:n]`` copies ``x[:n - 1]``."""
+    for n in ast.walk(function.node):
+        if isinstance(n, ast.Slice) and n.upper is not None:
+            yield _Edit(n.upper, f"({text(n.upper)} - 1)", f"the slice ends at `{text(n.upper)} - 1`")
+
+
+def assign_instead_of_copy(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """``x.copy_(y)`` as ``x = y`` (the object re-pointed, not written in place), and a
+    ``.clone()`` left out (the caller's tensor kept)."""
+    for n in ast.walk(function.node):
+        if (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
+                and n.value.func.attr == "copy_" and len(n.value.args) == 1
+                and isinstance(n.value.func.value, (ast.Name, ast.Attribute, ast.Subscript))):
+            target, value = text(n.value.func.value), text(n.value.args[0])
+            yield _Edit(n, f"{target} = {value}", f"`{text(n)}` assigned instead of copied")
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "clone"
+                and not n.args and not n.keywords):
+            yield _Edit(n, text(n.func.value), f"`.clone()` of `{text(n.func.value)}` left out")
+
+
+def swap_arguments(function: _Function, text: _Text) -> Iterator[_Edit]:
+    """Two arguments of one call, both positional or both named, of the same syntactic kind
+    (two names, two attributes, two calls...), given in each other's place."""
+    for n in ast.walk(function.node):
+        if not isinstance(n, ast.Call) or any(k.arg is None for k in n.keywords):
+            continue
+        names = [None] * len(n.args) + [k.arg for k in n.keywords]
+        values = [*n.args, *(k.value for k in n.keywords)]
+        parts = [_argument(name, text(value)) for name, value in zip(names, values)]
+        for i in range(len(values)):
+            for j in range(i + 1, len(values)):
+                a, b = values[i], values[j]
+                if ((names[i] is None) != (names[j] is None) or type(a) is not type(b)
+                        or isinstance(a, ast.Starred) or text(a) == text(b)):
+                    continue
+                swapped = list(parts)
+                swapped[i], swapped[j] = _argument(names[i], text(b)), _argument(names[j], text(a))
+                yield _Edit(n, f"{text(n.func)}({', '.join(swapped)})",
+                            f"`{text(a)}` and `{text(b)}` swapped in `{text(n.func)}(...)`")
+
+
+def _argument(name: str | None, value: str) -> str:
+    return value if name is None else f"{name}={value}"
+
+
+OPERATORS: dict[str, Callable[[_Function, _Text], Iterator[_Edit]]] = {
+    "negate-guard": negate_guard,
+    "drop-guard": drop_guard,
+    "layer-bound": layer_bound,
+    "drop-key-element": drop_key_element,
+    "drop-reset": drop_reset,
+    "ring-window": ring_window,
+    "off-by-one": off_by_one,
+    "copy-prefix": copy_prefix,
+    "assign-instead-of-copy": assign_instead_of_copy,
+    "swap-arguments": swap_arguments,
+}
+
+
+# ---- mutants ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str  # operator/function/number: stable while the function itself is unchanged
+    operator: str
+    module: str
+    owner: str | None  # the class whose method it changes; None for a module-level function
+    function: str
+    path: str
+    line: int
+    description: str
+    source: str  # the changed function, dedented
+    diff: str
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.owner}.{self.function}" if self.owner else self.function
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "operator": self.operator, "function": self.qualname, "path": self.path,
+                "line": self.line, "description": self.description, "diff": self.diff}
+
+
+def derive_mutants(subject: type, operators: tuple[str, ...] | None = None) -> list[Mutant]:
+    """Every mutant of ``subject``'s source, by function and then by operator."""
+    mutants = []
+    for function in _functions(subject):
+        text = _Text(function)
+        for operator in operators or tuple(OPERATORS):
+            edits = OPERATORS[operator](function, text)
+            for number, edit in enumerate(_distinct(edits), 1):
+                mutants.append(_mutant(function, operator, number, edit))
+    return mutants
+
+
+def _distinct(edits: Iterator[_Edit]) -> Iterator[_Edit]:
+    seen = set()
+    for edit in edits:
+        where = (edit.node.lineno, edit.node.col_offset, edit.node.end_lineno, edit.node.end_col_offset, edit.text)
+        if where not in seen:
+            seen.add(where)
+            yield edit
+
+
+def _mutant(function: _Function, operator: str, number: int, edit: _Edit) -> Mutant:
+    lines, node = list(function.lines), edit.node
+    first, last = lines[node.lineno - 1].encode(), lines[node.end_lineno - 1].encode()
+    spliced = (first[:node.col_offset] + edit.text.encode() + last[node.end_col_offset:]).decode()
+    changed = lines[:node.lineno - 1] + [spliced] + lines[node.end_lineno:]
+    end = function.node.end_lineno - (node.end_lineno - node.lineno)
+    body = changed[function.first_line - 1:end]
+    indent = function.node.col_offset
+    source = "".join(line[indent:] if not line[:indent].strip() else line.lstrip() for line in body)
+    mutant_id = f"{operator}/{function.qualname}/{number}"
+    shown = _shown_path(function.path)
+    diff = "".join(difflib.unified_diff(lines, changed, fromfile=shown, tofile=f"{shown} ({mutant_id})", n=2))
+    return Mutant(mutant_id, operator, function.module.__name__, function.owner, function.node.name, shown,
+                  node.lineno, edit.description, source, diff)
+
+
+def _shown_path(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+
+
+def mutant_class(subject: type, mutant: Mutant) -> type:
+    """A subclass of ``subject`` that runs ``mutant``'s function instead of the original.
+
+    The function is compiled in a copy of its module's globals; the module's own functions
+    and the subject's methods from that module are rebound to the copy, so a changed helper
+    is the one they call. A changed method keeps ``super()`` meaning what it meant in its
+    class. Raises what compiling or defining the function raises."""
+    module = sys.modules[mutant.module]
+    namespace = dict(vars(module))
+    for name, value in vars(module).items():
+        if isinstance(value, FunctionType) and value.__module__ == module.__name__ and value.__qualname__ == name:
+            namespace[name] = _rebound(value, namespace)
+    changed = _compiled(mutant, namespace)
+    if mutant.owner is None:
+        namespace[mutant.function] = changed
+    methods: dict[str, Any] = {}
+    for cls in _source_classes(subject):
+        if cls.__module__ != module.__name__:
+            continue
+        for name, value in vars(cls).items():
+            if isinstance(value, FunctionType) and _defining_class(subject, name) is cls:
+                methods[name] = _rebound(value, namespace)
+    if mutant.owner is not None:
+        methods[mutant.function] = changed
+    return type(subject.__name__, (subject,), {**methods, "__module__": subject.__module__,
+                                              "__qualname__": subject.__qualname__, "__doc__": subject.__doc__})
+
+
+def _rebound(function: FunctionType, namespace: dict[str, Any]) -> FunctionType:
+    rebound = FunctionType(function.__code__, namespace, function.__name__, function.__defaults__,
+                           function.__closure__)
+    rebound.__kwdefaults__ = function.__kwdefaults__
+    rebound.__qualname__ = function.__qualname__
+    rebound.__dict__.update(function.__dict__)
+    return rebound
+
+
+_SCOPE = "__mutant_scope__"
+
+
+def _compiled(mutant: Mutant, namespace: dict[str, Any]) -> FunctionType:
+    # a method is compiled in a class body, which gives a super() call its __class__ cell;
+    # the cell is then pointed at the class the method was written in
+    source = mutant.source
+    if mutant.owner is not None:
+        source = f"class {_SCOPE}:\n" + "".join(f"    {line}" for line in source.splitlines(keepends=True))
+    code = compile(source, f"<mutant {mutant.id}>", "exec", flags=__future__.annotations.compiler_flag,
+                   dont_inherit=True)
+    scope: dict[str, Any] = {}
+    exec(code, namespace, scope)  # noqa: S102 - the subject's own source, one expression changed
+    if mutant.owner is None:
+        changed = scope[mutant.function]
+    else:
+        changed = vars(scope[_SCOPE])[mutant.function]
+        owner = getattr(sys.modules[mutant.module], mutant.owner)
+        for name, cell in zip(changed.__code__.co_freevars, changed.__closure__ or ()):
+            if name == "__class__":
+                cell.cell_contents = owner
+    if not isinstance(changed, FunctionType):
+        raise TypeError(f"{mutant.qualname} is no longer a plain function once changed")
+    return changed
+
+
+# ---- examining one mutant ---------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What fuzzing one mutant (or, with ``mutant`` None, the unmutated subject) came to."""
+
+    mutant: Mutant | None
+    status: str
+    profile: str | None = None  # the profile whose search killed it
+    time_to_kill_s: float | None = None  # from the start of its search to the divergence first seen
+    kind: str | None = None  # the divergence's kind
+    sentence: str | None = None  # the divergence, or why it is not runnable
+    scenario: dict | None = None  # the shrunk scenario
+    equivalent_reason: str | None = None
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**(self.mutant.to_dict() if self.mutant else {}), "status": self.status, "profile": self.profile,
+                "time_to_kill_s": self.time_to_kill_s, "kind": self.kind, "sentence": self.sentence,
+                "scenario": self.scenario, "equivalent_reason": self.equivalent_reason,
+                "elapsed_s": self.elapsed_s}
+
+
+def _construction_spec(device: str) -> ModelSpec:
+    return ModelSpec.of(EngineConfig(), "target", torch.device(device))
+
+
+def examine(subject: type, mutant: Mutant | None, budget_s: float, seed: int, device: str = "cpu") -> Outcome:
+    """Fuzz ``mutant`` (None: ``subject`` itself) for ``budget_s``: the realistic profile for
+    the first half, the adversarial one for what is left; a divergence kills the mutant when
+    ``subject`` passes its shrunk scenario."""
+    started = time.monotonic()
+    tested = subject
+    if mutant is not None:
+        try:
+            tested = mutant_class(subject, mutant)
+        except Exception as exc:  # noqa: BLE001 - a mutant that does not compile is not runnable
+            return Outcome(mutant, NOT_RUNNABLE, sentence=f"it does not compile: {describe_exception(exc)}")
+        try:
+            tested(_construction_spec(device))
+        except BaseException as exc:  # noqa: BLE001 - the mutant's code, whatever it raises
+            return Outcome(mutant, NOT_RUNNABLE, sentence=f"it raises on construction: {describe_exception(exc)}",
+                           elapsed_s=time.monotonic() - started)
+    info = SubjectInfo(subject.__name__ if mutant is None else mutant.id, tested, expected="unknown", kind="mutant")
+    for profile, until in ((REALISTIC, budget_s / 2), (ADVERSARIAL, budget_s)):
+        offset = time.monotonic() - started
+        if until - offset <= 0:
+            continue
+        result = fuzz(info, profile=profile, settings="ci", seed=seed, budget_s=until - offset, device=device,
+                      timeout_s=CALL_TIMEOUT_S)
+        if result.divergence is not None:
+            found = Outcome(mutant, DIVERGES, profile, offset + (result.first_divergence_s or result.elapsed_s),
+                            result.divergence.kind, result.divergence.sentence, result.scenario.to_dict())
+            if mutant is not None:
+                passes = original_passes(subject, result.scenario.to_dict(), device)
+                found.status = KILLED_STATUS if passes else ORIGINAL_DIVERGES
+            found.elapsed_s = time.monotonic() - started
+            return found
+    return Outcome(mutant, PASSES if mutant is None else SURVIVED, elapsed_s=time.monotonic() - started)
+
+
+def original_passes(subject: type, scenario: dict, device: str = "cpu") -> bool:
+    return run_scenario(subject, Scenario.from_dict(scenario), device=device, timeout_s=CALL_TIMEOUT_S).passed
+
+
+# ---- the worker process ------------------------------------------------------------------------
+
+
+@dataclass
+class _Lost:
+    """A worker that ended, or was ended, before it answered."""
+
+    kind: str  # exited, killed, hung (the supervisor's names)
+    how: str
+    scenario: dict | None  # the last scenario it announced
+    elapsed_s: float
+
+
+def _serve(connection: Any, spec: str, device: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a run stops
+    sys.stdout = sys.stderr  # the parent's stdout carries the report
+    torch.set_num_threads(CAMPAIGN_TORCH_THREADS)
+    subject = resolve_subject(spec).subject
+    relay_to(lambda kind, payload: connection.send((kind, payload)) if kind == "scenario" else None)
+    connection.send(("done", None))  # ready
+    while True:
+        try:
+            request, arguments = connection.recv()
+        except EOFError:
+            return
+        answer = (examine(subject, *arguments, device=device) if request == "examine"
+                  else original_passes(subject, *arguments, device=device))
+        connection.send(("done", answer))
+
+
+class _Worker:
+    """The process that runs one subject's mutants, one after another, started again after
+    one of them ended it."""
+
+    def __init__(self, spec: str, device: str):
+        self.spec, self.device = spec, device
+        self.process: Any = None
+        self.connection: Any = None
+
+    def ask(self, request: str, arguments: tuple, limit_s: float) -> Any:
+        """The worker's answer, or :class:`_Lost` when it ends or overruns ``limit_s``
+        (counted from when it is ready: its start-up, imports included, is not the mutant's)."""
+        if self.process is None:
+            context = multiprocessing.get_context("spawn")  # CUDA cannot be used after fork
+            self.connection, theirs = context.Pipe()
+            self.process = context.Process(target=_serve, args=(theirs, self.spec, self.device), daemon=True,
+                                           name="swafuzz-mutant")
+            self.process.start()
+            theirs.close()
+            ready = self._reply(WORKER_START_LIMIT_S)
+            if isinstance(ready, _Lost):
+                return ready
+        self.connection.send((request, arguments))
+        return self._reply(limit_s)
+
+    def _reply(self, limit_s: float) -> Any:
+        started = time.monotonic()
+        deadline = started + limit_s
+        scenario = None
+        while time.monotonic() < deadline:
+            if not self.connection.poll(min(0.5, max(0.0, deadline - time.monotonic()))):
+                if self.process.is_alive():
+                    continue
+                if not self.connection.poll():
+                    return self._lost(None, scenario, started)
+            try:
+                kind, payload = self.connection.recv()
+            except (EOFError, OSError):
+                return self._lost(None, scenario, started)
+            if kind == "done":
+                return payload
+            scenario = payload
+        return self._lost(f"it did not answer within {limit_s:g} s", scenario, started)
+
+    def _lost(self, overran: str | None, scenario: dict | None, started: float) -> _Lost:
+        code = self.close()
+        if overran is not None:
+            kind, how = HUNG, f"was ended: {overran}"
+        elif code is not None and code < 0:
+            kind, how = KILLED, f"was killed by {signal.Signals(-code).name}"
+        else:
+            kind, how = EXITED, f"exited with status {code}"
+        return _Lost(kind, how, scenario, time.monotonic() - started)
+
+    def close(self) -> int | None:
+        """Ends the process; its exit status (negative: the signal that ended it)."""
+        if self.process is None:
+            return None
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        code = self.process.exitcode
+        self.connection.close()
+        self.process = self.connection = None
+        return code
+
+
+class _InProcess:
+    """The same answers without a worker (``SWAFUZZ_SUPERVISOR=0``, for a debugger)."""
+
+    def __init__(self, spec: str, device: str):
+        self.subject, self.device = resolve_subject(spec).subject, device
+
+    def ask(self, request: str, arguments: tuple, limit_s: float) -> Any:
+        if request == "examine":
+            return examine(self.subject, *arguments, device=self.device)
+        return original_passes(self.subject, *arguments, device=self.device)
+
+    def close(self) -> None:
+        pass
+
+
+def nearest_rank(ordered: list[float], fraction: float) -> float | None:
+    """The value of sorted ``ordered`` that ``fraction`` of them are at or below (None if empty)."""
+    return ordered[math.ceil(fraction * len(ordered)) - 1] if ordered else None
+
+
+# ---- a mutation run -----------------------------------------------------------------------------
+
+
+@dataclass
+class MutationReport:
+    subject: str
+    budget_s: float
+    seed: int
+    baseline: Outcome  # the unmutated subject's own search
+    outcomes: list[Outcome] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    equivalents_listed: int = 0
+    # listed as equivalent, yet killed: the list is wrong about them
+    wrongly_listed: list[str] = field(default_factory=list)
+
+    def count(self, status: str) -> int:
+        return sum(outcome.status == status for outcome in self.outcomes)
+
+    @property
+    def killed_by_profile(self) -> dict[str, int]:
+        return {profile: sum(o.status == KILLED_STATUS and o.profile == profile for o in self.outcomes)
+                for profile in (REALISTIC, ADVERSARIAL)}
+
+    @property
+    def counted(self) -> int:
+        """Mutants the kill rate is over: runnable and not judged equivalent."""
+        return len(self.outcomes) - self.count(NOT_RUNNABLE) - self.count(EQUIVALENT)
+
+    @property
+    def kill_rate(self) -> float | None:
+        return self.count(KILLED_STATUS) / self.counted if self.counted else None
+
+    @property
+    def times_to_kill(self) -> list[float]:
+        return sorted(o.time_to_kill_s for o in self.outcomes if o.status == KILLED_STATUS)
+
+    def time_to_kill(self) -> dict[str, float | None]:
+        times = self.times_to_kill
+        if not times:
+            return {"median_s": None, "p90_s": None, "max_s": None}
+        return {"median_s": statistics.median(times), "p90_s": nearest_rank(times, 0.9), "max_s": times[-1]}
+
+    @property
+    def survivors(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status in (SURVIVED, ORIGINAL_DIVERGES)]
+
+    @property
+    def passed(self) -> bool:
+        """The unmutated subject passed and every mutant that counts was killed."""
+        return self.baseline.status == PASSES and not self.survivors
+
+    def headline(self) -> str:
+        if self.baseline.status != PASSES:
+            return (f"swafuzz mutate: the unmutated {self.subject} diverges, so its mutants make no figures "
+                    f"({len(self.outcomes)} run)")
+        rate = f"{self.kill_rate:.0%}" if self.kill_rate is not None else "-"
+        by_profile = ", ".join(f"{profile} {count}" for profile, count in self.killed_by_profile.items())
+        return (f"swafuzz mutate: {self.count(KILLED_STATUS)} of {self.counted} mutants of {self.subject} killed "
+                f"({rate}; {by_profile}), {len(self.survivors)} survived, {self.count(EQUIVALENT)} equivalent, "
+                f"{self.count(NOT_RUNNABLE)} not runnable, of {len(self.outcomes)} made")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "swafuzz-mutants", "subject": self.subject, "budget_s": self.budget_s, "seed": self.seed,
+            "elapsed_s": self.elapsed_s, "passed": self.passed, "unmutated": self.baseline.to_dict(),
+            "made": len(self.outcomes), "killed": self.count(KILLED_STATUS), "killed_by_profile": self.killed_by_profile,
+            "survived": len(self.survivors), "equivalent": self.count(EQUIVALENT),
+            "not_runnable": self.count(NOT_RUNNABLE), "counted": self.counted, "kill_rate": self.kill_rate,
+            "time_to_kill": self.time_to_kill(), "wrongly_listed_equivalent": self.wrongly_listed,
+            "mutants": [outcome.to_dict() for outcome in self.outcomes],
+        }
+
+    def markdown(self) -> str:
+        times = self.time_to_kill()
+        shown = {name: "-" if value is None else f"{value:.2f} s" for name, value in times.items()}
+        lines = [f"# Mutants of `{self.subject}`", "", self.headline().removeprefix("swafuzz mutate: ") + ".", "",
+                 f"Budget {self.budget_s:g} s per mutant (realistic, then adversarial), seed {self.seed}; "
+                 f"the unmutated subject {self.baseline.status}.", "",
+                 "| figure | value |", "|---|---|"]
+        rows = {"made": len(self.outcomes), "killed (realistic)": self.killed_by_profile[REALISTIC],
+                "killed (adversarial)": self.killed_by_profile[ADVERSARIAL], "survived": len(self.survivors),
+                "equivalent (left out of the rate)": self.count(EQUIVALENT), "not runnable": self.count(NOT_RUNNABLE),
+                "kill rate": "-" if self.kill_rate is None else f"{self.kill_rate:.1%}",
+                "time to kill, median": shown["median_s"], "time to kill, p90": shown["p90_s"],
+                "time to kill, max": shown["max_s"]}
+        lines += [f"| {name} | {value} |" for name, value in rows.items()]
+        if self.baseline.status != PASSES:
+            lines += ["", "## The unmutated subject diverges", "", self.baseline.sentence or ""]
+        sections = ((SURVIVED, "Survivors"), (ORIGINAL_DIVERGES, "Scenarios the unmutated subject fails too"),
+                    (EQUIVALENT, "Equivalent (reviewed)"), (NOT_RUNNABLE, "Not runnable"))
+        for status, title in sections:
+            listed = [o for o in self.outcomes if o.status == status]
+            if listed:
+                lines += ["", f"## {title}", ""]
+            for outcome in listed:
+                reason = outcome.equivalent_reason or outcome.sentence
+                lines += [f"### `{outcome.mutant.id}`", "", f"{outcome.mutant.description}"
+                          + (f": {reason}" if reason else "."), "", "```diff", outcome.mutant.diff.rstrip(), "```", ""]
+        if self.wrongly_listed:
+            lines += ["", "Listed as equivalent but killed: " + ", ".join(f"`{m}`" for m in self.wrongly_listed)]
+        killed = [o for o in self.outcomes if o.status == KILLED_STATUS]
+        if killed:
+            lines += ["", "## Killed", "", "| mutant | profile | time to kill | divergence |", "|---|---|---|---|"]
+            lines += [f"| `{o.mutant.id}` | {o.profile} | {o.time_to_kill_s:.2f} s | {o.kind} |" for o in killed]
+        return "\n".join(lines).rstrip() + "\n"
+
+    def write(self, directory: Path) -> list[Path]:
+        markdown, data = (directory / name for name in REPORT_FILES)
+        return [write_atomically(markdown, self.markdown()),
+                write_atomically(data, json.dumps(self.to_dict(), indent=2) + "\n")]
+
+
+def load_equivalents(path: str | os.PathLike) -> dict[str, str]:
+    """A reviewed list of equivalent mutants: a JSON object of mutant id to the reason."""
+    name = describe_path(path)
+    data = parse_json(read_regular_file(path, "list of equivalent mutants"), name)
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise InputError(f"{name}: expected a JSON object of mutant id to the reason it is equivalent, "
+                         f"got {show(data)}")
+    return data
+
+
+def builtin_equivalents(subject: str) -> dict[str, str]:
+    lists = json.loads(BUILTIN_EQUIVALENTS.read_text(encoding="utf-8"))
+    return lists.get(subject, {})
+
+
+def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, device: str = "cpu",
+           equivalents: dict[str, str] | None = None, operators: tuple[str, ...] | None = None,
+           isolated: bool | None = None, on_outcome: Callable[[int, int, Outcome], None] | None = None,
+           ) -> MutationReport:
+    """Fuzz the unmutated subject ``spec``, then each of its mutants (see the module's text).
+
+    ``equivalents`` (mutant id to reason) defaults to the reviewed list of a built-in subject.
+    ``isolated`` (default: unless ``SWAFUZZ_SUPERVISOR=0``) runs them in a worker process.
+    ``on_outcome(number, total, outcome)`` sees each mutant's outcome as it comes."""
+    from .supervisor import SWITCH_ENV
+
+    started = time.monotonic()
+    if spec.startswith("sglang:"):
+        raise InputError(f"{show(spec)}: mutants are made from a subject's own Python source; "
+                         "an sglang:<target> binds SGLang's code and is not mutated")
+    info = resolve_subject(spec)
+    if equivalents is None:
+        equivalents = builtin_equivalents(info.name) if info.kind == "builtin" else {}
+    mutants = derive_mutants(info.subject, operators)
+    if not mutants:  # a figure over no mutants would pass a search nothing has measured
+        raise InputError(f"no mutants of {show(spec)}: its source cannot be read, or no operator "
+                         f"({', '.join(operators or OPERATORS)}) applies to it")
+    if isolated is None:
+        isolated = os.environ.get(SWITCH_ENV, "1") != "0"
+    runner = (_Worker if isolated else _InProcess)(spec, device)
+    try:
+        baseline = _outcome(runner, None, budget_s, seed)
+        report = MutationReport(spec, budget_s, seed, baseline, equivalents_listed=len(equivalents))
+        if baseline.status == PASSES:
+            for number, mutant in enumerate(mutants, 1):
+                outcome = _outcome(runner, mutant, budget_s, seed)
+                if outcome.status == SURVIVED and mutant.id in equivalents:
+                    outcome.status, outcome.equivalent_reason = EQUIVALENT, equivalents[mutant.id]
+                elif outcome.status == KILLED_STATUS and mutant.id in equivalents:
+                    report.wrongly_listed.append(mutant.id)
+                report.outcomes.append(outcome)
+                if on_outcome is not None:
+                    on_outcome(number, len(mutants), outcome)
+    finally:
+        runner.close()
+    report.elapsed_s = time.monotonic() - started
+    return report
+
+
+def _outcome(runner: _Worker | _InProcess, mutant: Mutant | None, budget_s: float, seed: int) -> Outcome:
+    answer = runner.ask("examine", (mutant, budget_s, seed), budget_s + WORKER_GRACE_S)
+    if not isinstance(answer, _Lost):
+        return answer
+    sentence = f"The process running it {answer.how}"
+    lost = Outcome(mutant, DIVERGES, kind=answer.kind, sentence=sentence, scenario=answer.scenario,
+                   time_to_kill_s=answer.elapsed_s, elapsed_s=answer.elapsed_s)
+    if mutant is None:
+        return lost
+    if answer.scenario is None:
+        return dataclasses.replace(lost, status=NOT_RUNNABLE, sentence=f"{sentence} before it ran a scenario",
+                                   kind=None, time_to_kill_s=None)
+    passes = runner.ask("check", (answer.scenario,), CHECK_LIMIT_S)
+    lost.status = KILLED_STATUS if passes is True else ORIGINAL_DIVERGES
+    return lost

@@ -1,0 +1,372 @@
+"""Specifications of the mutation figures: which mutants each operator makes, that a mutant
+changes nothing but itself, what counts as a kill, and what the reports say."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from swafuzz import Subject, Truth
+from swafuzz import builtin, mutate as mutation
+from swafuzz.api import ModelSpec
+from swafuzz.cli import MUTATION_OPERATORS, main
+from swafuzz.mutate import (
+    EQUIVALENT, KILLED_STATUS, NOT_RUNNABLE, ORIGINAL_DIVERGES, PASSES, SURVIVED, derive_mutants, examine,
+    mutant_class, mutate,
+)
+from swafuzz.reference import EngineConfig
+
+pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
+
+SPEC = ModelSpec.of(EngineConfig(), "target", torch.device("cpu"))
+
+
+# ---- hand-written subjects, one place for each operator --------------------------------------
+
+
+def _rows(mapping, out_cache_loc):
+    return mapping[out_cache_loc].to(torch.int32)
+
+
+def _ring_slot(req_slot, position, ring):
+    return req_slot * ring + position % ring
+
+
+class RefreshedAtFirstSwaLayer(Subject):
+    truth = Truth.POOL
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.cached = None
+
+    def register_mapping(self, mapping):
+        super().register_mapping(mapping)
+        self.cached = None
+
+    def swa_write_location(self, batch, layer_id):
+        if layer_id == self.spec.first_swa_layer or self.cached is None:
+            self.cached = _rows(self.mapping, batch.out_cache_loc)
+        return self.cached
+
+
+class KeyedOnTheStep(Subject):
+    truth = Truth.POOL
+
+    def step_key(self, batch):
+        return (batch.forward_id, batch.draft_step)
+
+    def swa_write_location(self, batch, layer_id):
+        return _rows(self.mapping, batch.out_cache_loc)
+
+
+class RingArithmetic(Subject):
+    truth = Truth.RING
+
+    def swa_write_location(self, batch, layer_id):
+        return _ring_slot(batch.req_pool_indices[:batch.batch_size], batch.positions, self.spec.ring)
+
+
+class CopiedIntoTheCapture(Subject):
+    truth = Truth.POOL
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.rows = torch.empty(0, dtype=torch.int32)
+        self.captured = {}
+
+    def init_forward_metadata(self, batch):
+        self.captured.clear()
+        self.rows.copy_(_rows(self.mapping, batch.out_cache_loc).clone())
+
+    def swa_write_location(self, batch, layer_id):
+        return self.rows
+
+
+OPERATOR_PLACES = [
+    ("negate-guard", RefreshedAtFirstSwaLayer, "if not (layer_id == self.spec.first_swa_layer or self.cached is None):"),
+    ("negate-guard", RefreshedAtFirstSwaLayer, "if layer_id == self.spec.first_swa_layer or not (self.cached is None):"),
+    ("drop-guard", RefreshedAtFirstSwaLayer, "if (self.cached is None):"),
+    ("layer-bound", RefreshedAtFirstSwaLayer, "if layer_id == self.spec.start_layer or self.cached is None:"),
+    ("layer-bound", RefreshedAtFirstSwaLayer, "if layer_id == 0 or self.cached is None:"),
+    ("drop-key-element", KeyedOnTheStep, "return (batch.draft_step,)"),
+    ("drop-reset", RefreshedAtFirstSwaLayer, "        pass"),
+    ("drop-reset", CopiedIntoTheCapture, "        pass"),
+    ("ring-window", RingArithmetic, "batch.positions, self.spec.sliding_window)"),
+    ("off-by-one", RingArithmetic, "return req_slot * ring + (position + 1) % ring"),
+    ("off-by-one", RingArithmetic, "return req_slot * (ring - 1) + position % ring"),
+    ("copy-prefix", RingArithmetic, "batch.req_pool_indices[:(batch.batch_size - 1)]"),
+    ("assign-instead-of-copy", CopiedIntoTheCapture, "self.rows = _rows(self.mapping, batch.out_cache_loc).clone()"),
+    ("assign-instead-of-copy", CopiedIntoTheCapture, "self.rows.copy_(_rows(self.mapping, batch.out_cache_loc))"),
+    ("swap-arguments", RefreshedAtFirstSwaLayer, "_rows(batch.out_cache_loc, self.mapping)"),
+    ("swap-arguments", RingArithmetic, "_ring_slot(batch.req_pool_indices[:batch.batch_size], self.spec.ring, "
+                                       "batch.positions)"),
+]
+
+
+def _added_lines(diff: str) -> list[str]:
+    return [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+
+
+@pytest.mark.parametrize("operator, subject, added", OPERATOR_PLACES,
+                         ids=[f"{operator}-{subject.__name__}-{i}" for i, (operator, subject, _) in
+                              enumerate(OPERATOR_PLACES)])
+def test_each_operator_makes_the_mutant_of_its_place_and_it_compiles(operator, subject, added):
+    mutants = derive_mutants(subject, operators=(operator,))
+    matching = [m for m in mutants if any(added in line for line in _added_lines(m.diff))]
+    assert matching, [m.diff for m in mutants]
+    for mutant in matching:
+        assert mutant.id.startswith(f"{operator}/") and mutant.operator == operator
+        assert mutant.path.endswith("test_mutate.py") and mutant.description
+        changed = mutant_class(subject, mutant)
+        assert issubclass(changed, subject) and changed.__name__ == subject.__name__
+
+
+def test_every_operator_is_offered_on_the_command_line():
+    assert tuple(mutation.OPERATORS) == MUTATION_OPERATORS
+
+
+def test_mutant_ids_name_operator_function_and_number_and_are_unique():
+    mutants = derive_mutants(builtin.StepKeyedCaptureRing)
+    ids = [m.id for m in mutants]
+    assert len(ids) == len(set(ids))
+    assert "drop-key-element/StepKeyedCapture._key/4" in ids  # batch.in_graph, the capture state
+    assert "off-by-one/_ring_rows/1" in ids  # a helper the methods call is mutated too
+
+
+def test_a_shadowed_method_is_not_mutated():
+    # StepKeyed._key is overridden by StepKeyedCapture._key: changing it changes nothing that runs
+    functions = {m.qualname for m in derive_mutants(builtin.StepKeyedCapture)}
+    assert "StepKeyedCapture._key" in functions and "StepKeyed._key" not in functions
+
+
+def test_a_mutant_changes_neither_the_subject_nor_its_module_nor_its_file():
+    source = Path(builtin.__file__).read_bytes()
+    helper, method = builtin._ring_rows, builtin.UncachedRing.swa_write_location
+    for mutant in derive_mutants(builtin.UncachedRing):
+        changed = mutant_class(builtin.UncachedRing, mutant)
+        assert changed is not builtin.UncachedRing
+    assert builtin._ring_rows is helper and builtin.UncachedRing.swa_write_location is method
+    assert Path(builtin.__file__).read_bytes() == source
+
+
+def test_a_changed_helper_is_the_one_the_mutant_calls():
+    mutant = next(m for m in derive_mutants(builtin.UncachedRing, operators=("off-by-one",))
+                  if "% (ring - 1)" in m.diff)
+    changed = mutant_class(builtin.UncachedRing, mutant)
+    calls = changed.swa_write_location.__globals__["_ring_rows"]
+    slots, positions = torch.tensor([1, 2]), torch.tensor([5, 6])
+    assert calls is not builtin._ring_rows
+    assert calls(slots, positions, 4).tolist() == [1 * 4 + 5 % 3, 2 * 4 + 6 % 3]
+    assert builtin._ring_rows(slots, positions, 4).tolist() == [1 * 4 + 5 % 4, 2 * 4 + 6 % 4]
+
+
+def test_super_in_a_changed_method_still_reaches_the_base_class():
+    mutant = next(m for m in derive_mutants(RefreshedAtFirstSwaLayer, operators=("drop-reset",))
+                  if m.function == "__init__")
+    instance = mutant_class(RefreshedAtFirstSwaLayer, mutant)(SPEC)
+    assert instance.spec is SPEC and instance.mapping is None  # Subject.__init__ ran
+    assert "cached" not in vars(instance)  # the reset the mutant left out
+
+
+# ---- what a kill is ----------------------------------------------------------------------------
+
+
+def test_an_obviously_wrong_mutant_of_a_correct_design_is_killed():
+    mutant = next(m for m in derive_mutants(builtin.UncachedRing, operators=("ring-window",)))
+    outcome = examine(builtin.UncachedRing, mutant, budget_s=10, seed=0)
+    assert outcome.status == KILLED_STATUS, outcome
+    assert outcome.profile == "realistic" and outcome.kind == "wrong_rows"
+    assert outcome.time_to_kill_s is not None and outcome.time_to_kill_s < 10
+    assert outcome.scenario is not None and "sliding window" in outcome.sentence
+
+
+class WrongUnlessGuarded(Subject):
+    """Diverges at every layer: the branch that returns the right rows is never taken."""
+
+    truth = Truth.POOL
+
+    def swa_write_location(self, batch, layer_id):
+        if layer_id is not None:
+            return torch.zeros_like(batch.out_cache_loc, dtype=torch.int32)
+        return _rows(self.mapping, batch.out_cache_loc)
+
+
+def test_a_divergence_the_unmutated_subject_shares_is_no_kill():
+    mutant = next(m for m in derive_mutants(WrongUnlessGuarded, operators=("drop-guard",)))
+    outcome = examine(WrongUnlessGuarded, mutant, budget_s=4, seed=0)
+    assert outcome.status == ORIGINAL_DIVERGES and outcome.scenario is not None
+
+
+def test_the_unmutated_subject_is_searched_first_and_never_counted_among_the_mutants():
+    assert examine(builtin.Uncached, None, budget_s=1, seed=0).status == PASSES
+    report = mutate("uncached", budget_s=1, isolated=False)
+    assert report.baseline.status == PASSES and report.baseline.mutant is None
+    assert all(outcome.mutant is not None for outcome in report.outcomes)
+    assert report.count(KILLED_STATUS) == len(report.outcomes) == 1 and report.passed
+
+
+def test_a_diverging_subject_makes_no_figures_and_does_not_pass(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    report = mutate("test_mutate:WrongUnlessGuarded", budget_s=2, isolated=False)
+    assert report.baseline.status == "diverges" and report.outcomes == []
+    assert not report.passed and "diverges" in report.headline()
+
+
+class RedundantlyGuarded(Subject):
+    truth = Truth.POOL
+
+    def swa_write_location(self, batch, layer_id):
+        rows = _rows(self.mapping, batch.out_cache_loc)
+        if rows.numel() >= 0:
+            return rows
+        return rows.clone()
+
+
+def test_survivors_listed_as_equivalent_are_left_out_of_the_kill_rate_with_their_reason(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    mutant_id = "negate-guard/RedundantlyGuarded.swa_write_location/1"
+    reason = "both branches return the same rows"
+    report = mutate("test_mutate:RedundantlyGuarded", budget_s=1, isolated=False, operators=("negate-guard",),
+                    equivalents={mutant_id: reason})
+    (outcome,) = report.outcomes
+    assert outcome.status == EQUIVALENT and outcome.equivalent_reason == reason
+    assert report.counted == 0 and report.kill_rate is None and report.passed
+    report.write(tmp_path)
+    assert reason in (tmp_path / "mutants.md").read_text()
+    unlisted = mutate("test_mutate:RedundantlyGuarded", budget_s=1, isolated=False, operators=("negate-guard",),
+                      equivalents={})
+    assert unlisted.outcomes[0].status == SURVIVED and unlisted.survivors and not unlisted.passed
+
+
+def test_a_killed_mutant_listed_as_equivalent_is_named_as_wrongly_listed():
+    listed = {"ring-window/UncachedRing.swa_write_location/1": "thought to be the same"}
+    report = mutate("uncached-ring", budget_s=4, isolated=False, operators=("ring-window",), equivalents=listed)
+    assert report.outcomes[0].status == KILLED_STATUS
+    assert report.wrongly_listed == list(listed) and report.kill_rate == 1.0
+
+
+def test_the_json_report_carries_the_figures_and_each_mutant(tmp_path):
+    report = mutate("uncached-ring", budget_s=2, isolated=False, operators=("ring-window", "swap-arguments"))
+    report.write(tmp_path)
+    data = json.loads((tmp_path / "mutants.json").read_text())
+    for name in ("subject", "budget_s", "seed", "passed", "unmutated", "made", "killed", "killed_by_profile",
+                 "survived", "equivalent", "not_runnable", "counted", "kill_rate", "time_to_kill", "mutants"):
+        assert name in data, name
+    assert data["made"] == 2 == data["killed"] and data["kill_rate"] == 1.0
+    assert set(data["time_to_kill"]) == {"median_s", "p90_s", "max_s"}
+    assert data["time_to_kill"]["median_s"] <= data["time_to_kill"]["p90_s"] <= data["time_to_kill"]["max_s"]
+    for entry in data["mutants"]:
+        assert {"id", "operator", "function", "path", "line", "diff", "status", "profile", "time_to_kill_s"} <= set(entry)
+        assert entry["diff"].startswith("--- ")
+    assert "# Mutants of `uncached-ring`" in (tmp_path / "mutants.md").read_text()
+
+
+# ---- a mutant that ends, hangs or cannot be built ----------------------------------------------
+
+
+class GuardedAgainstEnding(Subject):
+    truth = Truth.POOL
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        if spec.start_layer < 0:
+            raise RuntimeError("a stage never starts below layer 0")
+
+    def swa_write_location(self, batch, layer_id):
+        if layer_id < 0:
+            os._exit(3)
+        return _rows(self.mapping, batch.out_cache_loc)
+
+
+def test_a_mutant_that_ends_its_process_is_killed_and_one_that_raises_when_built_is_not_runnable(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    report = mutate("test_mutate:GuardedAgainstEnding", budget_s=2, isolated=True, operators=("negate-guard",))
+    outcomes = {outcome.mutant.function: outcome for outcome in report.outcomes}
+    assert outcomes["__init__"].status == NOT_RUNNABLE
+    assert "raises on construction" in outcomes["__init__"].sentence
+    ended = outcomes["swa_write_location"]
+    assert ended.status == KILLED_STATUS and ended.kind == "exited" and "status 3" in ended.sentence
+    assert report.baseline.status == PASSES and report.passed
+
+
+class GuardedAgainstHanging(Subject):
+    truth = Truth.POOL
+
+    def swa_write_location(self, batch, layer_id):
+        if layer_id < 0:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # no call timeout ends it
+            while True:
+                pass
+        return _rows(self.mapping, batch.out_cache_loc)
+
+
+def test_a_mutant_that_hangs_past_every_alarm_is_ended_and_killed(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    # the grace covers the first search of a process (its one-time loading) on a loaded machine
+    monkeypatch.setattr(mutation, "WORKER_GRACE_S", 15.0)
+    report = mutate("test_mutate:GuardedAgainstHanging", budget_s=1, isolated=True, operators=("negate-guard",))
+    assert report.baseline.status == PASSES, report.baseline
+    hung = next(o for o in report.outcomes if "`layer_id < 0`" in o.mutant.description)
+    assert hung.status == KILLED_STATUS and hung.kind == "hung" and hung.scenario is not None
+
+
+def test_the_mutants_benchmark_prints_and_returns_the_figures():
+    from swafuzz.bench import bench_mutants
+
+    printed: list[str] = []
+    figures = bench_mutants(subjects=("uncached",), budget_s=1, out=printed.append)
+    overall = figures["overall"]
+    assert overall["kill_rate"] == 1.0 and overall["unmutated_divergences"] == 0
+    assert set(overall["time_to_kill"]) == {"median_s", "p90_s", "max_s"}
+    assert figures["subjects"]["uncached"]["made"] == 1
+    assert any(line.startswith("uncached ") for line in printed) and printed[-1].startswith("all: 1 of 1 killed")
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+
+def test_mutate_on_the_command_line_writes_both_reports_and_exits_0_when_all_are_killed(tmp_path, monkeypatch,
+                                                                                      capsys):
+    monkeypatch.setenv("SWAFUZZ_SUPERVISOR", "0")
+    code = main(["mutate", "--subject", "uncached", "--budget", "1", "--report-dir", str(tmp_path), "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert code == 0 and printed["killed"] == printed["made"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mutants.json", "mutants.md"]
+
+
+@pytest.mark.parametrize("arguments", [
+    ["--subject", "no-such-subject"],
+    ["--subject", "uncached", "--operator", "no-such-operator"],
+    ["--subject", "uncached", "--equivalent", "/no/such/file.json"],
+    ["--subject", "sglang:pool-getter"],
+], ids=["unknown-subject", "unknown-operator", "missing-equivalent-list", "sglang-target"])
+def test_bad_input_to_mutate_is_a_usage_error(arguments, tmp_path):
+    assert main(["mutate", *arguments, "--report-dir", str(tmp_path)]) == 2
+
+
+def test_a_subject_no_operator_applies_to_is_a_usage_error(tmp_path):
+    # uncached's one mutant swaps two arguments; a key to drop it has none
+    assert main(["mutate", "--subject", "uncached", "--operator", "drop-key-element",
+                 "--report-dir", str(tmp_path)]) == 2
+
+
+def test_a_malformed_list_of_equivalent_mutants_is_a_usage_error(tmp_path):
+    listed = tmp_path / "equivalent.json"
+    listed.write_text(json.dumps({"negate-guard/X.y/1": 3}))
+    assert main(["mutate", "--subject", "uncached", "--equivalent", str(listed),
+                 "--report-dir", str(tmp_path)]) == 2
+
+
+def test_the_builtin_list_of_equivalent_mutants_names_only_mutants_that_exist():
+    from swafuzz.registry import resolve_subject
+
+    lists = json.loads(mutation.BUILTIN_EQUIVALENTS.read_text())
+    for subject, listed in lists.items():
+        ids = {m.id for m in derive_mutants(resolve_subject(subject).subject)}
+        assert set(listed) <= ids, (subject, set(listed) - ids)
+        assert all(reason.strip() for reason in listed.values())
