@@ -200,8 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
         "gate", help="merge-gate preset: fuzz with CI settings and write JUnit and Markdown",
         description=f"The merge gate: the realistic profile under the 'ci' settings for "
                     f"{GATE_BUDGET_S:g} s (or --budget), every report written, the Markdown summary "
-                    "printed for a pull-request comment.")
-    _add_subject(gate)
+                    "printed for a pull-request comment. With --sglang-source HEAD --sglang-base BASE, "
+                    "the pull-request gate: every SGLang target HEAD has, on HEAD and on BASE, one "
+                    "verdict per target.")
+    _add_subject(gate, required=False)
+    gate.add_argument("--sglang-base", metavar="VERSION|PATH",
+                      help="gate a pull request: the release (e.g. 0.5.23) or checkout that the "
+                           "--sglang-source tree is based on; every target runs --budget seconds "
+                           "(default 20) on each tree, and only a divergence HEAD brings fails")
     _add_run_options(gate)
     _add_device(gate)
     _add_stream_options(gate)

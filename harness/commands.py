@@ -153,6 +153,15 @@ def fuzz(args: argparse.Namespace) -> int:
 
 
 def gate(args: argparse.Namespace) -> int:
+    if args.sglang_base:
+        if args.subject or not args.sglang_source:
+            raise UsageError("--sglang-base gates every SGLang target of the --sglang-source tree: give "
+                             "--sglang-source HEAD and no --subject")
+        from .pr_gate import main
+
+        return main(args.sglang_source, args.sglang_base, args.report_dir, args.budget, args.seed, args.max_examples)
+    if not args.subject:
+        raise UsageError("gate needs --subject, or --sglang-source HEAD --sglang-base BASE")
     if args.budget is None:
         args.budget = GATE_BUDGET_S
     return _fuzz(args, settings="ci", profile="realistic", print_markdown=not args.json)

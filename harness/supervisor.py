@@ -140,8 +140,10 @@ def _heartbeat() -> None:
 
 def wanted(argv: list[str]) -> bool:
     command = next((word for word in argv if not word.startswith("-")), None)
+    # the pull-request gate (gate --sglang-base) only starts gates, each supervised on its own
+    pr_gate = any(word == "--sglang-base" or word.startswith("--sglang-base=") for word in argv)
     return (command in SUPERVISED_COMMANDS and os.environ.get(SWITCH_ENV, "1") != "0"
-            and not {"-h", "--help"} & set(argv))
+            and not {"-h", "--help"} & set(argv) and not pr_gate)
 
 
 @dataclass

@@ -217,3 +217,27 @@ def test_a_replay_records_the_tree_and_reproduces_as_printed(tmp_path):
     fixed = _swafuzz("replay", replay_file, "--sglang-source", str(moved))
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "differ from those this replay was recorded on" in fixed.stderr
+
+
+# ---- the pull-request gate ---------------------------------------------------------------------
+
+
+def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
+    head = _ring_field_tree(tmp_path / "head", "core.unified_swa_loc", (BYPASS, ""))
+    done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.23", "--max-examples", "150",
+                    "--budget", "60", "--report-dir", str(tmp_path / "reports"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    table = (tmp_path / "reports" / "pr-gate.md").read_text()
+    assert table in done.stdout
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()
+            if line.startswith("| `sglang:")}
+    assert rows["sglang:unified-metadata-merge"] == "diverges only in HEAD"  # the bypass this HEAD drops
+    assert rows["sglang:pool-fused-store"] == "not in HEAD"  # 0.5.13 moved the translation out of the store
+    assert rows["sglang:cuda-swa-out-cache-loc"] == "clean"
+    junit = (tmp_path / "reports" / "pr-gate.xml").read_text()
+    assert 'failures="1"' in junit and 'name="sglang:unified-metadata-merge"' in junit
+
+
+def test_the_pull_request_gate_needs_a_head_tree_and_no_subject():
+    done = _swafuzz("gate", "--sglang-base", "0.5.23")
+    assert done.returncode == 2 and "--sglang-source HEAD" in done.stderr
