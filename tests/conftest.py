@@ -1,7 +1,9 @@
 """Fixtures shared by the specifications."""
 
+
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -54,3 +56,18 @@ def _outcomes(junit: Path) -> dict[str, str]:
         else:
             outcomes[name] = "passed"
     return outcomes
+
+
+@functools.lru_cache(maxsize=None)
+def released_tree(version: str):
+    """The installed SGLang package when it is ``version``, else the release's wheel, or why
+    neither is there (a failed download is remembered: each try costs a round trip)."""
+    from swafuzz.sglang import locate
+
+    installed = locate.installed()
+    if installed is not None and installed.version == version:
+        return installed
+    try:
+        return locate.wheel(version)
+    except locate.SglangUnavailable as exc:
+        return f"no sglang {version} wheel: {exc}"

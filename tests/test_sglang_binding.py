@@ -10,13 +10,13 @@ of their own under a temporary checkout.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import released_tree
 
 import swafuzz.sglang as sglang
 from swafuzz.diagnosis import GRAPH_CAPTURE, RAISED
@@ -49,22 +49,10 @@ def _has(item, version: str) -> bool:
 
 def _tree(version: str) -> locate.SourceTree:
     """The installed package when it is this version, else the release's wheel."""
-    found = _find_tree(version)
+    found = released_tree(version)
     if isinstance(found, str):
         pytest.skip(found)
     return found
-
-
-@functools.lru_cache(maxsize=None)
-def _find_tree(version: str) -> locate.SourceTree | str:
-    # a failed download is remembered: each try costs a round trip to the index
-    installed = locate.installed()
-    if installed is not None and installed.version == version:
-        return installed
-    try:
-        return locate.wheel(version)
-    except locate.SglangUnavailable as exc:
-        return f"no sglang {version} wheel: {exc}"
 
 
 def _released_wheel(wanted=lambda version: True) -> str:

@@ -8,12 +8,12 @@ an edit names the released text it replaces, so a test fails loudly when a relea
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import released_tree
 
 from swafuzz.executor import run_scenario
 from swafuzz.fuzz import fuzz
@@ -25,21 +25,10 @@ from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, RAGGED
 FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, *locate.VERSION_FILES)
 
 
-@functools.lru_cache(maxsize=None)
-def _release(version: str) -> locate.SourceTree | str:
-    installed = locate.installed()
-    if installed is not None and installed.version == version:
-        return installed
-    try:
-        return locate.wheel(version)
-    except locate.SglangUnavailable as exc:
-        return f"no sglang {version} wheel: {exc}"
-
-
 def edited_tree(tmp_path: Path, version: str, edits: dict[str, list[tuple[str, str]]]) -> locate.SourceTree:
     """A checkout of ``version``'s files with each ``(old, new)`` replacement made (every
     occurrence; ``old`` must occur)."""
-    release = _release(version)
+    release = released_tree(version)
     if isinstance(release, str):
         pytest.skip(release)
     root = tmp_path / "tree" / "python"
@@ -103,25 +92,25 @@ def test_a_renamed_private_method_binds_under_its_new_name(tmp_path):
     assert "_stage_local_swa_layer" in methods and "_swa_local_layer_id" not in methods
 
 
-def test_an_attribute_the_class_sets_to_a_literal_is_read_from_the_tree(tmp_path):
-    reads = "        if self.swa_cache_epoch != 0:\n            raise RuntimeError('epoch moved')\n"
-    init = "        self.swa_cache_epoch = 0\n"
-    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: [
+def _pool_helper_reading(tmp_path: Path, reads: str, init: str = "") -> locate.SourceTree:
+    """0.5.12's pool with its cache extracted into a helper that first runs ``reads``, and
+    ``init`` added to the pool's __init__."""
+    return edited_tree(tmp_path, "0.5.12", {POOL_FILE: [
         (INLINE_CACHE, "        swa_loc = self.get_cached_swa_loc(layer_id, raw_loc)\n"),
         (STORE, _helper(reads) + STORE),
         (INIT, INIT + init),
     ]})
+
+
+def test_an_attribute_the_class_sets_to_a_literal_is_read_from_the_tree(tmp_path):
+    reads = "        if self.swa_cache_epoch != 0:\n            raise RuntimeError('epoch moved')\n"
+    tree = _pool_helper_reading(tmp_path, reads, "        self.swa_cache_epoch = 0\n")
     assert run_scenario(_subject(tree, "pool-fused-store").subject, EXAMPLES["pipeline-stage"]).passed
 
 
 def test_every_piece_a_tree_lacks_is_named_at_once_with_how_to_supply_it(tmp_path):
     reads = "        if self.swa_cache_layers and self.swa_cache_policy:\n            pass\n"
-    init = "        self.swa_cache_layers = get_int_env_var('SWA_CACHE_LAYERS', 0)\n"
-    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: [
-        (INLINE_CACHE, "        swa_loc = self.get_cached_swa_loc(layer_id, raw_loc)\n"),
-        (STORE, _helper(reads) + STORE),
-        (INIT, INIT + init),
-    ]})
+    tree = _pool_helper_reading(tmp_path, reads, "        self.swa_cache_layers = get_int_env_var('SWA_CACHE_LAYERS', 0)\n")
     with pytest.raises(BindError) as caught:
         _subject(tree, "pool-fused-store")
     message = str(caught.value)
@@ -132,9 +121,7 @@ def test_every_piece_a_tree_lacks_is_named_at_once_with_how_to_supply_it(tmp_pat
 
 def test_supplied_attributes_complete_the_binding(tmp_path, monkeypatch):
     reads = "        if self.swa_cache_layers and self.swa_cache_policy:\n            pass\n"
-    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: [
-        (INLINE_CACHE, "        swa_loc = self.get_cached_swa_loc(layer_id, raw_loc)\n"),
-        (STORE, _helper(reads) + STORE)]})
+    tree = _pool_helper_reading(tmp_path, reads)
     monkeypatch.setenv("SWAFUZZ_SGLANG_ATTRS", '["swa_cache_layers=0", "swa_cache_policy=\'lru\'"]')
     assert run_scenario(_subject(tree, "pool-fused-store").subject, EXAMPLES["pipeline-stage"]).passed
 
@@ -163,7 +150,7 @@ RELEASE_FINDINGS = frozenset({RAGGED_EXTEND, DRAFT_EXTEND, IDLE, GRAPH_REPLAY})
 
 @pytest.mark.parametrize("read", ["core.unified_swa_loc", 'getattr(core, "unified_swa_loc", None)'])
 def test_a_field_the_producer_writes_reaches_the_getter(tmp_path, read):
-    release = _release("0.5.23")
+    release = released_tree("0.5.23")
     if isinstance(release, str):
         pytest.skip(release)
     assert not _diverges(_subject(release, "hip-unified-swa-loc"), 150, RELEASE_FINDINGS)
