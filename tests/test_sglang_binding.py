@@ -19,7 +19,7 @@ import pytest
 from conftest import released_tree
 
 import swafuzz.sglang as sglang
-from swafuzz.diagnosis import GRAPH_CAPTURE, RAISED
+from swafuzz.diagnosis import GRAPH_CAPTURE
 from swafuzz.executor import UnmodelledPath, check_subject, run_scenario
 from swafuzz.fuzz import fuzz
 from swafuzz.replay import load_replay

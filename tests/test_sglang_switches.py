@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 
-from swafuzz.diagnosis import EARLIER_FORWARD, EARLIER_STEP, GRAPH_CAPTURE, RAISED, UNIFORM_REPEAT, Divergence
+from swafuzz.diagnosis import EARLIER_FORWARD, EARLIER_STEP, GRAPH_CAPTURE, UNIFORM_REPEAT, Divergence
 from swafuzz.replay import Replay, ReplayError, load_replay, write_replay
 from swafuzz.sglang import locate, reachability
 from swafuzz.sglang.matrix import (
