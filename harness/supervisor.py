@@ -128,11 +128,18 @@ def announce_exit(code: int) -> None:
 
 
 def _heartbeat() -> None:
-    from .guard import call_in_flight
-
-    while _channel.send("alive", call_in_flight()):
+    while _channel.send("alive", _call_in_flight()):
         time.sleep(HEARTBEAT_S)
     os._exit(EXIT_INTERNAL)  # the parent has gone, however it ended: nobody would get the result
+
+
+def _call_in_flight() -> int | None:
+    # Never imported from here: the guard's imports reach torch, and an import the main
+    # thread is in the middle of would hold this thread, silent, until it is done. Before
+    # the guard is loaded no subject call can be in flight.
+    guard = sys.modules.get(f"{__package__}.guard")
+    call_in_flight = getattr(guard, "call_in_flight", None)
+    return call_in_flight() if call_in_flight is not None else None
 
 
 # ---- the parent's side -------------------------------------------------------------------

@@ -19,6 +19,21 @@ import torch
 # swafuzz's own campaigns avoid by running torch on one thread (campaign_torch_threads)
 torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True)
+def sglang_options_stay_in_their_test():
+    """The --sglang-* options reach worker processes through the environment: a test that
+    runs a command in-process with them must not hand them to the tests after it."""
+    def options() -> dict[str, str]:
+        return {name: value for name, value in os.environ.items() if name.startswith("SWAFUZZ_SGLANG_")}
+
+    before = options()
+    yield
+    for name in options():
+        os.environ.pop(name)
+    os.environ.update(before)
+
+
 PytestRun = Callable[..., "tuple[subprocess.CompletedProcess, dict[str, str]]"]
 
 

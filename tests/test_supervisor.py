@@ -149,3 +149,17 @@ def test_an_interrupt_reaches_a_well_behaved_run_through_the_supervisor(tmp_path
     assert process.returncode == 143
     report = json.loads(out)
     assert report["verdict"] == "no divergence" and report["interrupted_by"] == "SIGTERM"
+
+
+def test_the_heartbeat_answers_without_waiting_for_the_harness_imports():
+    # the child's main thread spends seconds importing torch on a loaded machine; a heartbeat
+    # that imported the guard would wait for it and be taken for a hung subject
+    probe = ("import os, sys\n"
+             "read, write = os.pipe()\n"
+             "os.environ['SWAFUZZ_SUPERVISOR_FD'] = str(write)\n"
+             "from swafuzz import supervisor\n"
+             "supervisor.claim_channel()\n"
+             "first = os.read(read, 1 << 16).split(b'\\n')[0]\n"
+             "print(first.decode(), 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120).stdout
+    assert out.split() == ['["alive",', "null]", "False"]
