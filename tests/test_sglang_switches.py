@@ -167,7 +167,7 @@ def _pool_cache_run(overrides: dict[str, bool] | None = None):
     from swafuzz.executor import run_scenario
 
     item = target("pool-fused-store")
-    subject = configured(item.info(tree, "source"), item, settings_for("0.5.12", overrides)).subject
+    subject = configured(item.info(tree, "source"), item, tree, settings_for("0.5.12", overrides)).subject
     return run_scenario(subject, EXAMPLES["first-swa-layer-not-start"])
 
 
@@ -287,7 +287,9 @@ def test_a_fuzz_run_with_a_switch_set_finds_what_the_release_reaches_only_so_and
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--subject", "sglang:pool-fused-store@0.5.12", "--sglang-switch", "SGLANG_NO_SUCH=1"], "unknown engine switch"),
+    (["--subject", "sglang:pool-fused-store@0.5.12", "--sglang-switch", "NO_SUCH=1"], "unknown engine switch"),
+    (["--subject", "sglang:pool-fused-store@0.5.12", "--sglang-switch", "SGLANG_NO_SUCH=1"],
+     "declares no boolean SGLANG_NO_SUCH"),
     (["--subject", "sglang:pool-fused-store@0.5.12", "--sglang-switch", f"{CACHE}=yes"], "write"),
     (["--subject", "uncached", "--sglang-switch", f"{CACHE}=0"], "not an sglang:<target> subject"),
 ])

@@ -17,12 +17,15 @@ from conftest import released_tree
 
 from swafuzz.executor import run_scenario
 from swafuzz.fuzz import fuzz
-from swafuzz.sglang import BindError, bind_target, locate
+from swafuzz.sglang import BindError, bind_target, callsites, locate
+from swafuzz.sglang.switches import ENVIRON
 from swafuzz.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, RAGGED_EXTEND
 
-FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, *locate.VERSION_FILES)
+# what a target binds, and what its call sites and switches are read from
+FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, *locate.VERSION_FILES,
+         *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py")
 
 
 def edited_tree(tmp_path: Path, version: str, edits: dict[str, list[tuple[str, str]]]) -> locate.SourceTree:
@@ -218,11 +221,12 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     assert table in done.stdout
     rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()
             if line.startswith("| `sglang:")}
-    assert rows["sglang:unified-metadata-merge"] == "diverges only in HEAD"  # the bypass this HEAD drops
+    # the multi-step draft bypass this HEAD drops: both ring targets read the getter
+    assert rows["sglang:unified-metadata-merge"] == rows["sglang:hip-unified-swa-loc"] == "diverges only in HEAD"
     assert rows["sglang:pool-fused-store"] == "not in HEAD"  # 0.5.13 moved the translation out of the store
     assert rows["sglang:cuda-swa-out-cache-loc"] == "clean"
     junit = (tmp_path / "reports" / "pr-gate.xml").read_text()
-    assert 'failures="1"' in junit and 'name="sglang:unified-metadata-merge"' in junit
+    assert 'failures="2"' in junit and 'name="sglang:unified-metadata-merge"' in junit
 
 
 def test_the_pull_request_gate_needs_a_head_tree_and_no_subject():

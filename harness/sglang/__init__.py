@@ -4,9 +4,10 @@ Subject names are ``sglang:<target>`` (bound from the default source: a checkout
 ``--sglang-source`` / ``$SWAFUZZ_SGLANG_SOURCE``, else the installed package) and
 ``sglang:<target>@<version>`` (bound from that release's wheel, downloaded on first use).
 The binding mode is ``auto`` (import the installed package where it imports, else read
-its source), ``import`` or ``source``; ``$SWAFUZZ_SGLANG_MODE`` sets the default. A release
-runs with its default engine switches (:mod:`.switches`) except those set in
-``$SWAFUZZ_SGLANG_SWITCHES`` (``NAME=0|1``, comma-separated) or given to :func:`resolve`.
+its source), ``import`` or ``source``; ``$SWAFUZZ_SGLANG_MODE`` sets the default. A tree
+runs with the engine switches its tree declares, at their defaults (:mod:`.switches`), except
+those set in ``$SWAFUZZ_SGLANG_SWITCHES`` (``NAME=0|1``, comma-separated) or given to
+:func:`resolve`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from ..names import SGLANG_SOURCE_ENV as SOURCE_ENV
 from ..registry import SubjectInfo
 from . import locate
 from .binding import BindError, ImportModeUnavailable
-from .configure import as_released
-from .locate import RELEASES, SglangUnavailable, SourceTree
+from .configure import configured_from
+from .locate import SglangUnavailable, SourceTree
 from .switches import parse_override
 from .targets import TARGETS, Target, target
 
@@ -90,15 +91,12 @@ def attribute_values(items: list[str] | None = None) -> dict[str, Any]:
 def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: str | None = None,
                 switches: Mapping[str, bool] | None = None,
                 supplied: Mapping[str, Any] | None = None) -> SubjectInfo:
-    """``item`` bound from ``tree``, run with its release's default engine switches except
-    ``switches`` and, over those, the environment's (:func:`switch_overrides`: the command
-    line's ``--sglang-switch``); ``supplied`` values (default: the command line's
+    """``item`` bound from ``tree``, run with the engine switches ``tree`` declares, at its
+    defaults except ``switches`` and, over those, the environment's (:func:`switch_overrides`:
+    the command line's ``--sglang-switch``); ``supplied`` values (default: the command line's
     ``--sglang-attr``) for names the tree's code reads that swafuzz cannot derive."""
     overrides = {**(switches or {}), **switch_overrides()}
     supplied = attribute_values() if supplied is None else supplied
-    if overrides and tree.version not in RELEASES:
-        raise BindError(f"engine switches ({', '.join(overrides)}) are set per release, and {tree.label} "
-                        "is not a release read here: bind a release (sglang:<target>@<version>)")
     mode = mode or os.environ.get(MODE_ENV) or "auto"
     if mode not in MODES:
         raise BindError(f"unknown SGLang binding mode {mode!r}; modes are {', '.join(MODES)}")
@@ -107,11 +105,11 @@ def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: s
     if mode == "auto":
         if tree.origin == "installed":
             try:
-                return as_released(item.info(tree, "import", name, supplied), item, tree.version, overrides)
+                return configured_from(item.info(tree, "import", name, supplied), item, tree, overrides)
             except ImportModeUnavailable:
                 pass  # GPU-only dependencies missing: read the same files instead
         mode = "source"
-    return as_released(item.info(tree, mode, name, supplied), item, tree.version, overrides)
+    return configured_from(item.info(tree, mode, name, supplied), item, tree, overrides)
 
 
 def resolve(

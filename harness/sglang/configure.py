@@ -1,9 +1,17 @@
-"""A bound target as one release runs it under given engine switch settings.
+"""A bound target as its tree runs it under given engine switch settings.
 
-Its driver follows the switches it reads (:data:`.reachability.DRIVER_SWITCHES`), and the
-subject carries ``realistic_exclusions``: the lifecycle features its release never takes
-under those settings (:data:`.reachability.MODELLED_PATHS`), which the realistic profile
-then never draws for it (:func:`swafuzz.fuzz.scenario_test`).
+Its driver follows the switches it reads (:data:`.reachability.DRIVER_SWITCHES`), the bound
+code reads the same settings through its ``envs`` (:class:`.drivers.EngineEnvironment`), and
+the subject carries
+
+- ``target_modes``: the forward modes in which the tree's own code calls the target under
+  those settings (:mod:`.callsites`; None where that reading is unconfirmed: every mode the
+  driver models); in the others the engine stores through another path, which is not the
+  code under test, and the driver answers for it;
+- ``call_sites``: that reading, which the reports print beside the verdict;
+- ``realistic_exclusions``: the lifecycle features the tree never takes under those
+  settings (:data:`.reachability.MODELLED_PATHS`), which the realistic profile then never
+  draws for it (:func:`swafuzz.fuzz.scenario_test`).
 """
 
 from __future__ import annotations
@@ -12,25 +20,33 @@ import dataclasses
 from typing import Mapping
 
 from ..registry import SubjectInfo
-from .locate import RELEASES
+from . import callsites
+from .binding import BindError
+from .locate import SourceTree
 from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features
-from .switches import SwitchSettings, settings_for
+from .switches import SwitchSettings, settings_of
 from .targets import Target
 
 
-def configured(info: SubjectInfo, target: Target, switches: SwitchSettings) -> SubjectInfo:
-    """``info`` with its subject following ``switches``. A target none of whose lifecycle the
-    settings allow (:data:`EVERY_SCENARIO`) is the caller's to refuse."""
+def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: SwitchSettings) -> SubjectInfo:
+    """``info`` (bound from ``tree``) with its subject following ``switches``. A target none
+    of whose lifecycle the settings allow (:data:`EVERY_SCENARIO`) is the caller's to refuse."""
+    reading = callsites.read(tree, target.called_as, switches)
     attributes: dict[str, object] = dict(driver_attributes(target.name, switches))
     attributes["realistic_exclusions"] = excluded_features(target.name, switches) - {EVERY_SCENARIO}
-    return dataclasses.replace(info, subject=type(info.subject.__name__, (info.subject,), attributes))
+    attributes["target_modes"] = reading.modes
+    attributes["call_sites"] = reading
+    subject = type(info.subject.__name__, (info.subject,), attributes)
+    subject.environment.settings = switches
+    return dataclasses.replace(info, subject=subject)
 
 
-def as_released(info: SubjectInfo, target: Target, version: str | None,
-                overrides: Mapping[str, bool] | None = None) -> SubjectInfo:
-    """``info`` configured with its release's switches, at their defaults except
-    ``overrides``; unchanged for a source that is no release read here (a checkout of
-    another version)."""
-    if version not in RELEASES:
-        return info
-    return configured(info, target, settings_for(version, overrides))
+def configured_from(info: SubjectInfo, target: Target, tree: SourceTree,
+                    overrides: Mapping[str, bool] | None = None) -> SubjectInfo:
+    """``info`` configured with the switches ``tree`` declares, at its defaults except
+    ``overrides``; BindError for an override the tree does not declare."""
+    try:
+        switches = settings_of(tree, overrides)
+    except ValueError as exc:
+        raise BindError(str(exc)) from None
+    return configured(info, target, tree, switches)

@@ -197,6 +197,40 @@ class GroupedVerifyStreams:
         raise StandInGap(f"SGLang code used grouped_verify_streams.{name}, which swafuzz does not model")
 
 
+class EngineEnvironment:
+    """Stands in for SGLang's ``envs``: ``envs.NAME.get()`` is the run's value of NAME, the
+    value the run's switches set (:class:`.switches.SwitchSettings`, given when the subject
+    is configured), else the default the tree's environ.py declares."""
+
+    def __init__(self) -> None:
+        self.settings = None
+
+    def __getattr__(self, name: str) -> "_EnvironmentVariable":
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _EnvironmentVariable(self, name)
+
+
+class _EnvironmentVariable:
+    def __init__(self, environment: EngineEnvironment, name: str):
+        self.environment, self.name = environment, name
+
+    def get(self) -> Any:
+        try:
+            return self.environment.settings.environment_value(self.name)
+        except (AttributeError, KeyError):
+            raise StandInGap(
+                f"SGLang code read envs.{self.name}, which the tree's environ.py does not declare with a "
+                f"default swafuzz can read: set it with --sglang-switch {self.name}=0|1 if it is a boolean"
+            ) from None
+
+    def is_set(self) -> bool:
+        return self.name in self.environment.settings.to_dict()
+
+    def __getattr__(self, attribute: str) -> Any:
+        raise StandInGap(f"SGLang code used envs.{self.name}.{attribute}, which swafuzz does not model")
+
+
 # the global names bound SGLang code gets in place of SGLang's own
 STAND_INS: dict[str, Any] = {
     "DSV4Metadata": ForwardMetadata,
@@ -216,11 +250,12 @@ STAND_INS: dict[str, Any] = {
 # names the module-level helpers use, from the standard library
 STANDARD_NAMES: dict[str, Any] = {"fields": dataclasses.fields, "functools": functools, "warnings": warnings}
 
-# The modes in which SGLang's DeepSeek-V4 model may read get_unified_swa_loc: its unified-KV
-# store takes the ring rows from the getter on the decode arm (is_decode_or_idle) and, in
-# 0.5.23 with the fp8 ring, for target-verify; prefill and extend rows are stored by the
-# backend. Which modes read it in which release is the matrix's call-path table
-# (reachability.py: ring-getter-in-verify, ring-getter-in-extend).
+# The modes in which SGLang's DeepSeek-V4 model may read get_unified_swa_loc in some release:
+# its unified-KV store takes the ring rows from the getter on the decode arm
+# (is_decode_or_idle) and, in 0.5.23 with the fp8 ring, for target-verify; prefill and extend
+# rows are stored by the backend. A configured subject is given the modes its own tree calls
+# the getter in (swafuzz.sglang.callsites); where that reading is unconfirmed, the merge's
+# driver keeps to these, and the getter's own driver calls it in every mode.
 RING_GETTER_MODES = frozenset({
     ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY,
 })
@@ -242,6 +277,12 @@ class SglangSubject(Subject):
     cache_swa_translation: ClassVar[bool] = True
     # lifecycle features the realistic profile does not draw for this release (swafuzz.sglang.configure)
     realistic_exclusions: ClassVar[frozenset[str]] = frozenset()
+    # the forward modes in which the tree calls the target, read from its call sites
+    # (swafuzz.sglang.configure); None: those the driver models, modelled_modes
+    target_modes: ClassVar[frozenset[ForwardMode] | None] = None
+    modelled_modes: ClassVar[frozenset[ForwardMode]] = frozenset(ForwardMode)
+    call_sites: ClassVar[Any] = None  # the reading target_modes comes from (callsites.Reading)
+    environment: ClassVar[EngineEnvironment]  # what the bound code's envs reads (Target.subject)
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -268,6 +309,24 @@ class SglangSubject(Subject):
         super().register_mapping(mapping)
         if hasattr(type(self.pool), "register_mapping"):
             self.pool.register_mapping(mapping)
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        modes = self.modelled_modes if self.target_modes is None else self.target_modes
+        if batch.mode not in modes:
+            return self._stored_elsewhere(batch)
+        return self._target_location(batch, layer_id)
+
+    def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _stored_elsewhere(self, batch: ForwardBatch) -> torch.Tensor:
+        """The rows of a forward whose mode the tree stores through another path than the
+        target (the backend's own store): the truth, so that findings are the target's."""
+        if self.truth is Truth.RING:
+            ring = self.pool.unified_swa_ring_size
+            slots = tokens_request_slots(batch).to(torch.int64)
+            return (slots * ring + batch.positions.to(torch.int64) % ring).to(torch.int32)
+        return self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32)
 
     def forward_batch(self, batch: ForwardBatch) -> BatchStandIn:
         return BatchStandIn(
@@ -301,7 +360,7 @@ class PoolStoreSubject(SglangSubject):
     truth = Truth.POOL
     store: ClassVar[str]
 
-    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+    def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
         key_store = self.pool.swa_kv_pool
         key_store.last_loc = None
         getattr(self.pool, self.store)(
@@ -368,7 +427,7 @@ class _MetadataSubject(SglangSubject):
     def _wrap(self, core: CoreMetadata) -> ForwardMetadata:
         return self.metadata_class(core_attn_metadata=core, late_layer_tail=None)
 
-    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+    def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
         backend = self._backend(batch, batch.draft_step)
         self._before_store(batch, backend)
         return getattr(backend, self.getter)(self.forward_batch(batch))
@@ -454,6 +513,10 @@ class RingSubject(_MetadataSubject):
             # decode passes one request slot per token, as SGLang's decode metadata does
             state_slot = batch.req_pool_indices[: batch.positions.shape[0]]
             self._backend(batch, 0)._attach_unified_kv_decode_streams(core, state_slot)
+        elif batch.mode is ForwardMode.TARGET_VERIFY and self.target_modes and batch.mode in self.target_modes:
+            # where verify stores through the getter (0.5.23's fp8 ring), its metadata gets
+            # the decode streams over the per-token request slots (req_pool_indices_repeated)
+            self._backend(batch, 0)._attach_unified_kv_decode_streams(core, tokens_request_slots(batch))
         return self._wrap(core)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -502,10 +565,12 @@ class RingMergeSubject(RingSubject):
     pre-replay merge is its real ``copy_`` (fields in the copy list are written in place,
     fields in the assign list are re-pointed).
 
-    Only stores that SGLang's model routes through the getter read the merged metadata
-    (:data:`RING_GETTER_MODES`); the others are answered with per-token ring rows, as the
-    backend's own store writes them, so that findings are about the merge.
+    Only stores that the tree's model routes through the getter read the merged metadata;
+    the others are answered with per-token ring rows, as the backend's own store writes
+    them, so that findings are about the merge.
     """
+
+    modelled_modes = RING_GETTER_MODES
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -513,13 +578,6 @@ class RingMergeSubject(RingSubject):
 
     def _unified(self) -> Any:
         return self.unified_class()
-
-    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
-        if batch.mode in RING_GETTER_MODES:
-            return super().swa_write_location(batch, layer_id)
-        ring = self.pool.unified_swa_ring_size
-        slots = tokens_request_slots(batch).to(torch.int64)
-        return (slots * ring + batch.positions.to(torch.int64) % ring).to(torch.int32)
 
     def _merge(self, captured: Any, fresh: Any) -> None:
         captured.copy_(fresh)

@@ -195,7 +195,7 @@ def run_matrix(
         for target in TARGETS:
             try:
                 info = configured(target.info(tree, "source", name=f"{target.subject_name}@{version}"),
-                                  target, switches)
+                                  target, tree, switches)
             except BindError as exc:
                 cells.append(Cell(version, target, bound=False, message=str(exc)))
                 continue
@@ -285,7 +285,7 @@ def _run_switched(cell: Cell, tree: locate.SourceTree, switches: SwitchSettings,
         value = not switches.get(name)
         flipped = settings_for(cell.version, {**switches.to_dict(), name: value})
         info = configured(cell.target.info(tree, "source", name=f"{cell.target.subject_name}@{cell.version}"),
-                          cell.target, flipped)
+                          cell.target, tree, flipped)
         setting = switch(name).setting(value)
         outcome = _run_fuzz(cell, info, REALISTIC, flipped, settings, max_examples, seed, replay_dir,
                             SWITCHED_COLUMN, f"seed{seed}-{setting}")

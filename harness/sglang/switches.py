@@ -8,14 +8,20 @@ checks the defaults recorded here; a route of :mod:`.reachability` that needs a 
 name one of these switches set against its default.
 
 A run's engine configuration is a :class:`SwitchSettings`: each switch a release has, at its
-default unless the run overrides it (``--switch NAME=0|1`` of the matrix).
+default unless the run overrides it (``--switch NAME=0|1`` of the matrix). A tree that is no
+release (a checkout, a pull request) is configured as it declares itself
+(:func:`settings_of`): the switches above at the defaults its own files declare, and any
+other boolean environment variable its ``environ.py`` declares may be set too, since the code
+under test may read one that no release has.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .locate import RELEASES, SourceTree, release_key
 
@@ -40,9 +46,14 @@ class Switch:
 
     def setting(self, value: bool) -> str:
         """How a user sets the switch to ``value``."""
-        if self.name.startswith("--"):
-            return self.name if value else f"without {self.name}"
-        return f"{self.name}={int(value)}"
+        return setting_text(self.name, value)
+
+
+def setting_text(name: str, value: bool) -> str:
+    """How a user sets switch ``name`` (an environment variable, or a ``--server-argument``)."""
+    if name.startswith("--"):
+        return name if value else f"without {name}"
+    return f"{name}={int(value)}"
 
 
 SWITCHES: tuple[Switch, ...] = (
@@ -83,15 +94,21 @@ def switch(name: str) -> Switch:
     return _BY_NAME[name]
 
 
+# an environment variable as SGLang names its own (a tree may declare switches of its own)
+_ENVIRONMENT_NAME = re.compile(r"SGLANG_[A-Z0-9_]+")
+
+
 def parse_override(text: str) -> tuple[str, bool]:
     """``NAME=1`` or ``NAME=0`` (a server argument as ``--flag=1``): the switch and its value;
-    ValueError naming the switches for anything else."""
+    ValueError naming the switches for anything else. NAME may be any ``SGLANG_*``
+    environment variable: whether the tree declares it is checked when it binds."""
     name, sep, value = text.partition("=")
     name = name.strip()
     if name not in _BY_NAME and f"--{name}" in _BY_NAME:  # a server argument written without its dashes
         name = f"--{name}"
-    if name not in _BY_NAME:
-        raise ValueError(f"unknown engine switch {name!r}; switches are {', '.join(_BY_NAME)}")
+    if name not in _BY_NAME and not _ENVIRONMENT_NAME.fullmatch(name):
+        raise ValueError(f"unknown engine switch {name!r}; switches are {', '.join(_BY_NAME)}, or any "
+                         "SGLANG_* boolean the tree's environ.py declares")
     if not sep or value.strip() not in ("0", "1"):
         raise ValueError(f"engine switch {text!r}: write {name}=1 or {name}=0")
     return name, value.strip() == "1"
@@ -99,26 +116,37 @@ def parse_override(text: str) -> tuple[str, bool]:
 
 @dataclass(frozen=True)
 class SwitchSettings:
-    """The engine switches one release has, each with the value a run uses."""
+    """The engine switches one tree has, each with the value a run uses and its default."""
 
-    version: str
-    values: tuple[tuple[str, bool], ...]  # in SWITCHES order, only the release's switches
+    version: str  # the release, or the label of the tree
+    values: tuple[tuple[str, bool], ...]  # SWITCHES the tree has (in that order), then any other set
+    defaults: tuple[tuple[str, bool], ...]  # the tree's default of each of them
+    # every environment variable the tree declares with a readable default (see the stand-in
+    # for SGLang's ``envs``), at its default
+    environment: tuple[tuple[str, Any], ...] = ()
 
     def get(self, name: str) -> bool | None:
-        """The value of switch ``name``; None when the release has no such switch."""
+        """The value of switch ``name``; None when the tree has no such switch."""
         return dict(self.values).get(name)
 
+    def default(self, name: str) -> bool | None:
+        return dict(self.defaults).get(name)
+
+    def environment_value(self, name: str) -> Any:
+        """What ``envs.NAME.get()`` returns in the run; KeyError when the tree declares no
+        ``NAME`` with a default swafuzz can read."""
+        if name in dict(self.values):
+            return dict(self.values)[name]
+        return dict(self.environment)[name]
+
     def off_default(self) -> tuple[str, ...]:
-        """How the switches set against the release's default are set (``NAME=0``)."""
-        return tuple(switch(name).setting(value) for name, value in self.values
-                     if value != switch(name).default(self.version))
+        """How the switches set against the tree's default are set (``NAME=0``)."""
+        return tuple(setting_text(name, value) for name, value in self.values if value != self.default(name))
 
     def label(self) -> str:
         """Every switch with its value, the overridden ones marked (for the report)."""
-        parts = []
-        for name, value in self.values:
-            default = switch(name).default(self.version)
-            parts.append(switch(name).setting(value) + ("" if value == default else " (not the default)"))
+        parts = [setting_text(name, value) + ("" if value == self.default(name) else " (not the default)")
+                 for name, value in self.values]
         return ", ".join(parts) or "no engine switch"
 
     def to_dict(self) -> dict[str, bool]:
@@ -126,18 +154,57 @@ class SwitchSettings:
 
 
 def settings_for(version: str, overrides: Mapping[str, bool] | None = None) -> SwitchSettings:
-    """``version``'s switches at their defaults, except those ``overrides`` sets; an override
-    of a switch the release lacks does not apply to it."""
+    """``version``'s switches at their defaults (as recorded in :data:`SWITCHES`), except
+    those ``overrides`` sets; an override of a switch the release lacks does not apply to it."""
     overrides = overrides or {}
     unknown = sorted(set(overrides) - set(_BY_NAME))
     if unknown:
         raise ValueError(f"unknown engine switch(es) {', '.join(unknown)}; switches are {', '.join(_BY_NAME)}")
-    values = []
-    for item in SWITCHES:
-        default = item.default(version)
-        if default is not None:
-            values.append((item.name, overrides.get(item.name, default)))
-    return SwitchSettings(version, tuple(values))
+    defaults = tuple((item.name, item.default(version)) for item in SWITCHES if item.default(version) is not None)
+    values = tuple((name, overrides.get(name, default)) for name, default in defaults)
+    return SwitchSettings(version, values, defaults)
+
+
+def settings_of(tree: SourceTree, overrides: Mapping[str, bool] | None = None) -> SwitchSettings:
+    """The switches ``tree`` declares, at the defaults it declares, except those ``overrides``
+    sets. An override of a switch of :data:`SWITCHES` that the tree lacks does not apply to
+    it (as for a release); any other must be a boolean the tree's environ.py declares, else
+    ValueError naming what it declares."""
+    overrides = dict(overrides or {})
+    environment = declared_environment(tree)
+    defaults = [(item.name, declared_default(tree, item)) for item in SWITCHES]
+    defaults = [(name, default) for name, default in defaults if default is not None]
+    for name in overrides:
+        if name in _BY_NAME:
+            continue
+        if not isinstance(environment.get(name), bool):
+            raise ValueError(
+                f"engine switch {name}: {tree.label} declares no boolean {name} in {ENVIRON}"
+                + ("" if name not in environment else f" (it declares {name} = {environment[name]!r})"))
+        defaults.append((name, environment[name]))
+    values = tuple((name, overrides.get(name, default)) for name, default in defaults)
+    return SwitchSettings(tree.version or tree.label, values, tuple(defaults), tuple(sorted(environment.items())))
+
+
+def declared_environment(tree: SourceTree) -> dict[str, Any]:
+    """Every environment variable ``tree`` declares in environ.py (``NAME = EnvBool(True)``,
+    ``EnvInt(4)``, ... in a class body) whose default is a literal: name -> default."""
+    text = tree.read(ENVIRON)
+    if text is None:
+        return {}
+    declared = {}
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for statement in node.body:
+            if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                    and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call)
+                    and statement.value.args):
+                try:
+                    declared[statement.targets[0].id] = ast.literal_eval(statement.value.args[0])
+                except ValueError:
+                    continue  # a default computed at import: not one to guess
+    return declared
 
 
 def declared_default(tree: SourceTree, item: Switch) -> bool | None:

@@ -20,6 +20,7 @@ from .drivers import (
     STAND_INS,
     STANDARD_NAMES,
     UNIFIED_METADATA_CLASS,
+    EngineEnvironment,
     PoolStoreSubject,
     RingMergeSubject,
     RingSubject,
@@ -66,28 +67,34 @@ class Target:
     first: str
     last: str | None = None
     driver_settings: tuple[tuple[str, object], ...] = ()
+    called_as: tuple[str, ...] = ()  # the entry methods the engine's code calls (swafuzz.sglang.callsites)
 
     @property
     def subject_name(self) -> str:
         return f"sglang:{self.name}"
 
-    def bind(self, tree: SourceTree, mode: str = "source", supplied: Mapping[str, Any] | None = None) -> Binding:
-        """``supplied``: values for names the tree's code reads that swafuzz cannot derive."""
-        return bind(tree, self.code, {**STANDARD_NAMES, **STAND_INS}, STAND_IN_ATTRIBUTES, mode, supplied)
+    def bind(self, tree: SourceTree, mode: str = "source", supplied: Mapping[str, Any] | None = None,
+             environment: EngineEnvironment | None = None) -> Binding:
+        """``supplied``: values for names the tree's code reads that swafuzz cannot derive;
+        ``environment``: what the code's ``envs`` reads (a fresh one by default)."""
+        stand_ins = {**STANDARD_NAMES, **STAND_INS, "envs": environment or EngineEnvironment()}
+        return bind(tree, self.code, stand_ins, STAND_IN_ATTRIBUTES, mode, supplied)
 
-    def subject(self, binding: Binding) -> type[SglangSubject]:
+    def subject(self, binding: Binding, environment: EngineEnvironment) -> type[SglangSubject]:
         version = (binding.version or "source").replace(".", "_")
         class_name = f"Sglang_{self.name.replace('-', '_')}_{version}_{binding.mode}"
         return type(class_name, (self.driver,), {
-            "binding": binding, "__doc__": f"{self.summary} ({binding.label}).",
+            "binding": binding, "environment": environment, "__doc__": f"{self.summary} ({binding.label}).",
             **dict(self.driver_settings),
         })
 
     def info(self, tree: SourceTree, mode: str = "source", name: str | None = None,
              supplied: Mapping[str, Any] | None = None) -> SubjectInfo:
-        binding = self.bind(tree, mode, supplied)
+        """The target bound from ``tree``, not yet configured (:mod:`.configure`)."""
+        environment = EngineEnvironment()
+        binding = self.bind(tree, mode, supplied, environment)
         return SubjectInfo(
-            name or self.subject_name, self.subject(binding), expected="unknown", kind="sglang",
+            name or self.subject_name, self.subject(binding, environment), expected="unknown", kind="sglang",
             summary=f"{self.summary} ({binding.label})",
         )
 
@@ -104,6 +111,7 @@ TARGETS: tuple[Target, ...] = (
         PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused"),),
         first="0.5.12", last="0.5.12.post1",
         driver_settings=(("store", "set_swa_key_buffer_radix_fused"),),
+        called_as=("set_swa_key_buffer_radix_fused",),
     ),
     Target(
         "pool-norm-rope-store",
@@ -111,6 +119,7 @@ TARGETS: tuple[Target, ...] = (
         PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused_norm_rope"),),
         first="0.5.12", last="0.5.12.post1",
         driver_settings=(("store", "set_swa_key_buffer_radix_fused_norm_rope"),),
+        called_as=("set_swa_key_buffer_radix_fused_norm_rope",),
     ),
     Target(
         "cuda-swa-out-cache-loc",
@@ -120,6 +129,7 @@ TARGETS: tuple[Target, ...] = (
          *_metadata_records(CUDA_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", CUDA_BACKEND),),
+        called_as=("get_swa_out_cache_loc",),
     ),
     Target(
         "hip-swa-out-cache-loc",
@@ -129,6 +139,7 @@ TARGETS: tuple[Target, ...] = (
          *_metadata_records(HIP_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
+        called_as=("get_swa_out_cache_loc",),
     ),
     Target(
         "hip-unified-swa-loc",
@@ -137,6 +148,7 @@ TARGETS: tuple[Target, ...] = (
         (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"), *_metadata_records(HIP_BACKEND_FILE)),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
+        called_as=("get_unified_swa_loc",),
     ),
     Target(
         "unified-metadata-merge",
@@ -150,6 +162,7 @@ TARGETS: tuple[Target, ...] = (
         ),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
+        called_as=("get_unified_swa_loc",),
     ),
 )
 
