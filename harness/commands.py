@@ -128,6 +128,8 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
         if not report.shrink_complete:
             print("  the budget ran out while shrinking: the scenario is the smallest found so far")
     print(f"  features covered: {len(report.features_covered)} of {len(ALL_FEATURES)}")
+    if "reached" in report.subject_info:
+        print(f"  reached: {report.subject_info['reached']['sentence']}")
     _print_written(written)
 
 

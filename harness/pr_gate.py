@@ -77,6 +77,7 @@ class Side:
     outcome: str  # DIVERGES, CLEAN, ABSENT or GAP
     detail: str = ""  # the divergence's sentence, or why it was not run
     reproduce: str | None = None
+    reached: str | None = None  # where the tree calls the target (the run's subject_info.reached)
 
 
 def has_target(item: Target, tree: locate.SourceTree) -> bool:
@@ -134,9 +135,10 @@ def run_side(item: Target, tree: Tree, budget_s: float, seed: int, report_dir: P
             report = json.loads(done.stdout)
         except json.JSONDecodeError:
             return Side(GAP, f"the gate's run printed no report: {done.stderr.strip()[-400:]}")
+        reached = report.get("subject_info", {}).get("reached", {}).get("sentence")
         if done.returncode == EXIT_OK:
-            return Side(CLEAN, f"{report['examples']} scenarios")
-        return Side(DIVERGES, report["diagnosis"]["sentence"], report.get("replay_command"))
+            return Side(CLEAN, f"{report['examples']} scenarios", reached=reached)
+        return Side(DIVERGES, report["diagnosis"]["sentence"], report.get("replay_command"), reached)
     message = " ".join(done.stderr.split()) or f"exit {done.returncode}"
     return Side(GAP, message[-600:])
 
@@ -191,6 +193,11 @@ def markdown(rows: list[Row], head: Tree, base: Tree) -> str:
     if notes:
         lines += ["", "## What each run found", ""]
         lines += [f"- `{row.target.subject_name}` in {name}: {' '.join(side.detail.split())}" for row, side, name in notes]
+    reached = [(row, side, name) for row in rows for side, name in ((row.head, "HEAD"), (row.base, "BASE"))
+               if side.reached]
+    if reached:
+        lines += ["", "## Where each tree calls the targets", ""]
+        lines += [f"- `{row.target.subject_name}` in {name}: {side.reached}" for row, side, name in reached]
     return "\n".join(lines) + "\n"
 
 

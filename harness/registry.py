@@ -66,9 +66,14 @@ class SubjectInfo:
         return self.subject.truth.value
 
     def to_dict(self) -> dict:
-        return listing(self.name, self.kind, self.truth, self.expected, self.diverges_on,
-                       tuple(getattr(self.subject, "requires", ())),
-                       self.summary or first_paragraph(self.subject.__doc__))
+        listed = listing(self.name, self.kind, self.truth, self.expected, self.diverges_on,
+                         tuple(getattr(self.subject, "requires", ())),
+                         self.summary or first_paragraph(self.subject.__doc__))
+        # an SGLang target: where its tree calls it, which the verdict is about
+        call_sites = getattr(self.subject, "call_sites", None)
+        if call_sites is not None:
+            listed["reached"] = {"sentence": call_sites.describe(), **call_sites.to_dict()}
+        return listed
 
 
 @dataclass(frozen=True)

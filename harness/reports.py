@@ -230,6 +230,8 @@ def render_markdown(report: Report) -> str:
         ("features covered", f"{len(report.features_covered)} of {len(ALL_FEATURES)}"),
         ("device", report.device),
     ]
+    if "reached" in info:
+        rows.append(("reached", info["reached"]["sentence"].replace("|", "\\|")))
     lines += ["| | |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows), ""]
     divergence = report.divergence
     if divergence is not None:
@@ -557,6 +559,7 @@ def _facts_html(report: Report) -> str:
         ("seed", report.seed), ("device", report.device), ("run", _run_line(report)),
         ("workers", report.workers), ("reproduce", report.replay_command),
         ("weakest profile", report.weakest_profile),
+        ("reached", report.subject_info.get("reached", {}).get("sentence")),
         ("finished", report.finished_at), ("harness", __version__),
     ]
     rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in facts if v is not None)

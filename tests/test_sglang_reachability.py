@@ -29,7 +29,9 @@ from swafuzz.sglang.reachability import (
     releases,
     route_problems,
 )
-from swafuzz.sglang.switches import SWITCHES, declared_default, switch
+from swafuzz.api import ForwardMode
+from swafuzz.sglang import callsites
+from swafuzz.sglang.switches import SWITCHES, declared_default, parse_override, settings_of, switch
 from swafuzz.sglang.targets import target
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
@@ -201,3 +203,39 @@ def test_a_modelled_path_names_a_switch_and_targets_that_exist():
         assert all(target(name) for name in path.targets)
     for item in DRIVER_SWITCHES:
         assert all(hasattr(target(name).driver, item.attribute) for name in item.targets)
+
+
+# ---- the call sites read from a release agree with the table ------------------------------------
+
+# what each mode question is about: the forward modes whose reading of the getter it answers
+MODE_QUESTION_MODES = {
+    "ring-getter-in-verify": {ForwardMode.TARGET_VERIFY},
+    "ring-getter-in-extend": {ForwardMode.EXTEND, ForwardMode.DRAFT_EXTEND},
+}
+
+
+def _ring_cases():
+    for version in CHECKED:
+        if _has_target("hip-unified-swa-loc", version):
+            for key in MODE_QUESTION_MODES:
+                yield pytest.param(key, version, id=f"{key}-{version}")
+
+
+@pytest.mark.parametrize("key,version", list(_ring_cases()))
+def test_the_modes_read_from_a_releases_call_sites_are_the_tables(key, version):
+    tree = _tree(version)
+    if isinstance(tree, str):
+        pytest.skip(tree)
+    verdict, routes = question(key).verdict(version)
+    modes = MODE_QUESTION_MODES[key]
+    called_as = target("hip-unified-swa-loc").called_as
+
+    def read(*settings: str) -> frozenset[ForwardMode]:
+        reading = callsites.read(tree, called_as, settings_of(tree, dict(map(parse_override, settings))))
+        assert reading.unconfirmed is None, reading.unconfirmed
+        return reading.modes & modes
+
+    assert bool(read()) == (verdict == "reachable")
+    for route in routes:
+        if route.setting is not None:
+            assert bool(read(route.setting)) == route.reached

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from conftest import released_tree
 
+from swafuzz.api import ForwardMode
 from swafuzz.executor import run_scenario
 from swafuzz.fuzz import fuzz
 from swafuzz.sglang import BindError, bind_target, callsites, locate
+from swafuzz.sglang.drivers import RING_GETTER_MODES
 from swafuzz.sglang.switches import ENVIRON
 from swafuzz.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
 from swafuzz.strategies.examples import EXAMPLES
@@ -225,6 +227,8 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     assert rows["sglang:unified-metadata-merge"] == rows["sglang:hip-unified-swa-loc"] == "diverges only in HEAD"
     assert rows["sglang:pool-fused-store"] == "not in HEAD"  # 0.5.13 moved the translation out of the store
     assert rows["sglang:cuda-swa-out-cache-loc"] == "clean"
+    assert ("- `sglang:hip-unified-swa-loc` in HEAD: get_unified_swa_loc is called in decode, draft, idle "
+            "forwards, from models/deepseek_v4.py:MQALayer._forward_prepare") in table
     junit = (tmp_path / "reports" / "pr-gate.xml").read_text()
     assert 'failures="2"' in junit and 'name="sglang:unified-metadata-merge"' in junit
 
@@ -232,3 +236,24 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
 def test_the_pull_request_gate_needs_a_head_tree_and_no_subject():
     done = _swafuzz("gate", "--sglang-base", "0.5.23")
     assert done.returncode == 2 and "--sglang-source HEAD" in done.stderr
+
+
+# ---- switches and call sites on any tree ---------------------------------------------------------
+
+
+def test_a_switch_sets_on_a_tree_that_is_no_release_as_the_tree_declares_it(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {})
+    item = target("hip-unified-swa-loc")
+    default = bind_target(item, tree, "source").subject
+    assert default.target_modes == {ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.IDLE}
+    fp8 = bind_target(item, tree, "source", switches={"SGLANG_DSV4_UNIFIED_KV_FP8": True}).subject
+    assert ForwardMode.TARGET_VERIFY in fp8.target_modes
+    assert fp8.environment.settings.off_default() == ("SGLANG_DSV4_UNIFIED_KV_FP8=1",)
+
+
+def test_a_tree_whose_call_sites_cannot_be_read_is_unconfirmed_and_keeps_every_mode(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {})
+    (tree.root / callsites.MODEL_FILE).unlink()
+    subject = bind_target(target("unified-metadata-merge"), tree, "source").subject
+    assert subject.target_modes is None and subject.modelled_modes == RING_GETTER_MODES
+    assert subject.call_sites.describe().startswith("reachability unconfirmed: no call of get_unified_swa_loc")

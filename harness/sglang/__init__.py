@@ -21,9 +21,9 @@ from ..names import SGLANG_SOURCE_ENV as SOURCE_ENV
 from ..registry import SubjectInfo
 from . import locate
 from .binding import BindError, ImportModeUnavailable
-from .configure import configured_from
+from .configure import configured
 from .locate import SglangUnavailable, SourceTree
-from .switches import parse_override
+from .switches import parse_override, settings_of
 from .targets import TARGETS, Target, target
 
 MODE_ENV = "SWAFUZZ_SGLANG_MODE"
@@ -95,7 +95,10 @@ def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: s
     defaults except ``switches`` and, over those, the environment's (:func:`switch_overrides`:
     the command line's ``--sglang-switch``); ``supplied`` values (default: the command line's
     ``--sglang-attr``) for names the tree's code reads that swafuzz cannot derive."""
-    overrides = {**(switches or {}), **switch_overrides()}
+    try:  # a switch the tree does not declare is refused before anything binds
+        settings = settings_of(tree, {**(switches or {}), **switch_overrides()})
+    except ValueError as exc:
+        raise BindError(str(exc)) from None
     supplied = attribute_values() if supplied is None else supplied
     mode = mode or os.environ.get(MODE_ENV) or "auto"
     if mode not in MODES:
@@ -105,11 +108,11 @@ def bind_target(item: Target, tree: SourceTree, mode: str | None = None, name: s
     if mode == "auto":
         if tree.origin == "installed":
             try:
-                return configured_from(item.info(tree, "import", name, supplied), item, tree, overrides)
+                return configured(item.info(tree, "import", name, supplied), item, tree, settings)
             except ImportModeUnavailable:
                 pass  # GPU-only dependencies missing: read the same files instead
         mode = "source"
-    return configured_from(item.info(tree, mode, name, supplied), item, tree, overrides)
+    return configured(item.info(tree, mode, name, supplied), item, tree, settings)
 
 
 def resolve(

@@ -12,10 +12,12 @@ A condition is read as a formula over three kinds of atom:
 
 - the forward mode's predicates (``forward_batch.forward_mode.is_decode_or_idle()``), each
   evaluated per mode from the tree's own ``ForwardMode`` methods;
-- the run's engine switches (``envs.NAME.get()`` of a switch the run sets, see
-  :mod:`.switches`), directly or through a small function of the tree that returns one
-  (``is_unified_kv_fp8()``), which is read in turn;
-- anything else (a device check, a model flag, ``x is not None``), which may be either.
+- the run's engine switches (``envs.NAME.get()`` of a switch in the run's settings: one of
+  :data:`.switches.SWITCHES` the tree declares, or one the run sets), directly or through a
+  small function of the tree that returns one (``is_unified_kv_fp8()``), which is read in
+  turn;
+- anything else (a device check, a model flag, ``x is not None``, an environment variable
+  the run leaves to the deployment), which may be either.
 
 A call site reaches a mode when some choice of the unknowns makes its condition hold in that
 mode; the same text is the same unknown wherever it appears, so ``unified and fuse_verify``
@@ -132,10 +134,10 @@ class CallSite:
     guards: tuple[str, ...]  # the conditions around the call, as written
     modes: frozenset[ForwardMode]
 
-    def describe(self) -> str:
+    def describe(self, with_modes: bool = True) -> str:
         where = f"{self.path}:{self.function} line {self.line}"
         when = f" when {' and '.join(f'`{g}`' for g in self.guards)}" if self.guards else ""
-        return f"{where}{when}: {_mode_names(self.modes)}"
+        return f"{where}{when}" + (f" ({_mode_names(self.modes)})" if with_modes else "")
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,9 @@ class Reading:
         names = " or ".join(self.called_as)
         if self.unconfirmed is not None:
             return f"reachability unconfirmed: {self.unconfirmed}"
-        return (f"the tree calls {names} in {_mode_names(self.modes)}, from "
-                + "; ".join(site.describe() for site in self.sites))
+        several = len(self.sites) > 1
+        return (f"{names} is called in {_mode_names(self.modes)} forwards, from "
+                + "; ".join(site.describe(with_modes=several) for site in self.sites))
 
     def to_dict(self) -> dict:
         return {
@@ -264,7 +267,7 @@ class _Reader:
         condition: Formula = True
         context = _Context(self, path, module, function, call.lineno)
         child, node = call, call.parent
-        while node is not None and node is not function:
+        while node is not None:
             test, holds = None, True
             if isinstance(node, ast.If) and child is not node.test:
                 test, holds = node.test, child in node.body
@@ -272,16 +275,15 @@ class _Reader:
                 test, holds = node.test, child is node.body
             elif isinstance(node, ast.While) and child is not node.test and child in node.body:
                 test = node.test
-            if test is not None:
-                read = context.formula(test)
-                condition = _and(condition, read if holds else _not(read))
-                guards.append(ast.unparse(test) if holds else f"not ({ast.unparse(test)})")
-            if isinstance(child, ast.stmt):
-                # an earlier `if cond: return` in the same block leaves the rest under not cond
-                for earlier in _earlier_statements(node, child):
-                    if isinstance(earlier, ast.If) and not earlier.orelse and _leaves(earlier.body):
-                        condition = _and(condition, _not(context.formula(earlier.test)))
-                        guards.append(f"not ({ast.unparse(earlier.test)})")
+            # an earlier `if cond: return` in the same block leaves the rest under not cond
+            left = [earlier.test for earlier in _earlier_statements(node, child) if isinstance(earlier, ast.If)
+                    and not earlier.orelse and _leaves(earlier.body)] if isinstance(child, ast.stmt) else []
+            for test_passed, holding in [(test, holds)] * (test is not None) + [(t, False) for t in left]:
+                read = context.formula(test_passed)
+                condition = _and(condition, read if holding else _not(read))
+                guards.append(ast.unparse(test_passed) if holding else f"not ({ast.unparse(test_passed)})")
+            if node is function:
+                break
             child, node = node, node.parent
         return tuple(reversed(guards)), condition
 
@@ -313,12 +315,21 @@ class _Context:
             return self._local(node)
         if isinstance(node, ast.Call):
             return self._call(node)
-        if (isinstance(node, ast.Compare) and len(node.ops) == 1 and _is_forward_mode(node.left)
+        if (isinstance(node, ast.Compare) and len(node.ops) == 1 and self._is_forward_mode(node.left)
                 and isinstance(node.ops[0], (ast.Eq, ast.NotEq, ast.Is, ast.IsNot))
                 and _member_name(node.comparators[0]) is not None):
             same = Atom("mode", f"=={_member_name(node.comparators[0])}")
             return same if isinstance(node.ops[0], (ast.Eq, ast.Is)) else _not(same)
         return Atom("unknown", ast.unparse(node))
+
+    def _is_forward_mode(self, node: ast.expr) -> bool:
+        """``forward_batch.forward_mode``, or a local assigned it."""
+        if _is_forward_mode(node):
+            return True
+        if isinstance(node, ast.Name):
+            assigned = _assignments(self.function, node.id, self.line)
+            return len(assigned) == 1 and _is_forward_mode(assigned[0])
+        return False
 
     def _local(self, node: ast.Name) -> Formula:
         assigned = _assignments(self.function, node.id, self.line)
@@ -332,7 +343,7 @@ class _Context:
 
     def _call(self, node: ast.Call) -> Formula:
         func = node.func
-        if isinstance(func, ast.Attribute) and _is_forward_mode(func.value):
+        if isinstance(func, ast.Attribute) and self._is_forward_mode(func.value):
             if not _default_arguments(node):
                 return Atom("unknown", ast.unparse(node))
             if func.attr not in self.reader.predicates[ForwardMode.DECODE]:
@@ -539,8 +550,7 @@ def _is_self_call(call: ast.Call) -> bool:
 
 
 def _is_forward_mode(node: ast.expr) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == "forward_mode") or (
-        isinstance(node, ast.Name) and node.id == "forward_mode")
+    return isinstance(node, ast.Attribute) and node.attr == "forward_mode"
 
 
 def _default_arguments(call: ast.Call) -> bool:

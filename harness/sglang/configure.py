@@ -17,14 +17,11 @@ the subject carries
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
-
 from ..registry import SubjectInfo
 from . import callsites
-from .binding import BindError
 from .locate import SourceTree
 from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features
-from .switches import SwitchSettings, settings_of
+from .switches import SwitchSettings
 from .targets import Target
 
 
@@ -39,14 +36,3 @@ def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: Sw
     subject = type(info.subject.__name__, (info.subject,), attributes)
     subject.environment.settings = switches
     return dataclasses.replace(info, subject=subject)
-
-
-def configured_from(info: SubjectInfo, target: Target, tree: SourceTree,
-                    overrides: Mapping[str, bool] | None = None) -> SubjectInfo:
-    """``info`` configured with the switches ``tree`` declares, at its defaults except
-    ``overrides``; BindError for an override the tree does not declare."""
-    try:
-        switches = settings_of(tree, overrides)
-    except ValueError as exc:
-        raise BindError(str(exc)) from None
-    return configured(info, target, tree, switches)
