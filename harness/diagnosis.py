@@ -51,6 +51,11 @@ WINDOW_RING = "window_ring"
 LIVE_TOKENS = "live_tokens"
 DUMMY = "dummy"
 ALIASES_LIVE = "aliases_live"
+POSITION_SHIFT = "position_shift"  # the right request's ring rows, at shifted positions
+OTHER_REQUEST = "other_request"  # the right position in another request's ring
+NEIGHBOUR_SLOT = "neighbour_slot"  # the translation of out_cache_loc off by one
+UNTRANSLATED = "untranslated"  # the full-pool location itself
+INT32_WRAP = "int32_wrap"  # the right value wrapped around to int32
 UNKNOWN = "unknown"
 # sources that mean a cache handed out a value computed for other inputs
 STALE_SOURCES = (EARLIER_FORWARD, EARLIER_STEP, OTHER_MICRO_BATCH, OTHER_MODEL, GRAPH_CAPTURE, OLD_MAPPING)
@@ -324,12 +329,142 @@ def explain(
     history: History, site: Site, truth: str, inputs, config: EngineConfig, actual: torch.Tensor,
     expected: torch.Tensor,
 ) -> Source:
-    """The first candidate that reproduces every wrong live row, else UNKNOWN."""
+    """The first candidate that reproduces every wrong live row, else the first pattern of
+    wrong rows that explains them all (:func:`_patterns`), else UNKNOWN, saying which rows
+    are wrong and the candidate that comes closest."""
     wrong = actual != expected
-    for source, rows in history.candidates(site, truth, inputs, config):
-        if rows.shape == actual.shape and bool((rows[wrong] == actual[wrong]).all()):
+    closest: tuple[int, Source | None] = (0, None)
+    candidates = [*history.candidates(site, truth, inputs, config),
+                  *_patterns(history, site, truth, inputs, config, actual, expected)]
+    for source, rows in candidates:
+        if rows.shape != actual.shape:
+            continue
+        explained = int((rows[wrong] == actual[wrong]).sum())
+        if explained == int(wrong.sum()):
             return source
-    return Source(UNKNOWN, "rows that no earlier answer, mapping or fallback explains", "the value is wrong")
+        if explained > closest[0]:
+            closest = (explained, source)
+    phrase = "rows that no earlier answer, mapping or fallback explains"
+    phrase += f" ({_which_rows(inputs, wrong)}"
+    explained, source = closest
+    if source is not None:
+        phrase += f"; closest: {source.phrase}, which explains {explained} of {int(wrong.sum())}"
+    return Source(UNKNOWN, phrase + ")", "the value is wrong")
+
+
+def _which_rows(inputs, wrong: torch.Tensor) -> str:
+    """What the wrong live rows have in common: whose tokens they are, and which of them."""
+    n_req = len(inputs.request_ids)
+    counts = inputs.token_counts[:n_req]
+    if n_req == 0 or int(counts.sum()) != wrong.shape[0]:
+        return f"rows {row_span(wrong.nonzero().flatten().tolist())}"
+    request_of = torch.repeat_interleave(torch.arange(n_req), counts)
+    hit = sorted({int(r) for r in request_of[wrong]})
+    whose = "every request" if len(hit) == n_req else (
+        "request " + ", ".join(str(inputs.request_ids[r]) for r in hit) + f" of {n_req}")
+    first = torch.zeros(wrong.shape[0], dtype=torch.bool)
+    first[torch.cumsum(counts, 0)[:-1]] = True
+    first[0] = True
+    if bool(wrong[first].all()) and not bool(wrong[~first].any()) and bool((counts > 1).any()):
+        which = "each one's first token only"
+    elif bool(wrong[~first].all()) and not bool(wrong[first].any()):
+        which = "all tokens but each one's first"
+    else:
+        which = "all its tokens" if bool(wrong[torch.isin(request_of, torch.tensor(hit))].all()) else "some tokens"
+    return f"wrong: {whose}, {which}"
+
+
+def _per_token(inputs, values: torch.Tensor) -> torch.Tensor | None:
+    """A per-request-row value for each live token row; None where the counts do not add up."""
+    n_req = len(inputs.request_ids)
+    counts = inputs.token_counts[:n_req]
+    if int(counts.sum()) != inputs.num_live:
+        return None
+    return torch.repeat_interleave(values[:n_req], counts)
+
+
+def _patterns(history: History, site: Site, truth: str, inputs, config: EngineConfig,
+              actual: torch.Tensor, expected: torch.Tensor) -> list[tuple[Source, torch.Tensor]]:
+    """Rows of wrong formulas that recur in cached write locations, most specific first: the
+    right request's ring at positions shifted (by each request's cached prefix, by its token
+    count, which in target-verify is the draft tokens seq_lens leaves out, or by a
+    constant), another request's ring at the right positions, the translation of a
+    neighbouring full-pool slot, the full-pool location untranslated, an int32 wrap-around."""
+    n = inputs.num_live
+    out: list[tuple[Source, torch.Tensor]] = []
+    wrapped = ((expected.to(torch.int64) + 2**31) % 2**32 - 2**31).to(torch.int32)
+    if truth == "pool":
+        mapping = history.mappings.get(site.model)
+        loc = inputs.out_cache_loc[:n]
+        if mapping is not None and n:
+            for step, word in ((1, "next"), (-1, "previous")):
+                neighbour = (loc + step).clamp(0, mapping.shape[0] - 1)
+                out.append((Source(
+                    NEIGHBOUR_SLOT, f"the translation of each token's {word} full-pool slot",
+                    f"out_cache_loc is read off by {step:+d}",
+                ), mapping[neighbour].to(torch.int32)))
+        out.append((Source(UNTRANSLATED, "the full-pool locations themselves",
+                           "out_cache_loc was not translated to the SWA pool"), loc.to(torch.int32)))
+    else:
+        ring = config.ring
+        slots, positions = inputs.token_slots[:n].to(torch.int64), inputs.positions[:n].to(torch.int64)
+        counts = _per_token(inputs, inputs.token_counts)
+        prefixes = _per_token(inputs, inputs.prefix_lens)
+        draft = " (in target-verify, the draft tokens that seq_lens leaves out)" if site.mode == "verify" else ""
+        shifts = []
+        if prefixes is not None and bool((prefixes != 0).any()):
+            shifts += [(-prefixes, "minus its request's cached prefix length"),
+                       (prefixes, "plus its request's cached prefix length")]
+        if counts is not None and bool((counts != 1).any()):  # one token each: a shift of 1 says it
+            shifts += [(-counts, f"minus its request's token count{draft}"),
+                       (counts, f"plus its request's token count{draft}")]
+        for shift, how in shifts:
+            out.append((_shifted(f"at each token's position {how}"),
+                        (slots * ring + (positions + shift) % ring).to(torch.int32)))
+        shift = _first_shift(slots, positions, ring, actual, expected)
+        if shift is not None:
+            out.append((_shifted(f"at each token's position {shift:+d}"),
+                        (slots * ring + (positions + shift) % ring).to(torch.int32)))
+        for other, phrase in _other_slots(inputs):
+            out.append((Source(OTHER_REQUEST, phrase, "the request slot was not the token's own"),
+                        (other * ring + positions % ring).to(torch.int32)))
+    out.append((Source(INT32_WRAP, "the right values wrapped around to int32",
+                       "int64 arithmetic was narrowed to int32 before it was done"), wrapped))
+    return out
+
+
+def _shifted(how: str) -> Source:
+    return Source(POSITION_SHIFT, f"the ring rows of each token's own request {how}",
+                  "the positions were computed from lengths, not read from the batch's positions")
+
+
+def _first_shift(slots: torch.Tensor, positions: torch.Tensor, ring: int, actual: torch.Tensor,
+                 expected: torch.Tensor) -> int | None:
+    """The shift of position the first wrong row shows, where it lies in its own request's
+    ring (the smallest in size of the shifts that give it), to be tried on every row; None
+    where fewer than two rows are wrong."""
+    wrong = (actual != expected).nonzero().flatten()
+    if wrong.numel() < 2:  # read off the one wrong row, a shift would explain it by construction
+        return None
+    row = int(wrong[0])
+    offset = int(actual[row]) - int(slots[row]) * ring
+    if not 0 <= offset < ring:
+        return None
+    shift = (offset - int(positions[row])) % ring
+    return shift - ring if shift > ring // 2 else shift
+
+
+def _other_slots(inputs) -> list[tuple[torch.Tensor, str]]:
+    """Request slots each token might have been given instead of its own: slot 0 (the one
+    padded requests use), and the live requests' slots shifted by one row either way."""
+    n, n_req = inputs.num_live, len(inputs.request_ids)
+    out = [(torch.zeros(n, dtype=torch.int64), "request slot 0's ring rows (the slot padded requests use)")]
+    if n_req > 1:
+        for step, word in ((1, "next"), (-1, "previous")):
+            shifted = _per_token(inputs, torch.roll(inputs.req_slots[:n_req].to(torch.int64), -step))
+            if shifted is not None:
+                out.append((shifted, f"the ring rows of the {word} request in the batch, at the right positions"))
+    return out
 
 
 def explain_padding(history: History, site: Site, num_live: int, actual: torch.Tensor,

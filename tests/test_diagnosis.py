@@ -260,3 +260,102 @@ def test_earlier_mappings_are_rebuilt_from_the_current_one_newest_first():
         ("the mapping before forward 2", [0, 5, 6, 7]),
     ]
     assert history.mappings["target"].tolist() == [0, 1, 2, 4]  # rebuilding leaves it as it is
+
+
+# ---- recurring patterns of wrong rows ------------------------------------------------------------
+
+EXTEND_AFTER_PREFIX = [
+    {"op": "admit", "count": 2},
+    {"op": "forward", "mode": "extend", "requests": [0, 1], "tokens": [2, 3]},
+    {"op": "relocate", "request": 0},  # the translation is no longer the identity
+    {"op": "forward", "mode": "extend", "requests": [0, 1], "tokens": [2, 1]},
+]
+
+
+def _ring_rows(slots, positions, ring):
+    return (slots * ring + positions % ring).to(torch.int32)
+
+
+class _PositionsFromThisStepsTokens(UncachedRing):
+    """Rebuilds each token's position from this step's token counts alone: the cached prefix
+    an extend continues is left out."""
+
+    def swa_write_location(self, batch, layer_id):
+        starts = torch.cumsum(batch.extend_seq_lens, 0) - batch.extend_seq_lens
+        within = torch.arange(batch.num_tokens) - starts.repeat_interleave(batch.extend_seq_lens)
+        slots = batch.req_pool_indices.repeat_interleave(batch.extend_seq_lens)
+        return _ring_rows(slots, within, self.spec.ring)
+
+
+class _PositionsOffByOne(UncachedRing):
+    def swa_write_location(self, batch, layer_id):
+        slots = batch.req_pool_indices.repeat_interleave(batch.extend_seq_lens)
+        return _ring_rows(slots, batch.positions + 1, self.spec.ring)
+
+
+class _SlotOfTheNextRequest(UncachedRing):
+    def swa_write_location(self, batch, layer_id):
+        slots = torch.roll(batch.req_pool_indices, -1).repeat_interleave(batch.extend_seq_lens)
+        return _ring_rows(slots, batch.positions, self.spec.ring)
+
+
+class _NextFullPoolSlot(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        return self.mapping[(batch.out_cache_loc + 1).clamp(max=self.mapping.shape[0] - 1)].to(torch.int32)
+
+
+class _Untranslated(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        return batch.out_cache_loc.to(torch.int32)
+
+
+@pytest.mark.parametrize("subject, kind, phrase", [
+    (_PositionsFromThisStepsTokens, "position_shift",
+     "the ring rows of each token's own request at each token's position minus its request's cached prefix length"),
+    (_PositionsOffByOne, "position_shift", "the ring rows of each token's own request at each token's position +1"),
+    (_SlotOfTheNextRequest, "other_request", "the ring rows of the next request in the batch, at the right positions"),
+    (_NextFullPoolSlot, "neighbour_slot", "the translation of each token's next full-pool slot"),
+    (_Untranslated, "untranslated", "the full-pool locations themselves"),
+])
+def test_a_recurring_pattern_of_wrong_rows_is_named_when_it_explains_every_one(subject, kind, phrase):
+    d = _divergence(subject, _scenario({"end_layer": 1, "sliding_window": 8}, EXTEND_AFTER_PREFIX))
+    assert d.source["kind"] == kind and phrase in d.sentence, d.sentence
+    assert not d.stale
+
+
+class _VerifyPositionsFromSeqLens(UncachedRing):
+    """Rebuilds positions from seq_lens, which in target-verify leaves the draft tokens out."""
+
+    def swa_write_location(self, batch, layer_id):
+        ends = batch.seq_lens.repeat_interleave(batch.extend_seq_lens)
+        starts = torch.cumsum(batch.extend_seq_lens, 0) - batch.extend_seq_lens
+        within = torch.arange(batch.num_tokens) - starts.repeat_interleave(batch.extend_seq_lens)
+        slots = batch.req_pool_indices.repeat_interleave(batch.extend_seq_lens)
+        counts = batch.extend_seq_lens.repeat_interleave(batch.extend_seq_lens)
+        return _ring_rows(slots, ends - counts + within, self.spec.ring)
+
+
+def test_positions_rebuilt_from_seq_lens_in_target_verify_are_named_by_the_draft_tokens():
+    scenario = _scenario({"end_layer": 1, "sliding_window": 8, "speculative": True, "num_draft_tokens": 3}, [
+        {"op": "admit", "count": 2},
+        {"op": "forward", "mode": "extend", "requests": [0, 1], "tokens": [2, 3]},
+        {"op": "forward", "mode": "verify", "requests": [0, 1]},
+    ])
+    d = _divergence(_VerifyPositionsFromSeqLens, scenario)
+    assert d.source["kind"] == "position_shift"
+    assert "minus its request's token count (in target-verify, the draft tokens that seq_lens leaves out)" in d.sentence
+
+
+class _FirstTokenWrong(UncachedRing):
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id).clone()
+        rows[0] += 5
+        rows[1] += 1
+        return rows
+
+
+def test_rows_no_pattern_explains_say_which_rows_are_wrong_and_the_closest_candidate():
+    d = _divergence(_FirstTokenWrong, _scenario({"end_layer": 1, "sliding_window": 8}, EXTEND_AFTER_PREFIX[:2]))
+    assert d.source["kind"] == "unknown"
+    assert ("rows that no earlier answer, mapping or fallback explains (wrong: request 0 of 2, all its tokens; "
+            "closest: ") in d.sentence and "which explains 1 of 2)" in d.sentence
