@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import multiprocessing
 import os
 import signal
 import sys
@@ -51,6 +50,7 @@ from .replay import Replay, claim_replay_path, load_replay, replay_file_name, wr
 from .reports import REPORT_FILES, Report, write_reports
 from .shard import WHOLE, SeedLane, Shard, seed_lane
 from .supervisor import EXITED, announce_divergence, lost_run_divergence, relay_to
+from .workers import context as worker_context, environment_for_workers, take_environment
 
 if TYPE_CHECKING:
     from .diagnosis import Divergence
@@ -337,9 +337,10 @@ PARENT_WATCH_S = 0.5
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _init_worker(queue: Any, parent: int) -> None:
+def _init_worker(queue: Any, parent: int, environment: dict[str, str]) -> None:
     global _worker_queue
     _worker_queue = queue
+    take_environment(environment)
     # a Ctrl-C reaches every process of the terminal's group: a worker that dies between
     # jobs breaks the whole pool, so it only listens while it fuzzes (see _worker); one
     # that came while it started (blocked since, see WorkerPool.run) is dropped here
@@ -349,24 +350,38 @@ def _init_worker(queue: Any, parent: int) -> None:
     torch.set_num_threads(CAMPAIGN_TORCH_THREADS)  # the process is the worker's alone
 
 
-def _die_with(parent: int) -> None:
-    """End this worker when ``parent`` ends, however it ends (SIGKILL included).
+def _die_with(campaign: int) -> None:
+    """End this worker when ``campaign`` ends, however it ends (SIGKILL included).
 
-    Linux delivers SIGKILL on the parent's death once asked with prctl; elsewhere, and
-    should the parent have died before the request, a thread polls for the parent.
+    The worker's parent is the fork server (:mod:`swafuzz.workers`), which ends with the
+    campaign, or the campaign itself. Linux delivers SIGKILL on the parent's death once asked
+    with prctl; elsewhere, and should the parent have died before the request, a thread
+    polls for both.
     """
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass  # no prctl here: the thread below suffices
+    parent = os.getppid()
+
+    def alive() -> bool:
+        if os.getppid() != parent:
+            return False
+        try:
+            os.kill(campaign, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while alive():
             time.sleep(PARENT_WATCH_S)
         os._exit(EXIT_INTERNAL)
 
-    if os.getppid() != parent:
+    if not alive():
         os._exit(EXIT_INTERNAL)
     threading.Thread(target=watch, name="swafuzz-parent-watch", daemon=True).start()
 
@@ -392,9 +407,10 @@ class WorkerPool:
     return what they covered. A SIGINT or SIGTERM to this process is passed on the same way.
     A worker that dies without answering still left its replay file, which stands in for it.
 
-    The budget counts from the pool's start, for every worker: their start-ups (an
-    interpreter, torch, the capture machinery: seconds each) are spent from it, so the
-    campaign ends within a subject call of its budget, plus the workers' shutdown.
+    The budget counts from the pool's start, for every worker: their start-ups are spent
+    from it, so the campaign ends within a subject call of its budget, plus the workers'
+    shutdown. Workers are forked from a server that has imported swafuzz
+    (:mod:`swafuzz.workers`), so a start-up is the subject's own, not an interpreter's.
     """
 
     def __init__(self, jobs: list[FuzzJob], line: ProgressLine, watch: InterruptWatch):
@@ -413,11 +429,11 @@ class WorkerPool:
         self.lost = False  # a worker ended without its result, and nobody had stopped it
 
     def run(self) -> tuple[FuzzResult, Path | None]:
-        context = multiprocessing.get_context("spawn")  # CUDA cannot be used after fork
+        context = worker_context()
         queue = context.Queue()
         outcomes: dict[int, FuzzResult] = {}
         with ProcessPoolExecutor(len(self.jobs), mp_context=context, initializer=_init_worker,
-                                 initargs=(queue, os.getpid())) as pool:
+                                 initargs=(queue, os.getpid(), environment_for_workers())) as pool:
             # workers inherit a blocked SIGINT, so that a Ctrl-C to the whole process group
             # while they import cannot end one with a traceback (_init_worker unblocks it)
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

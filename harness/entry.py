@@ -113,6 +113,9 @@ def entry() -> None:
         supervising = supervisor.wanted(sys.argv[1:]) and supervisor.CHANNEL_ENV not in os.environ
         if not supervising:
             supervisor.claim_channel()
+            from . import workers
+
+            workers.start_early(sys.argv[1:])  # its imports overlap this process's own
         if supervising:
             code = supervisor.supervise(sys.argv[1:])
         else:
