@@ -267,6 +267,8 @@ def mutate(args: argparse.Namespace) -> int:
     with stdout_to_stderr(args.json):
         report = mutation.mutate(args.subject, budget_s=args.budget, seed=args.seed, device=device,
                                  equivalents=equivalents, operators=tuple(args.operator or ()) or None,
+                                 profiles=tuple(dict.fromkeys(args.profile or mutation.PROFILE_ORDER)),
+                                 exclude=frozenset(args.exclude or ()),
                                  on_outcome=None if args.json else progress)
     written = report.write(args.report_dir)
     if args.json:
