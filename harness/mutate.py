@@ -53,7 +53,7 @@ from .api import ModelSpec, Subject
 from .boundary import InputError, describe_path, parse_json, read_regular_file, show
 from .campaign import CAMPAIGN_TORCH_THREADS
 from .cli import MUTANT_BUDGET_S, MUTATION_OPERATORS
-from .executor import run_scenario
+from .executor import UnmodelledPath, run_scenario
 from .fuzz import fuzz
 from .guard import describe_exception
 from .registry import SubjectInfo, resolve_subject
@@ -739,8 +739,12 @@ def examine(subject: type, mutant: Mutant | None, budget_s: float, seed: int, de
         offset = time.monotonic() - searched
         if until - offset <= 0:
             continue
-        result = fuzz(info, profile=profile, settings="ci", seed=seed, budget_s=until - offset, device=device,
-                      timeout_s=CALL_TIMEOUT_S, exclude=exclude)
+        try:
+            result = fuzz(info, profile=profile, settings="ci", seed=seed, budget_s=until - offset, device=device,
+                          timeout_s=CALL_TIMEOUT_S, exclude=exclude)
+        except UnmodelledPath as gap:  # a path swafuzz's stand-ins lack: says nothing of the mutant
+            return Outcome(mutant, NOT_RUNNABLE, sentence=f"it reaches code swafuzz does not model: {gap}",
+                           elapsed_s=time.monotonic() - started)
         if result.divergence is not None:
             found = Outcome(mutant, DIVERGES, profile, offset + (result.first_divergence_s or result.elapsed_s),
                             result.divergence.kind, result.divergence.sentence, result.scenario.to_dict())
@@ -927,6 +931,9 @@ class MutationReport:
         return self.baseline.status == PASSES and not self.survivors
 
     def headline(self) -> str:
+        if self.baseline.status == NOT_RUNNABLE:
+            return (f"swafuzz mutate: the unmutated {self.subject} cannot be run here, so its mutants make no "
+                    f"figures: {self.baseline.sentence}")
         if self.baseline.status != PASSES:
             return (f"swafuzz mutate: the unmutated {self.subject} diverges, so its mutants make no figures "
                     f"({len(self.outcomes)} run)")
