@@ -296,6 +296,9 @@ def _print_mutation_summary(report: Any, written: list[Path]) -> None:
     for outcome in report.outcomes:
         if outcome.equivalent_reason:
             print(f"  equivalent: {outcome.mutant.id}: {outcome.equivalent_reason}")
+    for outcome in report.outcomes:
+        if outcome.status == mutation.NOT_RUNNABLE:
+            print(f"  not runnable: {outcome.mutant.id}: {printable(outcome.sentence or '')}")
     for mutant_id in report.wrongly_listed:
         print(f"  listed as equivalent, yet killed: {mutant_id}")
     print(f"  reports: {', '.join(str(path) for path in written)}")
