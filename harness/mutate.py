@@ -567,8 +567,12 @@ def tree_mutant_subject(mutant: Mutant) -> type:
         package = Path(root, "sglang", "__init__.py")
         if not package.exists():
             package.write_text("", encoding="utf-8")
-        # everything is read while binding; nothing reads the copy once it is bound
-        return sglang.bind_target(item, locate.checkout(root), "source", name=mutant.id).subject
+        copy = locate.checkout(root)
+        try:
+            # everything is read while binding; nothing reads the copy once it is bound
+            return sglang.bind_target(item, copy, "source", name=mutant.id).subject
+        except sglang.BindError as exc:  # named without the temporary copy, gone by now
+            raise sglang.BindError(str(exc).removeprefix(f"{copy.label} (source mode): ")) from None
 
 
 def _distinct(edits: Iterator[_Edit]) -> Iterator[_Edit]:
