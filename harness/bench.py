@@ -478,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "all"),
                         default="all",
                         help="all = executor, fuzz and peer; cold (a process per seed), scaling (worker "
-                             "processes against one), mutants (swafuzz mutate over the correct built-ins) "
+                             "processes against one), mutants (swafuzz mutate over the correct built-ins "
+                             "and two SGLang releases' targets) "
                              "and device run on their own")
     parser.add_argument("--seeds", type=int, default=10, help="seeds per subject for the fuzz and peer suites")
     parser.add_argument("--device", default="cuda", help="device for the device suite (default cuda)")

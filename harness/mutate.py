@@ -10,17 +10,22 @@ ring arithmetic, a reference kept where a copy was meant). A mutant is named by 
 the function it changes and the place's number in it (``drop-key-element/StepKeyed._key/2``),
 and carries a unified diff of the source it changes; nothing is written into the subject's
 files: the changed function is compiled into a subclass of the subject, in a copy of its
-module's globals.
+module's globals. An SGLang target (``sglang:<target>[@<version>]``) is mutated in the
+functions its binding runs, by the same operators; each such mutant is a temporary copy of
+the tree's bound files with the one edit, bound as any checkout is (:func:`tree_mutant_subject`).
 
 :func:`mutate` fuzzes the unmutated subject first (it must pass: a subject that diverges
-makes no figures), then every mutant with its own budget, the realistic profile for the first
-half and the adversarial one for the rest. A mutant is *killed* only when the unmutated
-subject passes the shrunk scenario that the mutant failed. All of it runs in a worker process
-(spawned once per subject, again after a mutant ended it): a mutant that ends or hangs its
-process is killed if the unmutated subject passes the scenario it was running, else *not
-runnable*, as is one that does not compile or raises on construction. Survivors that a person
-has judged equivalent (a list keyed by mutant id, each with its reason;
-:data:`BUILTIN_EQUIVALENTS` for the built-in subjects) are left out of the kill rate.
+makes no figures), then every mutant with its own budget, the realistic profile for the
+first half and the adversarial one for the rest (or the profiles given, never drawing the
+features excluded: the scope a subject is meant to be right on). A mutant is *killed* only
+when the unmutated subject passes the shrunk scenario that the mutant failed. All of it runs
+in a worker process (spawned once per subject, again after a mutant ended it): a mutant that
+ends or hangs its process is killed if the unmutated subject passes the scenario it was
+running, else *not runnable*, as is one that does not compile or bind, raises on
+construction, or reaches code swafuzz's stand-ins do not model. Survivors that a person has
+judged equivalent (a list keyed by mutant id, each with its reason;
+:data:`BUILTIN_EQUIVALENTS` for the built-in subjects and SGLang targets) are left out of
+the kill rate.
 """
 
 from __future__ import annotations
