@@ -16,14 +16,16 @@
 - ``peer``: swafuzz beside a hand-written Hypothesis state machine on the same subject,
   interleaved: layer checks per second and time to the seed-000 bug, and their ratios,
   with the bound on the throughput ratio that the subject's own calls set
-  (:mod:`swafuzz.peer`).
+  (:mod:`swafuzz.peer`), on ``uncached`` and ``step-keyed-capture``.
 - ``scaling``: ``swafuzz fuzz --workers`` against one process, per subject and profile,
   under the nightly settings, the same seed and budget: examples and checks per second, the
   efficiency (N workers' rate over N times one process's), examples per CPU second (the
   workers' start-up included), and how far each run went past its budget.
-- ``mutants``: ``swafuzz mutate`` over the correct built-in designs: mutants made, killed
-  (per profile), survived, equivalent and not runnable, the kill rate over the mutants not
-  judged equivalent, and the time to kill (median, p90, max), per subject and over all.
+- ``mutants``: ``swafuzz mutate`` over the correct built-in designs and the bound SGLang
+  functions of two releases' targets (0.5.23's translated-location getter, 0.5.12.post1's
+  pool cache): mutants made, killed (per profile), survived, equivalent and not runnable,
+  the kill rate over the mutants not judged equivalent, and the time to kill (median, p90,
+  max), per subject and over all.
 - ``device``: per-layer cost of the uncached translation against the cached designs, for
   batch sizes 1 to 256, on a GPU (or ``--device cpu``).
 """
@@ -40,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -47,7 +50,7 @@ from typing import Callable
 import torch
 
 from .reference import EngineState, ForwardPlan, Scenario, replay_events
-from .strategies.features import scenario_size
+from .strategies.features import FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, scenario_size
 
 from .api import ForwardBatch, ForwardMode, ModelSpec
 from .campaign import Campaign
@@ -373,22 +376,64 @@ def bench_scaling(subjects: tuple[str, ...] = SCALING_SUBJECTS, profiles=("reali
 MUTATED_SUBJECTS = ("uncached", "uncached-ring", "step-keyed-capture", "step-keyed-capture-ring")
 
 
-def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, budget_s: float = SCALING_BUDGET_S,
-                  out=print) -> dict:
-    """Mutation figures of each correct built-in design, each in one ``mutate`` run (its own
-    worker process), then over all of them. Returns them as ``--json-out`` writes them."""
+@dataclass(frozen=True)
+class MutatedTarget:
+    """An SGLang release's target the mutants suite mutates, searched where that release is
+    right: the realistic profile only (the adversarial one draws orders no engine produces,
+    and every bound target diverges there), never drawing the features ``excluded`` names,
+    each with the question of :mod:`swafuzz.sglang.reachability` whose routes show that the
+    release never takes it (a test holds each to a "not reached" verdict)."""
+
+    subject: str  # sglang:<target>@<version>
+    excluded: tuple[tuple[str, str], ...] = ()  # (feature, reachability question)
+
+    @property
+    def version(self) -> str:
+        return self.subject.partition("@")[2]
+
+    def reasons(self) -> list[str]:
+        from .sglang.reachability import question
+
+        lines = []
+        for feature, key in self.excluded:
+            verdict, routes = question(key).verdict(self.version)
+            lines.append(f"{feature}: {key} is {verdict} in {self.version}"
+                         + (f" ({routes[0].why})" if routes else ""))
+        return lines
+
+
+# 0.5.23's translated-location getter (the newest release), and the pool's inline cache of
+# 0.5.12.post1 (the last release with it, SGLANG_OPT_CACHE_SWA_TRANSLATION on by default)
+MUTATED_TARGETS = (
+    MutatedTarget("sglang:cuda-swa-out-cache-loc@0.5.23"),
+    MutatedTarget("sglang:pool-fused-store@0.5.12.post1", (
+        (FIRST_SWA_LAYER_NOT_START, "pool-cache-first-swa-layer"),
+        (MICRO_BATCHES, "pool-cache-two-batch-overlap"),
+    )),
+)
+
+
+def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[MutatedTarget, ...] = MUTATED_TARGETS,
+                  budget_s: float = SCALING_BUDGET_S, out=print) -> dict:
+    """Mutation figures of each correct built-in design and of each SGLang target's bound
+    functions, each in one ``mutate`` run (its own worker process), then over all of them.
+    Returns them as ``--json-out`` writes them."""
     from .mutate import ADVERSARIAL, REALISTIC, mutate, nearest_rank
 
-    out(f"mutants: swafuzz mutate, {budget_s:g} s per mutant (realistic, then adversarial), seed 0, CPU")
-    out(f"{'subject':24s} {'unmutated':>9s} {'made':>4s} {'killed':>6s} {'real':>4s} {'adv':>4s} {'surv':>4s} "
+    out(f"mutants: swafuzz mutate, {budget_s:g} s per mutant (built-ins: realistic, then adversarial; "
+        f"SGLang targets: realistic), seed 0, CPU")
+    out(f"{'subject':38s} {'unmutated':>9s} {'made':>4s} {'killed':>6s} {'real':>4s} {'adv':>4s} {'surv':>4s} "
         f"{'equiv':>5s} {'n/r':>3s} {'rate':>6s} {'ttk med':>7s} {'p90':>6s} {'max':>6s} {'run s':>6s}")
+    runs = [(name, {}) for name in subjects] + [
+        (item.subject, {"profiles": (REALISTIC,), "exclude": frozenset(f for f, _ in item.excluded)})
+        for item in targets]
     reports = []
-    for name in subjects:
-        report = mutate(name, budget_s=budget_s, seed=0)
+    for name, scope in runs:
+        report = mutate(name, budget_s=budget_s, seed=0, **scope)
         reports.append(report)
         times = {name: "-" if value is None else f"{value:.2f}" for name, value in report.time_to_kill().items()}
         rate = "-" if report.kill_rate is None else f"{report.kill_rate:.1%}"
-        out(f"{report.subject:24s} {report.baseline.status:>9s} {len(report.outcomes):4d} "
+        out(f"{report.subject:38s} {report.baseline.status:>9s} {len(report.outcomes):4d} "
             f"{report.count('killed'):6d} {report.killed_by_profile[REALISTIC]:4d} "
             f"{report.killed_by_profile[ADVERSARIAL]:4d} {len(report.survivors):4d} {report.count('equivalent'):5d} "
             f"{report.count('not runnable'):3d} {rate:>6s} {times['median_s']:>7s} {times['p90_s']:>6s} "
@@ -398,23 +443,32 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, budget_s: float 
     times = sorted(t for report in reports for t in report.times_to_kill)
     overall = {
         "kill_rate": killed / counted if counted else None, "killed": killed, "counted": counted,
+        "made": sum(len(report.outcomes) for report in reports),
         "survived": sum(len(report.survivors) for report in reports),
         "equivalent": sum(report.count("equivalent") for report in reports),
+        "not_runnable": sum(report.count("not runnable") for report in reports),
         "unmutated_divergences": sum(report.baseline.status != "passes" for report in reports),
+        "elapsed_s": sum(report.elapsed_s for report in reports),
         "time_to_kill": {"median_s": statistics.median(times) if times else None,
                          "p90_s": nearest_rank(times, 0.9), "max_s": times[-1] if times else None},
     }
     shown = {name: "-" if value is None else f"{value:.2f} s" for name, value in overall["time_to_kill"].items()}
     rate = "-" if overall["kill_rate"] is None else f"{overall['kill_rate']:.1%}"
     out(f"all: {killed} of {counted} killed ({rate}), {overall['survived']} survived, {overall['equivalent']} "
-        f"equivalent; time to kill median {shown['median_s']}, p90 {shown['p90_s']}, max {shown['max_s']}; "
-        f"divergences of the unmutated subjects: {overall['unmutated_divergences']}")
+        f"equivalent, {overall['not_runnable']} not runnable, of {overall['made']} made; time to kill median "
+        f"{shown['median_s']}, p90 {shown['p90_s']}, max {shown['max_s']}; divergences of the unmutated "
+        f"subjects: {overall['unmutated_divergences']}; {overall['elapsed_s']:.0f} s")
+    for item in targets:
+        for reason in item.reasons():
+            out(f"scope: {item.subject}: never drawing {reason}")
     for report in reports:
         for outcome in report.survivors:
             out(f"survived: {report.subject}: {outcome.mutant.id}: {outcome.mutant.description}")
         for outcome in report.outcomes:
             if outcome.equivalent_reason:
                 out(f"equivalent: {report.subject}: {outcome.mutant.id}: {outcome.equivalent_reason}")
+            elif outcome.status == "not runnable":
+                out(f"not runnable: {report.subject}: {outcome.mutant.id}: {outcome.sentence}")
     return {"overall": overall, "subjects": {report.subject: report.to_dict() for report in reports}}
 
 
@@ -424,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "all"),
                         default="all",
                         help="all = executor, fuzz and peer; cold (a process per seed), scaling (worker "
-                             "processes against one), mutants (swafuzz mutate over the correct built-ins) "
+                             "processes against one), mutants (swafuzz mutate over the correct built-ins "
+                             "and two SGLang releases' targets) "
                              "and device run on their own")
     parser.add_argument("--seeds", type=int, default=10, help="seeds per subject for the fuzz and peer suites")
     parser.add_argument("--device", default="cuda", help="device for the device suite (default cuda)")

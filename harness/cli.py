@@ -27,6 +27,7 @@ from . import __version__
 from .entry import entry  # noqa: F401 - the console script of installs made before swafuzz.entry
 from .names import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, SETTINGS_NAMES
 from .shard import Shard
+from .strategies.features import ALL_FEATURES
 from .strategies.profiles import PROFILES
 
 GATE_BUDGET_S = 120.0
@@ -256,17 +257,25 @@ def build_parser() -> argparse.ArgumentParser:
     mutate = commands.add_parser(
         "mutate", help="measure the search: fuzz mutants of a correct subject",
         description="Derive mutants from the subject's Python source (one operator applied at one "
-                    "place each), fuzz the unmutated subject and then each mutant, and report how many "
-                    "the search killed and how fast. Exits 0 when the unmutated subject passes and "
-                    "every mutant not listed as equivalent is killed, 1 otherwise.")
+                    "place each; for sglang:<target>, the SGLang functions it binds, each mutant a copy "
+                    "of the tree with one edit), fuzz the unmutated subject and then each mutant, and "
+                    "report how many the search killed and how fast. Exits 0 when the unmutated subject "
+                    "passes and every mutant not listed as equivalent is killed, 1 otherwise.")
     _add_subject(mutate)
     mutate.add_argument("--budget", type=_seconds, default=MUTANT_BUDGET_S, metavar="SECONDS",
-                        help=f"search time per mutant, the realistic profile for the first half and the "
-                             f"adversarial one for the rest (default: {MUTANT_BUDGET_S:g})")
+                        help=f"search time per mutant, shared evenly by the profiles in their order "
+                             f"(default: {MUTANT_BUDGET_S:g})")
+    mutate.add_argument("--profile", action="append", choices=PROFILES, metavar="NAME",
+                        help="a profile each search runs (repeatable, in order; default: realistic, then "
+                             "adversarial)")
+    mutate.add_argument("--exclude", action="append", choices=ALL_FEATURES, metavar="FEATURE",
+                        help="a lifecycle feature no search draws, where the subject is not meant to be "
+                             f"right (repeatable; one of {', '.join(ALL_FEATURES)})")
     mutate.add_argument("--seed", type=_seed, default=0, metavar="N", help="random seed (default: 0)")
     mutate.add_argument("--equivalent", type=Path, metavar="FILE",
                         help="a reviewed JSON object of mutant id to the reason it is equivalent: those "
-                             "survivors are left out of the kill rate (default: the built-in subjects' own list)")
+                             "survivors are left out of the kill rate (default: the reviewed list of the built-in "
+                             "subjects and SGLang targets)")
     mutate.add_argument("--operator", action="append", choices=MUTATION_OPERATORS, metavar="NAME",
                         help=f"only this operator (repeatable; default: all of {', '.join(MUTATION_OPERATORS)})")
     _add_device(mutate)

@@ -269,6 +269,8 @@ def mutate(args: argparse.Namespace) -> int:
     with stdout_to_stderr(args.json):
         report = mutation.mutate(args.subject, budget_s=args.budget, seed=args.seed, device=device,
                                  equivalents=equivalents, operators=tuple(args.operator or ()) or None,
+                                 profiles=tuple(dict.fromkeys(args.profile or mutation.PROFILE_ORDER)),
+                                 exclude=frozenset(args.exclude or ()),
                                  on_outcome=None if args.json else progress)
     written = report.write(args.report_dir)
     if args.json:
@@ -296,6 +298,9 @@ def _print_mutation_summary(report: Any, written: list[Path]) -> None:
     for outcome in report.outcomes:
         if outcome.equivalent_reason:
             print(f"  equivalent: {outcome.mutant.id}: {outcome.equivalent_reason}")
+    for outcome in report.outcomes:
+        if outcome.status == mutation.NOT_RUNNABLE:
+            print(f"  not runnable: {outcome.mutant.id}: {printable(outcome.sentence or '')}")
     for mutant_id in report.wrongly_listed:
         print(f"  listed as equivalent, yet killed: {mutant_id}")
     print(f"  reports: {', '.join(str(path) for path in written)}")

@@ -10,17 +10,22 @@ ring arithmetic, a reference kept where a copy was meant). A mutant is named by 
 the function it changes and the place's number in it (``drop-key-element/StepKeyed._key/2``),
 and carries a unified diff of the source it changes; nothing is written into the subject's
 files: the changed function is compiled into a subclass of the subject, in a copy of its
-module's globals.
+module's globals. An SGLang target (``sglang:<target>[@<version>]``) is mutated in the
+functions its binding runs, by the same operators; each such mutant is a temporary copy of
+the tree's bound files with the one edit, bound as any checkout is (:func:`tree_mutant_subject`).
 
 :func:`mutate` fuzzes the unmutated subject first (it must pass: a subject that diverges
-makes no figures), then every mutant with its own budget, the realistic profile for the first
-half and the adversarial one for the rest. A mutant is *killed* only when the unmutated
-subject passes the shrunk scenario that the mutant failed. All of it runs in a worker process
-(spawned once per subject, again after a mutant ended it): a mutant that ends or hangs its
-process is killed if the unmutated subject passes the scenario it was running, else *not
-runnable*, as is one that does not compile or raises on construction. Survivors that a person
-has judged equivalent (a list keyed by mutant id, each with its reason;
-:data:`BUILTIN_EQUIVALENTS` for the built-in subjects) are left out of the kill rate.
+makes no figures), then every mutant with its own budget, the realistic profile for the
+first half and the adversarial one for the rest (or the profiles given, never drawing the
+features excluded: the scope a subject is meant to be right on). A mutant is *killed* only
+when the unmutated subject passes the shrunk scenario that the mutant failed. All of it runs
+in a worker process (spawned once per subject, again after a mutant ended it): a mutant that
+ends or hangs its process is killed if the unmutated subject passes the scenario it was
+running, else *not runnable*, as is one that does not compile or bind, raises on
+construction, or reaches code swafuzz's stand-ins do not model. Survivors that a person has
+judged equivalent (a list keyed by mutant id, each with its reason;
+:data:`BUILTIN_EQUIVALENTS` for the built-in subjects and SGLang targets) are left out of
+the kill rate.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import os
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +58,7 @@ from .api import ModelSpec, Subject
 from .boundary import InputError, describe_path, parse_json, read_regular_file, show
 from .campaign import CAMPAIGN_TORCH_THREADS
 from .cli import MUTANT_BUDGET_S, MUTATION_OPERATORS
-from .executor import run_scenario
+from .executor import UnmodelledPath, run_scenario
 from .fuzz import fuzz
 from .guard import describe_exception
 from .registry import SubjectInfo, resolve_subject
@@ -66,6 +72,7 @@ CALL_TIMEOUT_S = 2.0
 WORKER_GRACE_S = 30.0
 CHECK_LIMIT_S = 60.0
 WORKER_START_LIMIT_S = 300.0  # torch's import on a loaded machine
+PROFILE_ORDER = (REALISTIC, ADVERSARIAL)  # each mutant's search, in this order
 BUILTIN_EQUIVALENTS = Path(__file__).with_name("equivalent_mutants.json")
 REPORT_FILES = ("mutants.md", "mutants.json")
 
@@ -84,8 +91,8 @@ PASSES, DIVERGES = "passes", "diverges"
 class _Function:
     """A function of the subject's source that a mutant may change."""
 
-    module: ModuleType
-    path: str
+    module: str  # the module's name (for an SGLang tree: the file's dotted path)
+    path: str  # the file: on disk, or inside an SGLang tree (``sglang/srt/...``)
     lines: tuple[str, ...]  # the whole file, line ends kept
     node: ast.FunctionDef
     owner: str | None  # the class defining it, None for a module-level function
@@ -145,20 +152,22 @@ def _functions(subject: type) -> list[_Function]:
         for node in class_node.body if class_node is not None else ():
             if (isinstance(node, ast.FunctionDef) and isinstance(vars(cls).get(node.name), FunctionType)
                     and _defining_class(subject, node.name) is cls):
-                found.append(_Function(module, path, lines, node, cls.__qualname__))
+                found.append(_Function(module.__name__, path, lines, node, cls.__qualname__))
     for module_name, source in sources.items():
         if source is not None:
-            found += _called_helpers(sys.modules[module_name], source, found)
+            module = sys.modules[module_name]
+            found += _called_helpers(module_name, source, found, lambda name, module=module: (
+                isinstance(vars(module).get(name), FunctionType) and vars(module)[name].__module__ == module.__name__))
     return found
 
 
-def _called_helpers(module: ModuleType, source: tuple[str, tuple[str, ...], ast.Module],
-                    methods: list[_Function]) -> list[_Function]:
+def _called_helpers(module: str, source: tuple[str, tuple[str, ...], ast.Module], methods: list[_Function],
+                    is_helper: Callable[[str], bool] = lambda name: True) -> list[_Function]:
+    """The module-level functions of ``source`` (those ``is_helper`` accepts) that the
+    ``methods`` of that module call, directly or through each other."""
     path, lines, tree = source
-    helpers = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)
-               and isinstance(vars(module).get(node.name), FunctionType)
-               and vars(module)[node.name].__module__ == module.__name__}
-    wanted = [_names_loaded(f.node) for f in methods if f.module is module]
+    helpers = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef) and is_helper(node.name)}
+    wanted = [_names_loaded(f.node) for f in methods if f.module == module]
     reached: list[str] = []
     while wanted:
         for name in sorted(wanted.pop() & set(helpers) - set(reached)):
@@ -210,10 +219,19 @@ class _Text:
     """Source segments of one function's file."""
 
     def __init__(self, function: _Function):
-        self.source = "".join(function.lines)
+        self.lines = function.lines
 
     def __call__(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.source, node) or ast.unparse(node)
+        # what ast.get_source_segment gives, cut from the lines already split (it splits
+        # the whole file on every call, which a file of thousands of lines makes slow)
+        if getattr(node, "end_lineno", None) is None:
+            return ast.unparse(node)
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if first == last:
+            return self.lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+        parts = [self.lines[first].encode()[node.col_offset:].decode(), *self.lines[first + 1:last],
+                 self.lines[last].encode()[:node.end_col_offset].decode()]
+        return "".join(parts) or ast.unparse(node)
 
 
 def _guard_tests(node: ast.AST) -> Iterator[ast.expr]:
@@ -431,6 +449,13 @@ class Mutant:
     description: str
     source: str  # the changed function, dedented
     diff: str
+    # where the edit goes in the file: (line, column, end line, end column) as ast gives
+    # them (lines from 1, columns in UTF-8 bytes), and the text it puts there
+    span: tuple[int, int, int, int] = (0, 0, 0, 0)
+    replacement: str = ""
+    # an SGLang target's subject name (``sglang:<target>[@<version>]``) when the function is
+    # bound from that tree: the mutant is the tree with this file edited, bound again
+    tree_subject: str | None = None
 
     @property
     def qualname(self) -> str:
@@ -443,14 +468,116 @@ class Mutant:
 
 def derive_mutants(subject: type, operators: tuple[str, ...] | None = None) -> list[Mutant]:
     """Every mutant of ``subject``'s source, by function and then by operator."""
+    return _mutants_of(_functions(subject), operators)
+
+
+def _mutants_of(functions: list[_Function], operators: tuple[str, ...] | None,
+                tree_subject: str | None = None) -> list[Mutant]:
     mutants = []
-    for function in _functions(subject):
+    for function in functions:
         text = _Text(function)
         for operator in operators or tuple(OPERATORS):
             edits = OPERATORS[operator](function, text)
             for number, edit in enumerate(_distinct(edits), 1):
-                mutants.append(_mutant(function, operator, number, edit))
+                mutants.append(_mutant(function, operator, number, edit, tree_subject))
     return mutants
+
+
+# ---- SGLang targets -------------------------------------------------------------------------
+#
+# A target's functions are SGLang's, bound from a tree of files (a release's wheel or a
+# checkout) onto stand-ins. A mutant of one is that tree with the function's file edited:
+# the files the target binds are copied into a temporary checkout, the edit is made there,
+# and the copy is bound the ordinary way (``--sglang-source``), with the same engine
+# switches and supplied values as the unmutated target.
+
+
+def _sglang_tree(spec: str) -> tuple[Any, Any]:
+    """The target ``spec`` (``sglang:<target>[@<version>]``) names and the tree it binds,
+    found as :func:`swafuzz.sglang.resolve` finds them."""
+    from . import sglang
+    from .sglang import locate
+
+    bare, _, version = spec.partition("@")
+    item = sglang.target(bare)
+    try:
+        tree = locate.wheel(version) if version else sglang.default_source()
+    except locate.SglangUnavailable as exc:
+        raise sglang.BindError(f"no SGLang for {spec!r}: {exc}") from None
+    if tree is None:
+        raise sglang.BindError(f"no SGLang for {spec!r}: give --sglang-source PATH or a release")
+    return item, tree
+
+
+def _tree_functions(spec: str, binding: Any) -> list[_Function]:
+    """The functions of ``spec``'s tree that its binding runs: every method bound on a class
+    (the entry methods and those they reach), the module-level functions it binds, then the
+    functions of the same files that those call."""
+    from .sglang.binding import ClassCode, FunctionCode
+
+    item, tree = _sglang_tree(spec)
+    found: list[_Function] = []
+    sources: dict[str, tuple[str, tuple[str, ...], ast.Module]] = {}
+    for code in item.code:
+        if isinstance(code, ClassCode):
+            bound = binding.classes.get(code.name)
+            names = set(bound.methods) if bound is not None else set()
+        else:
+            names = {code.name} if isinstance(code, FunctionCode) and code.name in binding.functions else set()
+        text = tree.read(code.path) if names else None
+        if text is None:
+            continue
+        if code.path not in sources:
+            sources[code.path] = (code.path, tuple(text.splitlines(keepends=True)), ast.parse(text))
+        _, lines, module = sources[code.path]
+        body = module.body
+        if isinstance(code, ClassCode):
+            owner = next((node for node in body if isinstance(node, ast.ClassDef) and node.name == code.name), None)
+            body = owner.body if owner is not None else []
+        for node in body:
+            if isinstance(node, ast.FunctionDef) and node.name in names:
+                found.append(_Function(code.module, code.path, lines, node,
+                                       code.name if isinstance(code, ClassCode) else None))
+    for path, source in sources.items():
+        module = path.removesuffix(".py").replace("/", ".")
+        taken = {f.node.name for f in found if f.module == module and f.owner is None}
+        found += _called_helpers(module, source, found, lambda name, taken=taken: name not in taken)
+    return found
+
+
+def derive_tree_mutants(spec: str, binding: Any, operators: tuple[str, ...] | None = None) -> list[Mutant]:
+    """Every mutant of the SGLang functions that ``binding`` (the unmutated target
+    ``spec``'s) runs, by function and then by operator, made by the same operators."""
+    return _mutants_of(_tree_functions(spec, binding), operators, tree_subject=spec)
+
+
+def tree_mutant_subject(mutant: Mutant) -> type:
+    """The subject of ``mutant``'s target bound from a temporary checkout that holds the
+    files the target binds, the mutant's file edited. Raises BindError when the edited
+    tree does not bind."""
+    from . import sglang
+    from .sglang import locate
+
+    item, tree = _sglang_tree(mutant.tree_subject)
+    with tempfile.TemporaryDirectory(prefix="swafuzz-mutant-") as root:
+        for path in dict.fromkeys([*(code.path for code in item.code), *locate.VERSION_FILES]):
+            text = tree.read(path)
+            if text is None:
+                continue
+            if path == mutant.path:
+                text = "".join(spliced(text.splitlines(keepends=True), mutant.span, mutant.replacement))
+            file = Path(root, path)
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(text, encoding="utf-8")
+        package = Path(root, "sglang", "__init__.py")
+        if not package.exists():
+            package.write_text("", encoding="utf-8")
+        copy = locate.checkout(root)
+        try:
+            # everything is read while binding; nothing reads the copy once it is bound
+            return sglang.bind_target(item, copy, "source", name=mutant.id).subject
+        except sglang.BindError as exc:  # named without the temporary copy, gone by now
+            raise sglang.BindError(str(exc).removeprefix(f"{copy.label} (source mode): ")) from None
 
 
 def _distinct(edits: Iterator[_Edit]) -> Iterator[_Edit]:
@@ -462,20 +589,28 @@ def _distinct(edits: Iterator[_Edit]) -> Iterator[_Edit]:
             yield edit
 
 
-def _mutant(function: _Function, operator: str, number: int, edit: _Edit) -> Mutant:
+def spliced(lines: list[str] | tuple[str, ...], span: tuple[int, int, int, int], text: str) -> list[str]:
+    """``lines`` (line ends kept) with the source at ``span`` replaced by ``text``."""
+    line, column, end_line, end_column = span
+    first, last = lines[line - 1].encode(), lines[end_line - 1].encode()
+    joined = (first[:column] + text.encode() + last[end_column:]).decode()
+    return [*lines[:line - 1], joined, *lines[end_line:]]
+
+
+def _mutant(function: _Function, operator: str, number: int, edit: _Edit, tree_subject: str | None = None,
+            ) -> Mutant:
     lines, node = list(function.lines), edit.node
-    first, last = lines[node.lineno - 1].encode(), lines[node.end_lineno - 1].encode()
-    spliced = (first[:node.col_offset] + edit.text.encode() + last[node.end_col_offset:]).decode()
-    changed = lines[:node.lineno - 1] + [spliced] + lines[node.end_lineno:]
+    span = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
+    changed = spliced(lines, span, edit.text)
     end = function.node.end_lineno - (node.end_lineno - node.lineno)
     body = changed[function.first_line - 1:end]
     indent = function.node.col_offset
     source = "".join(line[indent:] if not line[:indent].strip() else line.lstrip() for line in body)
     mutant_id = f"{operator}/{function.qualname}/{number}"
-    shown = _shown_path(function.path)
+    shown = function.path if tree_subject else _shown_path(function.path)
     diff = "".join(difflib.unified_diff(lines, changed, fromfile=shown, tofile=f"{shown} ({mutant_id})", n=2))
-    return Mutant(mutant_id, operator, function.module.__name__, function.owner, function.node.name, shown,
-                  node.lineno, edit.description, source, diff)
+    return Mutant(mutant_id, operator, function.module, function.owner, function.node.name, shown,
+                  node.lineno, edit.description, source, diff, span, edit.text, tree_subject)
 
 
 def _shown_path(path: str) -> str:
@@ -576,29 +711,49 @@ def _construction_spec(device: str) -> ModelSpec:
     return ModelSpec.of(EngineConfig(), "target", torch.device(device))
 
 
-def examine(subject: type, mutant: Mutant | None, budget_s: float, seed: int, device: str = "cpu") -> Outcome:
-    """Fuzz ``mutant`` (None: ``subject`` itself) for ``budget_s``: the realistic profile for
-    the first half, the adversarial one for what is left; a divergence kills the mutant when
-    ``subject`` passes its shrunk scenario."""
+def examine(subject: type, mutant: Mutant | None, budget_s: float, seed: int, device: str = "cpu", *,
+            profiles: tuple[str, ...] = PROFILE_ORDER, exclude: frozenset[str] = frozenset()) -> Outcome:
+    """Fuzz ``mutant`` (None: ``subject`` itself) for ``budget_s``, split evenly over
+    ``profiles`` in their order (the realistic profile for the first half, the adversarial
+    one for what is left), never drawing the features ``exclude`` names; a divergence kills
+    the mutant when ``subject`` passes its shrunk scenario."""
     started = time.monotonic()
     tested = subject
-    if mutant is not None:
+    if mutant is not None and mutant.tree_subject is not None:
+        from .sglang import BindError
+
+        try:
+            tested = tree_mutant_subject(mutant)
+        except BindError as exc:  # the edited tree lacks what the target needs
+            return Outcome(mutant, NOT_RUNNABLE, sentence=f"it does not bind: {exc}",
+                           elapsed_s=time.monotonic() - started)
+        except Exception as exc:  # noqa: BLE001 - an edit that leaves no valid Python
+            return Outcome(mutant, NOT_RUNNABLE, sentence=f"it does not compile: {describe_exception(exc)}",
+                           elapsed_s=time.monotonic() - started)
+    elif mutant is not None:
         try:
             tested = mutant_class(subject, mutant)
         except Exception as exc:  # noqa: BLE001 - a mutant that does not compile is not runnable
             return Outcome(mutant, NOT_RUNNABLE, sentence=f"it does not compile: {describe_exception(exc)}")
+    if mutant is not None:
         try:
             tested(_construction_spec(device))
         except BaseException as exc:  # noqa: BLE001 - the mutant's code, whatever it raises
             return Outcome(mutant, NOT_RUNNABLE, sentence=f"it raises on construction: {describe_exception(exc)}",
                            elapsed_s=time.monotonic() - started)
     info = SubjectInfo(subject.__name__ if mutant is None else mutant.id, tested, expected="unknown", kind="mutant")
-    for profile, until in ((REALISTIC, budget_s / 2), (ADVERSARIAL, budget_s)):
-        offset = time.monotonic() - started
+    searched = time.monotonic()  # binding an SGLang tree is not the search's time
+    for number, profile in enumerate(profiles, 1):
+        until = budget_s * number / len(profiles)
+        offset = time.monotonic() - searched
         if until - offset <= 0:
             continue
-        result = fuzz(info, profile=profile, settings="ci", seed=seed, budget_s=until - offset, device=device,
-                      timeout_s=CALL_TIMEOUT_S)
+        try:
+            result = fuzz(info, profile=profile, settings="ci", seed=seed, budget_s=until - offset, device=device,
+                          timeout_s=CALL_TIMEOUT_S, exclude=exclude)
+        except UnmodelledPath as gap:  # a path swafuzz's stand-ins lack: says nothing of the mutant
+            return Outcome(mutant, NOT_RUNNABLE, sentence=f"it reaches code swafuzz does not model: {gap}",
+                           elapsed_s=time.monotonic() - started)
         if result.divergence is not None:
             found = Outcome(mutant, DIVERGES, profile, offset + (result.first_divergence_s or result.elapsed_s),
                             result.divergence.kind, result.divergence.sentence, result.scenario.to_dict())
@@ -639,7 +794,7 @@ def _serve(connection: Any, spec: str, device: str) -> None:
             request, arguments = connection.recv()
         except EOFError:
             return
-        answer = (examine(subject, *arguments, device=device) if request == "examine"
+        answer = (examine(subject, *arguments[:3], device=device, **arguments[3]) if request == "examine"
                   else original_passes(subject, *arguments, device=device))
         connection.send(("done", answer))
 
@@ -719,7 +874,7 @@ class _InProcess:
 
     def ask(self, request: str, arguments: tuple, limit_s: float) -> Any:
         if request == "examine":
-            return examine(self.subject, *arguments, device=self.device)
+            return examine(self.subject, *arguments[:3], device=self.device, **arguments[3])
         return original_passes(self.subject, *arguments, device=self.device)
 
     def close(self) -> None:
@@ -745,6 +900,8 @@ class MutationReport:
     equivalents_listed: int = 0
     # listed as equivalent, yet killed: the list is wrong about them
     wrongly_listed: list[str] = field(default_factory=list)
+    profiles: tuple[str, ...] = PROFILE_ORDER  # each search's, in order
+    exclude: tuple[str, ...] = ()  # lifecycle features no search drew
 
     def count(self, status: str) -> int:
         return sum(outcome.status == status for outcome in self.outcomes)
@@ -783,6 +940,9 @@ class MutationReport:
         return self.baseline.status == PASSES and not self.survivors
 
     def headline(self) -> str:
+        if self.baseline.status == NOT_RUNNABLE:
+            return (f"swafuzz mutate: the unmutated {self.subject} cannot be run here, so its mutants make no "
+                    f"figures: {self.baseline.sentence}")
         if self.baseline.status != PASSES:
             return (f"swafuzz mutate: the unmutated {self.subject} diverges, so its mutants make no figures "
                     f"({len(self.outcomes)} run)")
@@ -792,10 +952,16 @@ class MutationReport:
                 f"({rate}; {by_profile}), {len(self.survivors)} survived, {self.count(EQUIVALENT)} equivalent, "
                 f"{self.count(NOT_RUNNABLE)} not runnable, of {len(self.outcomes)} made")
 
+    def scope(self) -> str:
+        """The searches, as a phrase: ``realistic, then adversarial``, and the features left out."""
+        searched = ", then ".join(self.profiles)
+        return searched + (f"; never drawing {', '.join(self.exclude)}" if self.exclude else "")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": "swafuzz-mutants", "subject": self.subject, "budget_s": self.budget_s, "seed": self.seed,
-            "elapsed_s": self.elapsed_s, "passed": self.passed, "unmutated": self.baseline.to_dict(),
+            "elapsed_s": self.elapsed_s, "passed": self.passed, "profiles": list(self.profiles),
+            "exclude": list(self.exclude), "unmutated": self.baseline.to_dict(),
             "made": len(self.outcomes), "killed": self.count(KILLED_STATUS), "killed_by_profile": self.killed_by_profile,
             "survived": len(self.survivors), "equivalent": self.count(EQUIVALENT),
             "not_runnable": self.count(NOT_RUNNABLE), "counted": self.counted, "kill_rate": self.kill_rate,
@@ -807,7 +973,7 @@ class MutationReport:
         times = self.time_to_kill()
         shown = {name: "-" if value is None else f"{value:.2f} s" for name, value in times.items()}
         lines = [f"# Mutants of `{self.subject}`", "", self.headline().removeprefix("swafuzz mutate: ") + ".", "",
-                 f"Budget {self.budget_s:g} s per mutant (realistic, then adversarial), seed {self.seed}; "
+                 f"Budget {self.budget_s:g} s per mutant ({self.scope()}), seed {self.seed}; "
                  f"the unmutated subject {self.baseline.status}.", "",
                  "| figure | value |", "|---|---|"]
         rows = {"made": len(self.outcomes), "killed (realistic)": self.killed_by_profile[REALISTIC],
@@ -860,23 +1026,31 @@ def builtin_equivalents(subject: str) -> dict[str, str]:
 
 def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, device: str = "cpu",
            equivalents: dict[str, str] | None = None, operators: tuple[str, ...] | None = None,
+           profiles: tuple[str, ...] = PROFILE_ORDER, exclude: frozenset[str] = frozenset(),
            isolated: bool | None = None, on_outcome: Callable[[int, int, Outcome], None] | None = None,
            ) -> MutationReport:
     """Fuzz the unmutated subject ``spec``, then each of its mutants (see the module's text).
 
-    ``equivalents`` (mutant id to reason) defaults to the reviewed list of a built-in subject.
-    ``isolated`` (default: unless ``SWAFUZZ_SUPERVISOR=0``) runs them in a worker process.
-    ``on_outcome(number, total, outcome)`` sees each mutant's outcome as it comes."""
+    An ``sglang:<target>[@<version>]`` is mutated in the SGLang functions its binding runs,
+    each mutant bound from a copy of the tree with one edit (:func:`tree_mutant_subject`).
+    ``profiles`` share each search's budget in their order; ``exclude`` names lifecycle
+    features no search draws (the scope the subject is meant to be right on).
+    ``equivalents`` (mutant id to reason) defaults to the reviewed list of a built-in subject
+    or SGLang target. ``isolated`` (default: unless ``SWAFUZZ_SUPERVISOR=0``) runs them in a
+    worker process. ``on_outcome(number, total, outcome)`` sees each mutant's outcome as it
+    comes."""
     from .supervisor import SWITCH_ENV
 
     started = time.monotonic()
-    if spec.startswith("sglang:"):
-        raise InputError(f"{show(spec)}: mutants are made from a subject's own Python source; "
-                         "an sglang:<target> binds SGLang's code and is not mutated")
+    if not profiles or any(profile not in PROFILE_ORDER for profile in profiles):
+        raise InputError(f"profiles must be some of {', '.join(PROFILE_ORDER)}, got {show(profiles)}")
     info = resolve_subject(spec)
     if equivalents is None:
-        equivalents = builtin_equivalents(info.name) if info.kind == "builtin" else {}
-    mutants = derive_mutants(info.subject, operators)
+        equivalents = builtin_equivalents(info.name) if info.kind in ("builtin", "sglang") else {}
+    if info.kind == "sglang":
+        mutants = derive_tree_mutants(spec, info.subject.binding, operators)
+    else:
+        mutants = derive_mutants(info.subject, operators)
     if not mutants:  # a figure over no mutants would pass a search nothing has measured
         raise InputError(f"no mutants of {show(spec)}: its source cannot be read, or no operator "
                          f"({', '.join(operators or OPERATORS)}) applies to it")
@@ -884,11 +1058,13 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
         isolated = os.environ.get(SWITCH_ENV, "1") != "0"
     runner = (_Worker if isolated else _InProcess)(spec, device)
     try:
-        baseline = _outcome(runner, None, budget_s, seed)
-        report = MutationReport(spec, budget_s, seed, baseline, equivalents_listed=len(equivalents))
+        scope = {"profiles": tuple(profiles), "exclude": frozenset(exclude)}
+        baseline = _outcome(runner, None, budget_s, seed, scope)
+        report = MutationReport(spec, budget_s, seed, baseline, equivalents_listed=len(equivalents),
+                                profiles=tuple(profiles), exclude=tuple(sorted(exclude)))
         if baseline.status == PASSES:
             for number, mutant in enumerate(mutants, 1):
-                outcome = _outcome(runner, mutant, budget_s, seed)
+                outcome = _outcome(runner, mutant, budget_s, seed, scope)
                 if outcome.status == SURVIVED and mutant.id in equivalents:
                     outcome.status, outcome.equivalent_reason = EQUIVALENT, equivalents[mutant.id]
                 elif outcome.status == KILLED_STATUS and mutant.id in equivalents:
@@ -902,8 +1078,9 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
     return report
 
 
-def _outcome(runner: _Worker | _InProcess, mutant: Mutant | None, budget_s: float, seed: int) -> Outcome:
-    answer = runner.ask("examine", (mutant, budget_s, seed), budget_s + WORKER_GRACE_S)
+def _outcome(runner: _Worker | _InProcess, mutant: Mutant | None, budget_s: float, seed: int,
+             scope: dict[str, Any]) -> Outcome:
+    answer = runner.ask("examine", (mutant, budget_s, seed, scope), budget_s + WORKER_GRACE_S)
     if not isinstance(answer, _Lost):
         return answer
     sentence = f"The process running it {answer.how}"

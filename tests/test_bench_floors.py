@@ -57,3 +57,24 @@ def test_the_scaling_suite_compares_no_rate_of_a_campaign_that_diverged():
     ratios = bench.bench_scaling(("pool-start-layer",), ("realistic",), budget_s=30.0, out=lines.append)
     assert ratios == {}
     assert any(line.startswith("pool-start-layer") and "diverged" in line for line in lines)
+
+
+def test_each_peer_row_returns_its_bound_beside_its_ratio_on_a_correct_design():
+    printed: list[str] = []
+    ratios = peer.bench_peer(subjects=("step-keyed-capture",), profiles=("realistic",), rounds=1, round_s=0.2,
+                             seeds=1, out=printed.append)
+    for kind in ("default", "long-horizon"):
+        key = f"step-keyed-capture/realistic/{kind}"
+        assert ratios[f"checks_per_s/{key}"] > 0 and ratios[f"bound/{key}"] > 0
+    assert any(line.startswith("step-keyed-capture ") for line in printed)
+    assert "of bound" in printed[1]
+
+
+def test_the_peer_suite_measures_throughput_on_designs_that_never_diverge():
+    import inspect
+
+    from swafuzz.registry import EQUIVALENT, resolve_subject
+
+    subjects = inspect.signature(peer.bench_peer).parameters["subjects"].default
+    assert subjects == ("uncached", "step-keyed-capture")
+    assert all(resolve_subject(name).expected == EQUIVALENT for name in subjects)
