@@ -440,6 +440,13 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
             f"{times['max_s']:>6s} {report.elapsed_s:6.1f}")
     killed = sum(report.count("killed") for report in reports)
     counted = sum(report.counted for report in reports)
+    by_operator: dict[str, dict[str, int]] = {}
+    for report in reports:
+        for operator, figures in report.diagnosis()["by_operator"].items():
+            total = by_operator.setdefault(operator, {"named": 0, "killed": 0})
+            total["named"] += figures["named"]
+            total["killed"] += figures["killed"]
+    named = sum(figures["named"] for figures in by_operator.values())
     times = sorted(t for report in reports for t in report.times_to_kill)
     overall = {
         "kill_rate": killed / counted if counted else None, "killed": killed, "counted": counted,
@@ -451,6 +458,8 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
         "elapsed_s": sum(report.elapsed_s for report in reports),
         "time_to_kill": {"median_s": statistics.median(times) if times else None,
                          "p90_s": nearest_rank(times, 0.9), "max_s": times[-1] if times else None},
+        "diagnosis": {"named": named, "killed": killed, "share": named / killed if killed else None,
+                      "by_operator": by_operator},
     }
     shown = {name: "-" if value is None else f"{value:.2f} s" for name, value in overall["time_to_kill"].items()}
     rate = "-" if overall["kill_rate"] is None else f"{overall['kill_rate']:.1%}"
@@ -458,10 +467,15 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
         f"equivalent, {overall['not_runnable']} not runnable, of {overall['made']} made; time to kill median "
         f"{shown['median_s']}, p90 {shown['p90_s']}, max {shown['max_s']}; divergences of the unmutated "
         f"subjects: {overall['unmutated_divergences']}; {overall['elapsed_s']:.0f} s")
+    share = "-" if not killed else f"{named / killed:.0%}"
+    out(f"diagnosis: names the cause of {named} of {killed} kills ({share}); per operator: "
+        + ", ".join(f"{op} {f['named']}/{f['killed']}" for op, f in sorted(by_operator.items())))
     for item in targets:
         for reason in item.reasons():
             out(f"scope: {item.subject}: never drawing {reason}")
     for report in reports:
+        for mutant in report.diagnosis()["catch_all"]:
+            out(f"catch-all diagnosis: {report.subject}: {mutant}")
         for outcome in report.survivors:
             out(f"survived: {report.subject}: {outcome.mutant.id}: {outcome.mutant.description}")
         for outcome in report.outcomes:
@@ -514,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
         mutants = bench_mutants(budget_s=args.budget)
         ratios.update({f"mutants/kill_rate/{name}": report["kill_rate"]
                        for name, report in mutants["subjects"].items() if report["kill_rate"] is not None})
+        if mutants["overall"]["diagnosis"]["share"] is not None:
+            ratios["mutants/diagnosis_named"] = mutants["overall"]["diagnosis"]["share"]
     if args.suite == "device":
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             print("swafuzz bench: no GPU is visible to torch; use --device cpu for host numbers")

@@ -78,6 +78,7 @@ REPORT_FILES = ("mutants.md", "mutants.json")
 
 # outcomes of a mutant
 KILLED_STATUS, SURVIVED, EQUIVALENT, NOT_RUNNABLE = "killed", "survived", "equivalent", "not runnable"
+UNKNOWN_CAUSE = "unknown"  # the diagnosis's catch-all: no candidate explains the wrong rows
 # a mutant's scenario the unmutated subject fails too: a divergence of the subject itself
 ORIGINAL_DIVERGES = "unmutated subject diverges"
 # outcomes of the unmutated subject
@@ -699,10 +700,18 @@ class Outcome:
     scenario: dict | None = None  # the shrunk scenario
     equivalent_reason: str | None = None
     elapsed_s: float = 0.0
+    # where the diagnosis says the wrong value came from (its source kind; "unknown" is the
+    # catch-all), or the divergence's kind where it names no source
+    cause: str | None = None
+
+    @property
+    def names_a_cause(self) -> bool:
+        return self.cause is not None and self.cause != UNKNOWN_CAUSE
 
     def to_dict(self) -> dict[str, Any]:
         return {**(self.mutant.to_dict() if self.mutant else {}), "status": self.status, "profile": self.profile,
-                "time_to_kill_s": self.time_to_kill_s, "kind": self.kind, "sentence": self.sentence,
+                "time_to_kill_s": self.time_to_kill_s, "kind": self.kind, "cause": self.cause,
+                "sentence": self.sentence,
                 "scenario": self.scenario, "equivalent_reason": self.equivalent_reason,
                 "elapsed_s": self.elapsed_s}
 
@@ -755,8 +764,10 @@ def examine(subject: type, mutant: Mutant | None, budget_s: float, seed: int, de
             return Outcome(mutant, NOT_RUNNABLE, sentence=f"it reaches code swafuzz does not model: {gap}",
                            elapsed_s=time.monotonic() - started)
         if result.divergence is not None:
+            divergence = result.divergence
             found = Outcome(mutant, DIVERGES, profile, offset + (result.first_divergence_s or result.elapsed_s),
-                            result.divergence.kind, result.divergence.sentence, result.scenario.to_dict())
+                            divergence.kind, divergence.sentence, result.scenario.to_dict(),
+                            cause=(divergence.source or {}).get("kind", divergence.kind))
             if mutant is not None:
                 passes = original_passes(subject, result.scenario.to_dict(), device)
                 found.status = KILLED_STATUS if passes else ORIGINAL_DIVERGES
@@ -939,6 +950,20 @@ class MutationReport:
         """The unmutated subject passed and every mutant that counts was killed."""
         return self.baseline.status == PASSES and not self.survivors
 
+    def diagnosis(self) -> dict[str, Any]:
+        """How many kills the diagnosis names a cause for, overall and per operator, and the
+        kills it does not (the catch-all's)."""
+        killed = [o for o in self.outcomes if o.status == KILLED_STATUS]
+        by_operator: dict[str, list[int]] = {}
+        for outcome in killed:
+            counts = by_operator.setdefault(outcome.mutant.operator, [0, 0])
+            counts[0] += outcome.names_a_cause
+            counts[1] += 1
+        named = sum(o.names_a_cause for o in killed)
+        return {"named": named, "killed": len(killed), "share": named / len(killed) if killed else None,
+                "by_operator": {op: {"named": n, "killed": k} for op, (n, k) in sorted(by_operator.items())},
+                "catch_all": [o.mutant.id for o in killed if not o.names_a_cause]}
+
     def headline(self) -> str:
         if self.baseline.status == NOT_RUNNABLE:
             return (f"swafuzz mutate: the unmutated {self.subject} cannot be run here, so its mutants make no "
@@ -948,9 +973,11 @@ class MutationReport:
                     f"({len(self.outcomes)} run)")
         rate = f"{self.kill_rate:.0%}" if self.kill_rate is not None else "-"
         by_profile = ", ".join(f"{profile} {count}" for profile, count in self.killed_by_profile.items())
+        named = self.diagnosis()
         return (f"swafuzz mutate: {self.count(KILLED_STATUS)} of {self.counted} mutants of {self.subject} killed "
                 f"({rate}; {by_profile}), {len(self.survivors)} survived, {self.count(EQUIVALENT)} equivalent, "
-                f"{self.count(NOT_RUNNABLE)} not runnable, of {len(self.outcomes)} made")
+                f"{self.count(NOT_RUNNABLE)} not runnable, of {len(self.outcomes)} made; the diagnosis names the "
+                f"cause of {named['named']} of {named['killed']} kills")
 
     def scope(self) -> str:
         """The searches, as a phrase: ``realistic, then adversarial``, and the features left out."""
@@ -965,7 +992,8 @@ class MutationReport:
             "made": len(self.outcomes), "killed": self.count(KILLED_STATUS), "killed_by_profile": self.killed_by_profile,
             "survived": len(self.survivors), "equivalent": self.count(EQUIVALENT),
             "not_runnable": self.count(NOT_RUNNABLE), "counted": self.counted, "kill_rate": self.kill_rate,
-            "time_to_kill": self.time_to_kill(), "wrongly_listed_equivalent": self.wrongly_listed,
+            "time_to_kill": self.time_to_kill(), "diagnosis": self.diagnosis(),
+            "wrongly_listed_equivalent": self.wrongly_listed,
             "mutants": [outcome.to_dict() for outcome in self.outcomes],
         }
 
@@ -999,8 +1027,10 @@ class MutationReport:
             lines += ["", "Listed as equivalent but killed: " + ", ".join(f"`{m}`" for m in self.wrongly_listed)]
         killed = [o for o in self.outcomes if o.status == KILLED_STATUS]
         if killed:
-            lines += ["", "## Killed", "", "| mutant | profile | time to kill | divergence |", "|---|---|---|---|"]
-            lines += [f"| `{o.mutant.id}` | {o.profile} | {o.time_to_kill_s:.2f} s | {o.kind} |" for o in killed]
+            lines += ["", "## Killed", "", "| mutant | profile | time to kill | divergence | cause named |",
+                      "|---|---|---|---|---|"]
+            lines += [f"| `{o.mutant.id}` | {o.profile} | {o.time_to_kill_s:.2f} s | {o.kind} | "
+                      f"{o.cause if o.names_a_cause else 'no (catch-all)'} |" for o in killed]
         return "\n".join(lines).rstrip() + "\n"
 
     def write(self, directory: Path) -> list[Path]:

@@ -266,6 +266,18 @@ def test_the_json_report_carries_the_figures_and_each_mutant(tmp_path):
     assert "# Mutants of `uncached-ring`" in (tmp_path / "mutants.md").read_text()
 
 
+def test_the_figures_count_the_kills_whose_diagnosis_names_a_cause_per_operator():
+    report = mutate("uncached-ring", budget_s=2, isolated=False, operators=("ring-window", "swap-arguments"))
+    causes = {outcome.mutant.operator: outcome.cause for outcome in report.outcomes}
+    assert causes["ring-window"] == "window_ring"  # the diagnosis's name for the window used as the ring
+    figures = report.diagnosis()
+    named = sum(cause != "unknown" for cause in causes.values())
+    assert (figures["named"], figures["killed"]) == (named, 2)
+    assert figures["catch_all"] == [o.mutant.id for o in report.outcomes if o.cause == "unknown"]
+    assert figures["by_operator"]["ring-window"] == {"named": 1, "killed": 1}
+    assert f"the diagnosis names the cause of {named} of 2 kills" in report.headline()
+
+
 # ---- a mutant that ends, hangs or cannot be built ----------------------------------------------
 
 
@@ -324,7 +336,10 @@ def test_the_mutants_benchmark_prints_and_returns_the_figures():
     assert overall["kill_rate"] == 1.0 and overall["unmutated_divergences"] == 0
     assert set(overall["time_to_kill"]) == {"median_s", "p90_s", "max_s"}
     assert figures["subjects"]["uncached"]["made"] == 1
-    assert any(line.startswith("uncached ") for line in printed) and printed[-1].startswith("all: 1 of 1 killed")
+    assert any(line.startswith("uncached ") for line in printed)
+    assert any(line.startswith("all: 1 of 1 killed") for line in printed)
+    assert overall["diagnosis"]["killed"] == 1
+    assert any(line.startswith("diagnosis: names the cause of ") for line in printed)
 
 
 # ---- the command line ----------------------------------------------------------------------------
