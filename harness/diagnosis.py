@@ -52,6 +52,7 @@ LIVE_TOKENS = "live_tokens"
 DUMMY = "dummy"
 ALIASES_LIVE = "aliases_live"
 POSITION_SHIFT = "position_shift"  # the right request's ring rows, at shifted positions
+RING_SIZE_OFF = "ring_size_off"  # ring rows with the ring size off by one
 OTHER_REQUEST = "other_request"  # the right position in another request's ring
 NEIGHBOUR_SLOT = "neighbour_slot"  # the translation of out_cache_loc off by one
 UNTRANSLATED = "untranslated"  # the full-pool location itself
@@ -387,9 +388,10 @@ def _patterns(history: History, site: Site, truth: str, inputs, config: EngineCo
               actual: torch.Tensor, expected: torch.Tensor) -> list[tuple[Source, torch.Tensor]]:
     """Rows of wrong formulas that recur in cached write locations, most specific first: the
     right request's ring at positions shifted (by each request's cached prefix, by its token
-    count, which in target-verify is the draft tokens seq_lens leaves out, or by a
-    constant), another request's ring at the right positions, the translation of a
-    neighbouring full-pool slot, the full-pool location untranslated, an int32 wrap-around."""
+    count, which in target-verify is the draft tokens seq_lens leaves out, by one, or by the
+    constant the first wrong row shows), the ring size off by one, another request's ring at
+    the right positions, the translation of a neighbouring full-pool slot, the full-pool
+    location untranslated, an int32 wrap-around."""
     n = inputs.num_live
     out: list[tuple[Source, torch.Tensor]] = []
     wrapped = ((expected.to(torch.int64) + 2**31) % 2**32 - 2**31).to(torch.int32)
@@ -421,10 +423,12 @@ def _patterns(history: History, site: Site, truth: str, inputs, config: EngineCo
         for shift, how in shifts:
             out.append((_shifted(f"at each token's position {how}"),
                         (slots * ring + (positions + shift) % ring).to(torch.int32)))
-        shift = _first_shift(slots, positions, ring, actual, expected)
-        if shift is not None:
-            out.append((_shifted(f"at each token's position {shift:+d}"),
-                        (slots * ring + (positions + shift) % ring).to(torch.int32)))
+        # off by one, or by the shift the first wrong row shows
+        first = _first_shift(slots, positions, ring, actual, expected)
+        for shift in dict.fromkeys((1, -1, *(() if first is None else (first,)))):
+            source = _shifted(f"at each token's position {shift:+d}", f"the position arithmetic is off by {shift:+d}")
+            out.append((source, (slots * ring + (positions + shift) % ring).to(torch.int32)))
+        out += _ring_size_off_by_one(slots, positions, ring)
         for other, phrase in _other_slots(inputs):
             out.append((Source(OTHER_REQUEST, phrase, "the request slot was not the token's own"),
                         (other * ring + positions % ring).to(torch.int32)))
@@ -433,9 +437,9 @@ def _patterns(history: History, site: Site, truth: str, inputs, config: EngineCo
     return out
 
 
-def _shifted(how: str) -> Source:
-    return Source(POSITION_SHIFT, f"the ring rows of each token's own request {how}",
-                  "the positions were computed from lengths, not read from the batch's positions")
+def _shifted(how: str, why: str = "the positions were computed from lengths, not read from the batch's "
+                                   "positions") -> Source:
+    return Source(POSITION_SHIFT, f"the ring rows of each token's own request {how}", why)
 
 
 def _first_shift(slots: torch.Tensor, positions: torch.Tensor, ring: int, actual: torch.Tensor,
@@ -452,6 +456,23 @@ def _first_shift(slots: torch.Tensor, positions: torch.Tensor, ring: int, actual
         return None
     shift = (offset - int(positions[row])) % ring
     return shift - ring if shift > ring // 2 else shift
+
+
+def _ring_size_off_by_one(slots: torch.Tensor, positions: torch.Tensor, ring: int) -> list[tuple[Source, torch.Tensor]]:
+    """Ring rows with the ring size off by one as the slot's stride, as the position's
+    modulus, or as both."""
+    out = []
+    for size in (ring + 1, ring - 1):
+        if size < 1:
+            continue
+        for stride, modulus, where in ((size, ring, "as each slot's stride"), (ring, size, "as the position's modulus"),
+                                       (size, size, "as both stride and modulus")):
+            out.append((Source(
+                RING_SIZE_OFF,
+                f"ring rows computed with {size} {where} instead of the ring size {ring}",
+                "the ring arithmetic is off by one",
+            ), (slots * stride + positions % modulus).to(torch.int32)))
+    return out
 
 
 def _other_slots(inputs) -> list[tuple[torch.Tensor, str]]:

@@ -293,6 +293,12 @@ class _PositionsOffByOne(UncachedRing):
         return _ring_rows(slots, batch.positions + 1, self.spec.ring)
 
 
+class _RingStrideOffByOne(UncachedRing):
+    def swa_write_location(self, batch, layer_id):
+        slots = batch.req_pool_indices.repeat_interleave(batch.extend_seq_lens)
+        return (slots * (self.spec.ring + 1) + batch.positions % self.spec.ring).to(torch.int32)
+
+
 class _SlotOfTheNextRequest(UncachedRing):
     def swa_write_location(self, batch, layer_id):
         slots = torch.roll(batch.req_pool_indices, -1).repeat_interleave(batch.extend_seq_lens)
@@ -313,6 +319,7 @@ class _Untranslated(Uncached):
     (_PositionsFromThisStepsTokens, "position_shift",
      "the ring rows of each token's own request at each token's position minus its request's cached prefix length"),
     (_PositionsOffByOne, "position_shift", "the ring rows of each token's own request at each token's position +1"),
+    (_RingStrideOffByOne, "ring_size_off", "ring rows computed with 9 as each slot's stride instead of the ring size 8"),
     (_SlotOfTheNextRequest, "other_request", "the ring rows of the next request in the batch, at the right positions"),
     (_NextFullPoolSlot, "neighbour_slot", "the translation of each token's next full-pool slot"),
     (_Untranslated, "untranslated", "the full-pool locations themselves"),
