@@ -21,6 +21,7 @@ import fcntl
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -49,7 +50,7 @@ from .registry import SubjectInfo, resolve_subject
 from .replay import Replay, claim_replay_path, load_replay, replay_file_name, write_replay
 from .reports import REPORT_FILES, Report, write_reports
 from .shard import WHOLE, SeedLane, Shard, seed_lane
-from .supervisor import EXITED, announce_divergence, lost_run_divergence, relay_to
+from .supervisor import EXITED, announce_divergence, keep_scenarios_in, last_scenario, lost_run_divergence
 from .workers import context as worker_context, environment_for_workers, take_environment
 
 if TYPE_CHECKING:
@@ -386,9 +387,9 @@ def _die_with(campaign: int) -> None:
     threading.Thread(target=watch, name="swafuzz-parent-watch", daemon=True).start()
 
 
-def _worker(index: int, job: FuzzJob) -> tuple[FuzzResult, str | None]:
+def _worker(index: int, job: FuzzJob, scenario_file: Path) -> tuple[FuzzResult, str | None]:
     # the scenario it runs, for its campaign to replay should the subject end this process
-    relay_to(lambda kind, payload: kind == "scenario" and _worker_queue.put(("scenario", index, payload)))
+    keep_scenarios_in(scenario_file)
     with InterruptWatch() as watch, stdout_to_stderr():
         _worker_queue.put(("started", index, os.getpid()))
         result, path = run_job(
@@ -425,39 +426,42 @@ class WorkerPool:
         self.spared: int | None = None  # the worker left to finish shrinking its divergence
         self.stopping = False
         self.examples_per_worker: list[int] = []
-        self.scenarios: dict[int, dict] = {}  # what each worker ran last
+        self.scenario_files: list[Path] = []  # where each worker keeps what it runs
         self.lost = False  # a worker ended without its result, and nobody had stopped it
 
     def run(self) -> tuple[FuzzResult, Path | None]:
         context = worker_context()
         queue = context.Queue()
         outcomes: dict[int, FuzzResult] = {}
-        with ProcessPoolExecutor(len(self.jobs), mp_context=context, initializer=_init_worker,
-                                 initargs=(queue, os.getpid(), environment_for_workers())) as pool:
-            # workers inherit a blocked SIGINT, so that a Ctrl-C to the whole process group
-            # while they import cannot end one with a traceback (_init_worker unblocks it)
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                futures = {pool.submit(_worker, i, job): i for i, job in enumerate(self.jobs)}
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            pending = set(futures)
-            stop_deadline = float("inf")
-            while pending and time.monotonic() < stop_deadline:
-                done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+        with tempfile.TemporaryDirectory(prefix="swafuzz-workers-") as scenarios:
+            self.scenario_files = [Path(scenarios) / f"worker-{i}.scenario" for i in range(len(self.jobs))]
+            with ProcessPoolExecutor(len(self.jobs), mp_context=context, initializer=_init_worker,
+                                     initargs=(queue, os.getpid(), environment_for_workers())) as pool:
+                # workers inherit a blocked SIGINT, so that a Ctrl-C to the whole process group
+                # while they import cannot end one with a traceback (_init_worker unblocks it)
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    futures = {pool.submit(_worker, i, job, self.scenario_files[i]): i
+                               for i, job in enumerate(self.jobs)}
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                pending = set(futures)
+                stop_deadline = float("inf")
+                while pending and time.monotonic() < stop_deadline:
+                    done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+                    self._drain(queue)
+                    for future in done:
+                        self._collect(futures[future], future, outcomes)
+                    if self.watch.interrupted and (not self.stopping or self.spared is not None):
+                        self._stop_workers(spare=None)  # the person asked: the winner stops too
+                        stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
+                    elif self.winner is not None and not self.stopping:
+                        self._stop_workers(spare=self.winner)
+                        stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
                 self._drain(queue)
-                for future in done:
-                    self._collect(futures[future], future, outcomes)
-                if self.watch.interrupted and (not self.stopping or self.spared is not None):
-                    self._stop_workers(spare=None)  # the person asked: the winner stops too
-                    stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
-                elif self.winner is not None and not self.stopping:
-                    self._stop_workers(spare=self.winner)
-                    stop_deadline = time.monotonic() + WORKER_STOP_GRACE_S
-            self._drain(queue)
-            for index in (futures[f] for f in pending):
-                _send(self.pids.get(index, 0), signal.SIGKILL)
-        return self._merge(outcomes)
+                for index in (futures[f] for f in pending):
+                    _send(self.pids.get(index, 0), signal.SIGKILL)
+            return self._merge(outcomes)
 
     def _collect(self, index: int, future: Any, outcomes: dict[int, FuzzResult]) -> None:
         try:
@@ -496,7 +500,8 @@ class WorkerPool:
         if none does the lost worker is the divergence, with the first worker's scenario."""
         job = self.jobs[0]
         subject = resolve_subject(job.subject).subject
-        ran = {index: Scenario.from_dict(data) for index, data in sorted(self.scenarios.items())}
+        ran = {index: scenario for index, path in enumerate(self.scenario_files)
+               if (scenario := last_scenario(path)) is not None}
         found = None
         for index, scenario in ran.items():
             outcome = run_scenario(subject, scenario, device=job.device)
@@ -554,8 +559,6 @@ class WorkerPool:
                 self.pids[index] = payload
                 if self.stopping and index != self.spared:
                     _send(payload, signal.SIGINT)
-            elif kind == "scenario":
-                self.scenarios[index] = payload
             elif kind == "progress":
                 self.progress[index] = payload
                 self.line.update(self._combined_progress())

@@ -63,7 +63,7 @@ from .fuzz import fuzz
 from .guard import describe_exception
 from .registry import SubjectInfo, resolve_subject
 from .reports import write_atomically
-from .supervisor import EXITED, HUNG, KILLED, relay_to
+from .supervisor import EXITED, HUNG, KILLED, keep_scenarios_in, last_scenario
 
 # a mutant's call that loops forever costs this much of its budget, not the harness's 10 s
 CALL_TIMEOUT_S = 2.0
@@ -793,12 +793,12 @@ class _Lost:
     elapsed_s: float
 
 
-def _serve(connection: Any, spec: str, device: str) -> None:
+def _serve(connection: Any, spec: str, device: str, scenario_file: Path) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a run stops
     sys.stdout = sys.stderr  # the parent's stdout carries the report
     torch.set_num_threads(CAMPAIGN_TORCH_THREADS)
     subject = resolve_subject(spec).subject
-    relay_to(lambda kind, payload: connection.send((kind, payload)) if kind == "scenario" else None)
+    keep_scenarios_in(scenario_file)
     connection.send(("done", None))  # ready
     while True:
         try:
@@ -818,6 +818,8 @@ class _Worker:
         self.spec, self.device = spec, device
         self.process: Any = None
         self.connection: Any = None
+        self._files = tempfile.TemporaryDirectory(prefix="swafuzz-mutant-")  # removed with this object
+        self.scenario_file = Path(self._files.name) / "worker.scenario"
 
     def ask(self, request: str, arguments: tuple, limit_s: float) -> Any:
         """The worker's answer, or :class:`_Lost` when it ends or overruns ``limit_s``
@@ -825,44 +827,44 @@ class _Worker:
         if self.process is None:
             context = multiprocessing.get_context("spawn")  # CUDA cannot be used after fork
             self.connection, theirs = context.Pipe()
-            self.process = context.Process(target=_serve, args=(theirs, self.spec, self.device), daemon=True,
-                                           name="swafuzz-mutant")
+            self.process = context.Process(target=_serve, args=(theirs, self.spec, self.device, self.scenario_file),
+                                           daemon=True, name="swafuzz-mutant")
             self.process.start()
             theirs.close()
             ready = self._reply(WORKER_START_LIMIT_S)
             if isinstance(ready, _Lost):
                 return ready
+        self.scenario_file.unlink(missing_ok=True)  # the last request's
         self.connection.send((request, arguments))
         return self._reply(limit_s)
 
     def _reply(self, limit_s: float) -> Any:
         started = time.monotonic()
         deadline = started + limit_s
-        scenario = None
         while time.monotonic() < deadline:
             if not self.connection.poll(min(0.5, max(0.0, deadline - time.monotonic()))):
                 if self.process.is_alive():
                     continue
                 if not self.connection.poll():
-                    return self._lost(None, scenario, started)
+                    return self._lost(None, started)
             try:
                 kind, payload = self.connection.recv()
             except (EOFError, OSError):
-                return self._lost(None, scenario, started)
+                return self._lost(None, started)
             if kind == "done":
                 return payload
-            scenario = payload
-        return self._lost(f"it did not answer within {limit_s:g} s", scenario, started)
+        return self._lost(f"it did not answer within {limit_s:g} s", started)
 
-    def _lost(self, overran: str | None, scenario: dict | None, started: float) -> _Lost:
+    def _lost(self, overran: str | None, started: float) -> _Lost:
         code = self.close()
+        scenario = last_scenario(self.scenario_file)
         if overran is not None:
             kind, how = HUNG, f"was ended: {overran}"
         elif code is not None and code < 0:
             kind, how = KILLED, f"was killed by {signal.Signals(-code).name}"
         else:
             kind, how = EXITED, f"exited with status {code}"
-        return _Lost(kind, how, scenario, time.monotonic() - started)
+        return _Lost(kind, how, scenario and scenario.to_dict(), time.monotonic() - started)
 
     def close(self) -> int | None:
         """Ends the process; its exit status (negative: the signal that ended it)."""

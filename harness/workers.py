@@ -37,7 +37,13 @@ def context() -> Any:
 
 def start_early(argv: list[str]) -> None:
     """Start the fork server now when ``argv`` asks for more than one worker."""
-    if _workers(argv) > 1 and "forkserver" in multiprocessing.get_all_start_methods():
+    if _workers(argv) > 1:
+        start_server()
+
+
+def start_server() -> None:
+    """Start the fork server (where the platform has one) unless it runs already."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
         context()
         multiprocessing.forkserver.ensure_running()
 

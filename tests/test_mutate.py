@@ -303,6 +303,7 @@ def test_a_mutant_that_ends_its_process_is_killed_and_one_that_raises_when_built
     assert "raises on construction" in outcomes["__init__"].sentence
     ended = outcomes["swa_write_location"]
     assert ended.status == KILLED_STATUS and ended.kind == "exited" and "status 3" in ended.sentence
+    assert ended.scenario is not None  # the one it ended in, kept by the worker
     assert report.baseline.status == PASSES and report.passed
 
 
