@@ -26,7 +26,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,15 +102,9 @@ def has_target(item: Target, tree: locate.SourceTree) -> bool:
     return True
 
 
-# binding reads shared, cached syntax trees: one binding at a time in this process (the runs
-# themselves, each in a process of its own, go two at a time)
-_BINDING = threading.Lock()
-
-
 def _bind_gap(item: Target, tree: Tree) -> str | None:
     try:
-        with _BINDING:
-            bind_target(item, tree.source(), "source")
+        bind_target(item, tree.source(), "source")
     except BindError as exc:
         return str(exc)
     return None

@@ -8,6 +8,7 @@ matrix's call-path table in tests/test_sglang_reachability.py.
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from pathlib import Path
 
@@ -175,3 +176,18 @@ def test_a_switch_the_tree_does_not_declare_is_refused_when_it_binds(tmp_path):
     tree = _tree(tmp_path, "")
     with pytest.raises(BindError, match="declares no boolean SGLANG_ABSENT"):
         bind_target(target("hip-unified-swa-loc"), tree, "source", switches={"SGLANG_ABSENT": True})
+
+
+def test_reading_a_tree_leaves_no_mark_on_the_nodes_every_parsed_tree_shares(tmp_path):
+    # CPython gives every tree the same Load, And, Add, Eq... nodes: a parent set on one would
+    # chain any later tree (the binder's copies among them) to the modules read here
+    tree = _tree(tmp_path, '''
+        def forward(forward_batch, backend):
+            if forward_batch.forward_mode.is_decode() and not backend.off:
+                backend.get_rows(forward_batch + 1)
+    ''')
+    assert _read(tree).modes == {ForwardMode.DECODE, ForwardMode.DRAFT_DECODE}
+    other = ast.parse("x = not (a and b == c + d)").body[0].value
+    shared = [other.operand.op, other.operand.values[1].ops[0], other.operand.values[1].comparators[0].op,
+              other.operand.values[0].ctx, other.op]
+    assert [node for node in shared if hasattr(node, "parent")] == []

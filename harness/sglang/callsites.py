@@ -467,6 +467,11 @@ class _MemberPredicates:
 # ---- small readings of the syntax ---------------------------------------------------------------
 
 
+# CPython hands every parsed tree the same instances of these context and operator nodes: a
+# ``parent`` on one would tie every tree in the process (the binder's too) to this one
+_SHARED_NODES = (ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop)
+
+
 @functools.lru_cache(maxsize=16)
 def _parsed(text: str) -> ast.Module:
     """The module with each node's ``parent``, its calls by name (``calls``) and each
@@ -477,7 +482,8 @@ def _parsed(text: str) -> ast.Module:
     module.calls = {}
     for node in ast.walk(module):
         for child in ast.iter_child_nodes(node):
-            child.parent = node
+            if not isinstance(child, _SHARED_NODES):
+                child.parent = node
     for node in ast.walk(module):
         if isinstance(node, ast.Call):
             func = node.func
@@ -488,7 +494,7 @@ def _parsed(text: str) -> ast.Module:
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             node.bindings = {}
     for node in ast.walk(module):
-        function = _enclosing_function(node) if not isinstance(node, ast.Module) else None
+        function = None if isinstance(node, (ast.Module, *_SHARED_NODES)) else _enclosing_function(node)
         if function is None:
             continue
         if isinstance(node, ast.Assign):
