@@ -18,9 +18,9 @@
   with the bound on the throughput ratio that the subject's own calls set
   (:mod:`swafuzz.peer`), on ``uncached`` and ``step-keyed-capture``.
 - ``scaling``: ``swafuzz fuzz --workers`` against one process, per subject and profile,
-  under the nightly settings, the same seed and budget: examples and checks per second, the
-  efficiency (N workers' rate over N times one process's, the workers' start-up included),
-  and how far each run went past its budget.
+  under the nightly settings, the same seed and budget, in the order one, N, N, one:
+  examples and checks per second, the efficiency (N workers' rate over N times one
+  process's, the workers' start-up included), and how far each run went past its budget.
 - ``mutants``: ``swafuzz mutate`` over the correct built-in designs and the bound SGLang
   functions of two releases' targets (0.5.23's translated-location getter, 0.5.12.post1's
   pool cache): mutants made, killed (per profile), survived, equivalent and not runnable,
@@ -325,37 +325,48 @@ def _scaling_run(name: str, profile: str, workers: int, budget_s: float, seed: i
 def bench_scaling(subjects: tuple[str, ...] = SCALING_SUBJECTS, profiles=("realistic", "adversarial"),
                   workers: int = 2, budget_s: float = SCALING_BUDGET_S, seed: int = SCALING_SEED,
                   out=print) -> dict[str, float]:
-    """Per subject and profile, one campaign in this process, then one over ``workers``
-    processes, as ``swafuzz fuzz --settings nightly --seed SEED --budget B`` runs them.
-    Rates are over each report's ``elapsed_s``, the workers' start-up included (from the
-    fork server, which the command line starts as it begins, as here); ``over s``
-    is how far the run went past its budget (a subject call, plus the workers' shutdown).
-    A subject that diverges ends its campaign at the divergence, which makes no rate to
-    compare: its row says so. Returns the efficiencies and each run's budget over its
-    elapsed time (higher is better)."""
+    """Per subject and profile, campaigns in this process and over ``workers`` processes, as
+    ``swafuzz fuzz --settings nightly --seed SEED --budget B`` runs them, in the order one,
+    N, N, one: a machine whose speed drifts over the minute (a shared one does, by 10-20%
+    from one run to the next) then slows both sides alike. Rates are over the runs' summed
+    ``elapsed_s``, the workers' start-up included (from the fork server, which the command
+    line starts as it begins, as here); ``over s`` is how far the runs went past their
+    budget, at most (a subject call, plus the workers' shutdown). A subject that diverges
+    ends its campaign at the divergence, which makes no rate to compare: its row says so.
+    Returns the efficiencies and each side's budget over its longest elapsed time (higher
+    is better)."""
     ratios: dict[str, float] = {}
-    out(f"scaling: {workers} workers against one process, nightly settings, seed {seed}, {budget_s:g} s budget, CPU")
+    out(f"scaling: {workers} workers against one process, nightly settings, seed {seed}, "
+        f"{budget_s:g} s budget, runs in the order 1, {workers}, {workers}, 1, CPU")
     out(f"{'subject':24s} {'profile':11s} {'examples/s':>15s} {'checks/s':>17s} {'efficiency':>10s} "
         f"{'over s':>11s} {'per worker':>12s}")
     start_server()
     with tempfile.TemporaryDirectory(prefix="swafuzz-scaling-") as report_dir:
         for name in subjects:
             for profile in profiles:
-                one, many = (
-                    _scaling_run(name, profile, count, budget_s, seed, report_dir) for count in (1, workers))
-                if one.report.divergence is not None or many.report.divergence is not None:
+                runs: dict[int, list] = {1: [], workers: []}
+                for count in (1, workers, workers, 1):
+                    finished = _scaling_run(name, profile, count, budget_s, seed, f"{report_dir}/{len(runs[1])}"
+                                            f"-{len(runs[workers])}")
+                    runs[count].append(finished)
+                    if finished.report.divergence is not None:
+                        break
+                if any(f.report.divergence is not None for side in runs.values() for f in side):
                     out(f"{name:24s} {profile:11s} diverged: the campaign ends at the first divergence")
                     continue
-                rates = [(f.report.examples / f.report.elapsed_s, f.result.checks / f.report.elapsed_s)
-                         for f in (one, many)]
-                (examples_1, checks_1), (examples_n, checks_n) = rates
+                (examples_1, checks_1), (examples_n, checks_n) = (
+                    (sum(f.report.examples for f in side) / sum(f.report.elapsed_s for f in side),
+                     sum(f.result.checks for f in side) / sum(f.report.elapsed_s for f in side))
+                    for side in (runs[1], runs[workers]))
                 key = f"{name}/{profile}"
                 ratios[f"scaling/examples_per_s/{key}"] = examples_n / (workers * examples_1)
                 ratios[f"scaling/checks_per_s/{key}"] = checks_n / (workers * checks_1)
-                for count, finished in ((1, one), (workers, many)):
-                    ratios[f"scaling/budget_over_elapsed/{key}/{count}"] = budget_s / finished.report.elapsed_s
-                overs = "/".join(f"{f.report.elapsed_s - budget_s:.2f}" for f in (one, many))
-                counts = "+".join(str(count) for count in many.report.examples_per_worker or ())
+                longest = {count: max(f.report.elapsed_s for f in side) for count, side in runs.items()}
+                for count, elapsed_s in longest.items():
+                    ratios[f"scaling/budget_over_elapsed/{key}/{count}"] = budget_s / elapsed_s
+                overs = "/".join(f"{longest[count] - budget_s:.2f}" for count in (1, workers))
+                per_worker = [sum(column) for column in zip(*(f.report.examples_per_worker or () for f in runs[workers]))]
+                counts = "+".join(str(count) for count in per_worker)
                 out(f"{name:24s} {profile:11s} {examples_1:6.1f} {examples_n:8.1f} {checks_1:8.0f} {checks_n:8.0f} "
                     f"{ratios[f'scaling/examples_per_s/{key}']:10.2f} {overs:>11s} {counts:>12s}")
     return ratios

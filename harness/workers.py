@@ -21,7 +21,9 @@ import multiprocessing.forkserver
 import os
 from typing import Any
 
-PRELOAD = ["swafuzz.campaign"]
+# torch._dynamo too: every run loads the graph recorder, which imports it (1.4-1.6 s), and
+# a worker would pay that from its budget; importing it starts no thread and no device
+PRELOAD = ["swafuzz.campaign", "torch._dynamo", "swafuzz.worker_heap"]
 ENVIRONMENT_PREFIX = "SWAFUZZ_"
 
 
