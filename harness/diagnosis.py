@@ -187,6 +187,10 @@ def wrote_input_sentence(when: str, name: str, change: str) -> str:
     return f"By {when}, the subject had {change}: {_READERS[name]}."
 
 
+# values of replaced mappings the history keeps per model: a few MB, however many changes
+_KEPT_MAPPING_VALUES = 1 << 20
+
+
 @dataclass
 class _Answer:
     site: Site
@@ -221,10 +225,14 @@ class History:
 
     def record_old_mapping(self, model: str, label: str, rows: torch.Tensor | None, values: torch.Tensor) -> None:
         """``model``'s mapping before a change held ``values`` at ``rows`` (None: ``values``
-        is all of it). The caller hands them over and never writes them again."""
+        is all of it). The caller hands them over and never writes them again. Every change
+        is kept while they hold few values, so that a cache that missed several changes is
+        traced to the mapping it did keep; past that, the oldest go first."""
         kept = self.changes.setdefault(model, [])
         kept.append((label, rows, values))
-        del kept[:-4]
+        held = sum(values.numel() for _, _, values in kept)
+        while len(kept) > 1 and held > _KEPT_MAPPING_VALUES:
+            held -= kept.pop(0)[2].numel()
 
     def old_mappings(self, model: str) -> list[tuple[str, torch.Tensor]]:
         """Each kept earlier mapping of ``model`` and its label, newest first: the current
@@ -291,11 +299,12 @@ class History:
         n_req, n_tok = len(inputs.request_ids), inputs.num_live
         ring, window = config.ring, config.sliding_window
         if truth == "pool":
-            for label, mapping in self.old_mappings(site.model):
-                loc = inputs.out_cache_loc[:n_tok]
+            loc = inputs.out_cache_loc[:n_tok]
+            for since, (label, mapping) in enumerate(self.old_mappings(site.model)):
+                missed = "when the mapping changed" if not since else (
+                    f"at any of the {since + 1} changes of the mapping since")
                 out.append((Source(
-                    OLD_MAPPING, f"the translation under {label}",
-                    "the cache was not invalidated when the mapping changed",
+                    OLD_MAPPING, f"the translation under {label}", f"the cache was not invalidated {missed}",
                 ), mapping[loc].to(torch.int32)))
         else:
             counts = inputs.token_counts[:n_req]
@@ -390,8 +399,9 @@ def _patterns(history: History, site: Site, truth: str, inputs, config: EngineCo
     right request's ring at positions shifted (by each request's cached prefix, by its token
     count, which in target-verify is the draft tokens seq_lens leaves out, by one, or by the
     constant the first wrong row shows), the ring size off by one, another request's ring at
-    the right positions, the translation of a neighbouring full-pool slot, the full-pool
-    location untranslated, an int32 wrap-around."""
+    the right positions (slot 0's, the next or previous request's, or any live request's),
+    the translation of a neighbouring full-pool slot, the full-pool location untranslated,
+    an int32 wrap-around."""
     n = inputs.num_live
     out: list[tuple[Source, torch.Tensor]] = []
     wrapped = ((expected.to(torch.int64) + 2**31) % 2**32 - 2**31).to(torch.int32)
@@ -432,6 +442,11 @@ def _patterns(history: History, site: Site, truth: str, inputs, config: EngineCo
         for other, phrase in _other_slots(inputs):
             out.append((Source(OTHER_REQUEST, phrase, "the request slot was not the token's own"),
                         (other * ring + positions % ring).to(torch.int32)))
+        permuted = _slots_of_other_requests(inputs, slots, positions, ring, actual)
+        if permuted is not None:
+            out.append((Source(OTHER_REQUEST, "the ring rows of other requests in the batch, at the right positions",
+                               "the request slots were permuted: tokens were given another live request's slot"),
+                        (permuted * ring + positions % ring).to(torch.int32)))
     out.append((Source(INT32_WRAP, "the right values wrapped around to int32",
                        "int64 arithmetic was narrowed to int32 before it was done"), wrapped))
     return out
@@ -486,6 +501,21 @@ def _other_slots(inputs) -> list[tuple[torch.Tensor, str]]:
             if shifted is not None:
                 out.append((shifted, f"the ring rows of the {word} request in the batch, at the right positions"))
     return out
+
+
+def _slots_of_other_requests(inputs, slots: torch.Tensor, positions: torch.Tensor, ring: int,
+                             actual: torch.Tensor) -> torch.Tensor | None:
+    """Per token, the live request slot whose ring row at the token's own position is the
+    row it got, else its own slot: a permutation of the batch's request slots in any order.
+    A row fits only at its own position and in a slot some live request holds, so this is
+    no row read back by construction; None where the batch has one request."""
+    n_req = len(inputs.request_ids)
+    if n_req < 2:
+        return None
+    offsets, got = positions % ring, actual.to(torch.int64)
+    slot_of_row = torch.div(got - offsets, ring, rounding_mode="floor")
+    fits = ((got - offsets) % ring == 0) & torch.isin(slot_of_row, inputs.req_slots[:n_req].to(torch.int64))
+    return torch.where(fits, slot_of_row, slots)
 
 
 def explain_padding(history: History, site: Site, num_live: int, actual: torch.Tensor,

@@ -713,7 +713,7 @@ class _Run:
         self.seen_epoch = self.state.mapping_epoch
         if registered and self.mappings:
             self.history.registrations.append(self.forward)
-        label = "the previously registered mapping" if registered else f"the mapping before {what}"
+        label = f"the mapping before {what}"
         synced = self.history.mappings
         for model, truth in self.state.mappings.items():
             written = self.state.take_written(model)

@@ -7,12 +7,14 @@ source kind the diagnosis gives it.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from swafuzz import Subject, Truth, run_scenario
 from swafuzz.builtin import Uncached, UncachedRing
-from swafuzz.diagnosis import STALE_SOURCES, History, Site, explain_padding
+from swafuzz.diagnosis import STALE_SOURCES, History, Site, explain, explain_padding
 from swafuzz.reference import Scenario
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
@@ -262,6 +264,31 @@ def test_earlier_mappings_are_rebuilt_from_the_current_one_newest_first():
     assert history.mappings["target"].tolist() == [0, 1, 2, 4]  # rebuilding leaves it as it is
 
 
+def _explain_pool_rows(history: History, out_cache_loc: list[int], actual: list[int]):
+    inputs = SimpleNamespace(num_live=len(out_cache_loc), request_ids=tuple(range(len(out_cache_loc))),
+                             out_cache_loc=torch.tensor(out_cache_loc), token_counts=torch.ones(len(out_cache_loc)))
+    site = Site(forward=3, event=9, mode="decode", model="target", draft_step=0, micro_batch=0, layer_id=0, call=5)
+    expected = history.mappings["target"][inputs.out_cache_loc].to(torch.int32)
+    config = SimpleNamespace(ring=4, sliding_window=4)
+    return explain(history, site, "pool", inputs, config, torch.tensor(actual, dtype=torch.int32), expected)
+
+
+def test_a_cache_that_missed_several_mapping_changes_is_traced_to_the_mapping_it_kept():
+    history = History()
+    history.mappings["target"] = current = torch.tensor([0, 11, 12, 13, 14])
+    for change in range(8):  # each moves slot 1 on, so each earlier mapping is told apart
+        history.record_old_mapping("target", f"the mapping before event {change}", torch.tensor([1]), current[[1]])
+        current[1] = 20 + change
+    source = _explain_pool_rows(history, [1, 2], [26, 12])
+    assert (source.kind, source.phrase, source.consequence) == (
+        "old_mapping", "the translation under the mapping before event 7",
+        "the cache was not invalidated when the mapping changed")
+    source = _explain_pool_rows(history, [1, 2], [11, 12])  # the first mapping, eight changes back
+    assert (source.kind, source.phrase, source.consequence) == (
+        "old_mapping", "the translation under the mapping before event 0",
+        "the cache was not invalidated at any of the 8 changes of the mapping since")
+
+
 # ---- recurring patterns of wrong rows ------------------------------------------------------------
 
 EXTEND_AFTER_PREFIX = [
@@ -328,6 +355,24 @@ def test_a_recurring_pattern_of_wrong_rows_is_named_when_it_explains_every_one(s
     d = _divergence(subject, _scenario({"end_layer": 1, "sliding_window": 8}, EXTEND_AFTER_PREFIX))
     assert d.source["kind"] == kind and phrase in d.sentence, d.sentence
     assert not d.stale
+
+
+class _RequestSlotsReversed(UncachedRing):
+    def swa_write_location(self, batch, layer_id):
+        slots = torch.flip(batch.req_pool_indices, [0]).repeat_interleave(batch.extend_seq_lens)
+        return _ring_rows(slots, batch.positions, self.spec.ring)
+
+
+def test_tokens_given_other_live_requests_slots_in_any_order_are_named():
+    scenario = _scenario({"end_layer": 1, "sliding_window": 8}, [
+        {"op": "admit", "count": 3},
+        {"op": "forward", "mode": "extend", "requests": [0, 1, 2], "tokens": [2, 2, 2]},
+        {"op": "forward", "mode": "extend", "requests": [0, 1, 2], "tokens": [2, 2, 2]},
+    ])
+    d = _divergence(_RequestSlotsReversed, scenario)
+    assert d.source["kind"] == "other_request"
+    assert "the ring rows of other requests in the batch, at the right positions: the request slots were permuted" \
+        in d.sentence, d.sentence
 
 
 class _VerifyPositionsFromSeqLens(UncachedRing):
