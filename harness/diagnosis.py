@@ -11,6 +11,7 @@ live tokens of the same forward.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -187,7 +188,9 @@ def wrote_input_sentence(when: str, name: str, change: str) -> str:
     return f"By {when}, the subject had {change}: {_READERS[name]}."
 
 
-# values of replaced mappings the history keeps per model: a few MB, however many changes
+# the replaced mappings the history keeps per model: enough changes to reach back past a
+# lifecycle's worth of allocations, and at most a few MB of their values
+_KEPT_MAPPING_CHANGES = 64
 _KEPT_MAPPING_VALUES = 1 << 20
 
 
@@ -207,7 +210,8 @@ class History:
     # the changes that led there, newest last: a label, the rows changed (None: all) and
     # their values before
     mappings: dict[str, torch.Tensor] = field(default_factory=dict)
-    changes: dict[str, list[tuple[str, torch.Tensor | None, torch.Tensor]]] = field(default_factory=dict)
+    changes: dict[str, deque[tuple[str, torch.Tensor | None, torch.Tensor]]] = field(default_factory=dict)
+    held_values: dict[str, int] = field(default_factory=dict)  # per model, the values its changes hold
     registrations: list[int] = field(default_factory=list)  # forwards run before each
 
     def record_answer(self, site: Site, live_rows: torch.Tensor) -> None:
@@ -225,14 +229,16 @@ class History:
 
     def record_old_mapping(self, model: str, label: str, rows: torch.Tensor | None, values: torch.Tensor) -> None:
         """``model``'s mapping before a change held ``values`` at ``rows`` (None: ``values``
-        is all of it). The caller hands them over and never writes them again. Every change
-        is kept while they hold few values, so that a cache that missed several changes is
-        traced to the mapping it did keep; past that, the oldest go first."""
-        kept = self.changes.setdefault(model, [])
+        is all of it). The caller hands them over and never writes them again. The last
+        :data:`_KEPT_MAPPING_CHANGES` changes are kept while they hold few values, so that a
+        cache that missed several changes is traced to the mapping it did keep; past that,
+        the oldest go first."""
+        kept = self.changes.setdefault(model, deque())
         kept.append((label, rows, values))
-        held = sum(values.numel() for _, _, values in kept)
-        while len(kept) > 1 and held > _KEPT_MAPPING_VALUES:
-            held -= kept.pop(0)[2].numel()
+        held = self.held_values.get(model, 0) + values.numel()
+        while len(kept) > 1 and (len(kept) > _KEPT_MAPPING_CHANGES or held > _KEPT_MAPPING_VALUES):
+            held -= kept.popleft()[2].numel()
+        self.held_values[model] = held
 
     def old_mappings(self, model: str) -> list[tuple[str, torch.Tensor]]:
         """Each kept earlier mapping of ``model`` and its label, newest first: the current
