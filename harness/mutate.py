@@ -210,7 +210,7 @@ def _mentions(node: ast.AST, words: set[str]) -> bool:
     return any(_tokens(name) & words for name in _identifiers(node))
 
 
-RING_WORDS, WINDOW_WORDS = {"ring"}, {"window"}
+RING_WORDS = {"ring"}
 POSITION_WORDS = {"pos", "position", "positions"}
 LAYER_BOUNDS = ("start_layer", "first_swa_layer")  # ModelSpec's, and 0
 EMPTY_CALLS = {"dict", "list", "set", "tuple", "empty", "new_empty"}
@@ -348,13 +348,26 @@ def _attributes(function: _Function) -> set[str]:
     return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
 
 
+# the words of a name that is a ring size or a sliding window and nothing else: every word
+# of it must be one of them, so that SGLang's `request_window` (the per-request window of
+# bounded replay) or `_dspark_swa_ring_out_cache_loc` (a ring's locations) are neither;
+# and in lower case, as attributes are (`Truth.RING` is an enum member)
+RING_SIZE_WORDS = {"ring", "size", "swa", "req"}
+WINDOW_SIZE_WORDS = {"sliding", "window", "size", "swa"}
+
+
+def _names_size(name: str, word: str, vocabulary: set[str]) -> bool:
+    words = _tokens(name) - {""}
+    return name.islower() and word in words and words <= vocabulary
+
+
 def ring_window(function: _Function, text: _Text) -> Iterator[_Edit]:
     """An attribute naming the ring size read as one naming the sliding window, and the
     other way round (ModelSpec's ``ring`` and ``sliding_window``, and any other attribute
-    of the module named so)."""
+    of the module named only so)."""
     seen = _attributes(function) | {"ring", "sliding_window"}
-    rings = sorted(name for name in seen if _tokens(name) & RING_WORDS)
-    windows = sorted(name for name in seen if _tokens(name) & WINDOW_WORDS)
+    rings = sorted(name for name in seen if _names_size(name, "ring", RING_SIZE_WORDS))
+    windows = sorted(name for name in seen if _names_size(name, "window", WINDOW_SIZE_WORDS))
     for n in ast.walk(function.node):
         if isinstance(n, ast.Attribute):
             others = windows if n.attr in rings else rings if n.attr in windows else []

@@ -173,6 +173,24 @@ def test_super_in_a_changed_method_still_reaches_the_base_class():
     assert "cached" not in vars(instance)  # the reset the mutant left out
 
 
+class WindowOrRequestWindow(Subject):
+    """Reads a window that is no sliding window and locations kept per ring, beside the
+    sliding window (where the ring size belongs)."""
+
+    truth = Truth.RING
+
+    def swa_write_location(self, batch, layer_id):
+        if self.request_window is not None:
+            return self.swa_ring_out_cache_loc
+        return _ring_slot(batch.req_pool_indices[:batch.batch_size], batch.positions, self.spec.sliding_window)
+
+
+def test_ring_window_swaps_only_names_that_are_a_ring_size_or_a_sliding_window():
+    mutants = derive_mutants(WindowOrRequestWindow, operators=("ring-window",))
+    assert sorted(m.description for m in mutants) == [
+        "`self.spec.sliding_window` replaced by `.ring`"]
+
+
 # ---- what a kill is ----------------------------------------------------------------------------
 
 
