@@ -351,7 +351,7 @@ def bench_scaling(subjects: tuple[str, ...] = SCALING_SUBJECTS, profiles=("reali
                     runs[count].append(finished)
                     if finished.report.divergence is not None:
                         break
-                if any(f.report.divergence is not None for side in runs.values() for f in side):
+                if finished.report.divergence is not None:
                     out(f"{name:24s} {profile:11s} diverged: the campaign ends at the first divergence")
                     continue
                 (examples_1, checks_1), (examples_n, checks_n) = (
