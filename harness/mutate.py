@@ -11,8 +11,8 @@ the function it changes and the place's number in it (``drop-key-element/StepKey
 and carries a unified diff of the source it changes; nothing is written into the subject's
 files: the changed function is compiled into a subclass of the subject, in a copy of its
 module's globals. An SGLang target (``sglang:<target>[@<version>]``) is mutated in the
-functions its binding runs, by the same operators; each such mutant is a temporary copy of
-the tree's bound files with the one edit, bound as any checkout is (:func:`tree_mutant_subject`).
+functions its binding runs, by the same operators; each such mutant is the tree with the one
+edit, read in place and bound as any tree is (:func:`tree_mutant_subject`).
 
 :func:`mutate` fuzzes the unmutated subject first (it must pass: a subject that diverges
 makes no figures), then every mutant with its own budget, the realistic profile for the
@@ -57,7 +57,7 @@ from .strategies.profiles import ADVERSARIAL, REALISTIC
 from .api import ModelSpec, Subject
 from .boundary import InputError, describe_path, parse_json, read_regular_file, show
 from .campaign import CAMPAIGN_TORCH_THREADS
-from .cli import MUTANT_BUDGET_S, MUTATION_OPERATORS
+from .cli import MUTANT_BUDGET_S
 from .executor import UnmodelledPath, run_scenario
 from .fuzz import fuzz
 from .guard import describe_exception
@@ -500,9 +500,9 @@ def _mutants_of(functions: list[_Function], operators: tuple[str, ...] | None,
 # ---- SGLang targets -------------------------------------------------------------------------
 #
 # A target's functions are SGLang's, bound from a tree of files (a release's wheel or a
-# checkout) onto stand-ins. A mutant of one is that tree with the function's file edited:
-# the files the target binds are copied into a temporary checkout, the edit is made there,
-# and the copy is bound the ordinary way (``--sglang-source``), with the same engine
+# checkout) onto stand-ins. A mutant of one is that tree with the function's file edited,
+# read in place (every other file stays the tree's, so its call sites and switch defaults
+# read as the unmutated target's), and bound the ordinary way, with the same engine
 # switches and supplied values as the unmutated target.
 
 
@@ -566,32 +566,24 @@ def derive_tree_mutants(spec: str, binding: Any, operators: tuple[str, ...] | No
 
 
 def tree_mutant_subject(mutant: Mutant) -> type:
-    """The subject of ``mutant``'s target bound from a temporary checkout that holds the
-    files the target binds, the mutant's file edited. Raises BindError when the edited
-    tree does not bind."""
+    """The subject of ``mutant``'s target bound from its tree with the mutant's file edited
+    (every other file, the model and engine files the call sites are read from included,
+    read as the unmutated target reads them). Raises BindError when the edited tree does
+    not bind."""
     from . import sglang
     from .sglang import locate
 
     item, tree = _sglang_tree(mutant.tree_subject)
-    with tempfile.TemporaryDirectory(prefix="swafuzz-mutant-") as root:
-        for path in dict.fromkeys([*(code.path for code in item.code), *locate.VERSION_FILES]):
-            text = tree.read(path)
-            if text is None:
-                continue
-            if path == mutant.path:
-                text = "".join(spliced(text.splitlines(keepends=True), mutant.span, mutant.replacement))
-            file = Path(root, path)
-            file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_text(text, encoding="utf-8")
-        package = Path(root, "sglang", "__init__.py")
-        if not package.exists():
-            package.write_text("", encoding="utf-8")
-        copy = locate.checkout(root)
-        try:
-            # everything is read while binding; nothing reads the copy once it is bound
-            return sglang.bind_target(item, copy, "source", name=mutant.id).subject
-        except sglang.BindError as exc:  # named without the temporary copy, gone by now
-            raise sglang.BindError(str(exc).removeprefix(f"{copy.label} (source mode): ")) from None
+    text = tree.read(mutant.path)
+    if text is None:
+        raise sglang.BindError(f"{tree.label} has no file {mutant.path}")
+    edited = locate.EditedTree(tree.root, tree.origin, mutant.path,
+                               "".join(spliced(text.splitlines(keepends=True), mutant.span, mutant.replacement)),
+                               mutant.id)
+    try:
+        return sglang.bind_target(item, edited, "source", name=mutant.id).subject
+    except sglang.BindError as exc:  # named as the mutant, not as the tree it edits
+        raise sglang.BindError(str(exc).removeprefix(f"{edited.label} (source mode): ")) from None
 
 
 def _distinct(edits: Iterator[_Edit]) -> Iterator[_Edit]:

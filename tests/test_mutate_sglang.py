@@ -142,3 +142,16 @@ def test_the_mutants_suite_searches_each_release_only_where_its_code_never_goes_
             verdict, routes = question(key).verdict(item.version)
             assert verdict == "not reached" and routes, (item.subject, feature, verdict)
         assert all(reason.split(":")[0] in {f for f, _ in item.excluded} for reason in item.reasons())
+
+
+@pytest.mark.quick
+def test_a_tree_mutant_reads_its_call_sites_from_the_whole_tree_as_the_unmutated_target_does():
+    # a mutant bound from the bound files alone would read no call site, keep every mode,
+    # and be "killed" in a mode the release never calls the target in
+    if isinstance(tree := released_tree("0.5.23"), str):
+        pytest.skip(tree)
+    info, mutants = _mutants("sglang:hip-unified-swa-loc@0.5.23", operators=("drop-reset",))
+    mutant = next(m for m in mutants.values() if m.qualname.endswith("._attach_unified_kv_decode_streams"))
+    mutated = mutation.tree_mutant_subject(mutant)
+    assert info.subject.call_sites.to_dict() == mutated.call_sites.to_dict()
+    assert "unconfirmed" not in mutated.call_sites.describe()

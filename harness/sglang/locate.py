@@ -98,6 +98,29 @@ class SourceTree:
         }[self.origin]
 
 
+@dataclass(frozen=True)
+class EditedTree(SourceTree):
+    """A tree with the text of one file replaced (a mutant of it), read in place of a copy:
+    every other file is the tree's own, so what a binding reads beside the bound code (the
+    call sites, the switches, the engine's own files) reads as it does for the tree."""
+
+    path: str = ""
+    text: str = ""
+    name: str = ""  # the edit's, shown beside the edited file's location
+
+    def read(self, path: str) -> str | None:
+        return self.text if path == self.path else super().read(path)
+
+    def location(self, path: str) -> str:
+        # a location of its own, so that tracebacks show the edited lines, not the tree's
+        shown = super().location(path)
+        return f"{shown} ({self.name})" if path == self.path else shown
+
+    @property
+    def label(self) -> str:
+        return f"{super().label} with {self.name}"
+
+
 @functools.lru_cache(maxsize=32)
 def _open_wheel(path: Path) -> zipfile.ZipFile:
     # a wheel's directory of several thousand entries is read once, not on every file read
