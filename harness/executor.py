@@ -227,6 +227,7 @@ class _Run:
         self.eager_forwards: dict[str, int] = {}  # per model: eager forwards so far (picks the slot)
         self.seen_epoch = 0
         self.seen_version = -1
+        self.unsynced_since: str | None = None  # the first change a deferred sync has yet to write
         self.forward = 0
         self.next_forward_id = 0
         self.checks = 0
@@ -259,7 +260,7 @@ class _Run:
             else:
                 self._graph_forward(plan)
             self.state.finish_forward()
-            self._sync(f"the eviction after forward {self.forward}")
+            self._sync(f"the eviction after forward {self.forward}", until_called=True)
         self._check_mappings("the end of the run")
 
     def _eager_forward(self, plan: ForwardPlan) -> None:
@@ -696,18 +697,26 @@ class _Run:
         return _Stop(site.divergence(kind, sentence, detail=failure.detail,
                                      source=_source_dict(hint) if hint is not None else None))
 
-    def _sync(self, what: str) -> None:
+    def _sync(self, what: str, until_called: bool = False) -> None:
         """Bring the subject's mapping tensors in line with the engine state: the rows the
         engine wrote since the last sync where it says which, the whole mapping where it
         does not (a registration, a clear), at a cost that follows what changed rather than
         the pool's size (below a few thousand rows, comparing and copying it whole costs
         less than picking rows out). A registered tensor is written only where values
         differ, as a subject may key a cache on its in-place version. A subject that wrote
-        into a mapping is stopped first (:meth:`_check_mappings`): the sync never hides it."""
+        into a mapping is stopped first (:meth:`_check_mappings`): the sync never hides it.
+        ``until_called``: the change may wait for the next sync, as nothing calls the
+        subject before it (an eviction, then the next forward's allocation): a state that
+        no call sees is no state a cache could have kept, and the two are written as one."""
         if self.call != self.mappings_checked_at:
             self._check_mappings(what)
         if self.state.version == self.seen_version:
             return
+        if self.unsynced_since is None:
+            self.unsynced_since = what
+        if until_called:
+            return
+        what, self.unsynced_since = self.unsynced_since, None
         self.seen_version = self.state.version
         registered = self.state.mapping_epoch != self.seen_epoch or not self.mappings
         self.seen_epoch = self.state.mapping_epoch
@@ -768,10 +777,12 @@ class _Run:
         forward (copies: a subject that writes into its inputs must not touch the truth's),
         and the host copy of the lengths. Every step's locations and positions exist from
         the start, as the engine allocates a multi-step draft's locations at once. Each step
-        input's tensors are packed one after another, so the placed ones are views of one
-        copy, in the same order; :attr:`handed` keeps it to check them with one comparison."""
+        input's tensors are packed one after another (on the host, its lengths once more as
+        the host copy), so the placed ones are views of one copy, in the same order;
+        :attr:`handed` keeps it to check them with one comparison."""
         count = self.eager_forwards.get(plan.model, 0)
         self.eager_forwards[plan.model] = count + 1
+        on_host = self.on_host
         sources, sizes = [], []
         for step, step_inputs in enumerate(plan.steps):
             for inputs in step_inputs:
@@ -782,15 +793,21 @@ class _Run:
                 else:
                     sources.append(inputs.packed)
                     sizes += packed_sizes
+                if on_host:
+                    sources.append(inputs.seq_lens)
+                    sizes.append(packed_sizes[_SEQ_LENS_AT])
         block = self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources)
         placed = iter(block.split_with_sizes(sizes))
         fields = []
         for step, step_inputs in enumerate(plan.steps):
+            names = _BATCH_INPUTS if step == 0 else _BATCH_INPUTS[2:]
+            if on_host:
+                names += ("seq_lens_cpu",)
             step_fields = []
             for inputs in step_inputs:
-                tensors = dict(zip(_BATCH_INPUTS if step == 0 else _BATCH_INPUTS[2:], placed))
-                # on the host, a copy of the placed lengths, which the block's check vouches for
-                tensors["seq_lens_cpu"] = (tensors["seq_lens"] if self.on_host else inputs.seq_lens).clone()
+                tensors = dict(zip(names, placed))
+                if not on_host:
+                    tensors["seq_lens_cpu"] = inputs.seq_lens.clone()
                 step_fields.append(tensors)
             fields.append(step_fields)
         self.handed = _Handed(plan, [], fields, block=block, block_held=sources, block_version=block._version)
@@ -810,10 +827,10 @@ class _Run:
             intact = handed.block._version == handed.block_version and holds(
                 handed.block, held[0] if len(held) == 1 else torch.cat(held)
             )
-            for step_fields, step_inputs in zip(handed.fields, plan.steps):
-                for fields, inputs in zip(step_fields, step_inputs):
-                    lengths = fields["seq_lens"] if self.on_host else inputs.seq_lens
-                    intact = intact and _equal(fields["seq_lens_cpu"], lengths)
+            if not self.on_host:  # the host lengths are not in the block
+                for step_fields, step_inputs in zip(handed.fields, plan.steps):
+                    for fields, inputs in zip(step_fields, step_inputs):
+                        intact = intact and _equal(fields["seq_lens_cpu"], inputs.seq_lens)
         else:
             intact = all(holds(tensor, handed.values[name]) for name, tensor in handed.fields[0][0].items())
         if not intact or not self._fields_named():
@@ -943,8 +960,8 @@ class _Handed:
     """The inputs of one forward (or graph capture) as handed to the subject: per draft
     step and micro-batch, each batch field's tensor; the batch objects; and what the
     tensors must hold, read from the plan or (graphs) given as ``values``. ``block``
-    (eager forwards): the tensors of every step but the host lengths, one after another,
-    and ``block_held`` what it was copied from."""
+    (eager forwards): the tensors of every step, one after another (the host lengths only
+    on the host), and ``block_held`` what it was copied from."""
 
     plan: ForwardPlan
     batches: list[ForwardBatch]
@@ -972,6 +989,7 @@ _MISSING = object()  # a batch field the subject deleted
 
 # the StepInputs field each batch field is handed from
 _PACKED_FIELD = {**dict(zip(_BATCH_INPUTS, PACKED_INPUTS)), "seq_lens_cpu": "seq_lens"}
+_SEQ_LENS_AT = PACKED_INPUTS.index("seq_lens")  # in a step input's packed sizes
 
 
 class _Where(NamedTuple):
