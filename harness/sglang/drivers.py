@@ -180,21 +180,24 @@ def join_in_graph_metadata_prep() -> None:
     """Stands in for the wait on metadata prepared on a side stream (there is none here)."""
 
 
-class AttentionStreams:
-    """Stands in for SGLang's ``unified_kv_kernels.runtime``: the attention index streams it
-    builds are read by attention kernels, not by any store, so none are built."""
+class KernelModule:
+    """Stands in for one of SGLang's kernel modules: the calls it models, and a gap (never
+    a finding) for any other name the code uses from it."""
 
-    @staticmethod
-    def build_decode_streams(**_: Any) -> tuple[None, ...]:
-        return (None,) * 6
-
-
-class GroupedVerifyStreams:
-    """Stands in for ``unified_kv_kernels.grouped_verify_streams`` (grouped verify attention,
-    switched off by the ``_grouped_asm_enabled`` stand-in)."""
+    def __init__(self, name: str, **calls: Callable[..., Any]) -> None:
+        self._name, self._calls = name, calls
 
     def __getattr__(self, name: str) -> Any:
-        raise StandInGap(f"SGLang code used grouped_verify_streams.{name}, which swafuzz does not model")
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._calls:
+            return self._calls[name]
+        raise StandInGap(f"SGLang code used {self._name}.{name}, which swafuzz does not model")
+
+
+def _no_decode_streams(**_: Any) -> tuple[None, ...]:
+    # the attention index streams are read by attention kernels, not by any store
+    return (None,) * 6
 
 
 class EngineEnvironment:
@@ -242,8 +245,9 @@ STAND_INS: dict[str, Any] = {
     "_grouped_asm_enabled": lambda: False,
     "_GROUPED_ASM_MIN_REQS": 0,
     "_GROUPED_ASM_BLOCK_Q": 0,
-    "runtime": AttentionStreams,
-    "grouped_verify_streams": GroupedVerifyStreams(),
+    # unified_kv_kernels' modules; grouped verify attention is off (_grouped_asm_enabled)
+    "runtime": KernelModule("runtime", build_decode_streams=_no_decode_streams),
+    "grouped_verify_streams": KernelModule("grouped_verify_streams"),
     # the producer builds metadata only when none is attached; the drivers always attach one
     "UnifiedKvMetadata": lambda: UnifiedStandIn(swa_loc=None),
 }
