@@ -22,10 +22,10 @@
   examples and checks per second, the efficiency (N workers' rate over N times one
   process's, the workers' start-up included), and how far each run went past its budget.
 - ``mutants``: ``swafuzz mutate`` over the correct built-in designs and the bound SGLang
-  functions of two releases' targets (0.5.23's translated-location getter, 0.5.12.post1's
-  pool cache): mutants made, killed (per profile), survived, equivalent and not runnable,
-  the kill rate over the mutants not judged equivalent, and the time to kill (median, p90,
-  max), per subject and over all.
+  functions of two releases' targets (0.5.23's translated-location getter and HIP unified
+  ring rows, 0.5.12.post1's pool cache): mutants made, killed (per profile), survived,
+  equivalent, never read and not runnable, the kill rate over the mutants that count, and
+  the time to kill (median, p90, max), per subject and over all.
 - ``device``: per-layer cost of the uncached translation against the cached designs, for
   batch sizes 1 to 256, on a GPU (or ``--device cpu``).
 """
@@ -401,10 +401,12 @@ class MutatedTarget:
         return lines
 
 
-# 0.5.23's translated-location getter (the newest release), and the pool's inline cache of
-# 0.5.12.post1 (the last release with it, SGLANG_OPT_CACHE_SWA_TRANSLATION on by default)
+# 0.5.23's translated-location getter and HIP ring rows (the newest release), and the pool's
+# inline cache of 0.5.12.post1 (the last release with it, SGLANG_OPT_CACHE_SWA_TRANSLATION on
+# by default)
 MUTATED_TARGETS = (
     MutatedTarget("sglang:cuda-swa-out-cache-loc@0.5.23"),
+    MutatedTarget("sglang:hip-unified-swa-loc@0.5.23"),
     MutatedTarget("sglang:pool-fused-store@0.5.12.post1", (
         (FIRST_SWA_LAYER_NOT_START, "pool-cache-first-swa-layer"),
         (MICRO_BATCHES, "pool-cache-two-batch-overlap"),
@@ -422,7 +424,7 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
     out(f"mutants: swafuzz mutate, {budget_s:g} s per mutant (built-ins: realistic, then adversarial; "
         f"SGLang targets: realistic), seed 0, CPU")
     out(f"{'subject':38s} {'unmutated':>9s} {'made':>4s} {'killed':>6s} {'real':>4s} {'adv':>4s} {'surv':>4s} "
-        f"{'equiv':>5s} {'n/r':>3s} {'rate':>6s} {'ttk med':>7s} {'p90':>6s} {'max':>6s} {'run s':>6s}")
+        f"{'equiv':>5s} {'never':>5s} {'n/r':>3s} {'rate':>6s} {'ttk med':>7s} {'p90':>6s} {'max':>6s} {'run s':>6s}")
     runs = [(name, {}) for name in subjects] + [
         (item.subject, {"profiles": (REALISTIC,), "exclude": frozenset(f for f, _ in item.excluded)})
         for item in targets]
@@ -435,7 +437,7 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
         out(f"{report.subject:38s} {report.baseline.status:>9s} {len(report.outcomes):4d} "
             f"{report.count('killed'):6d} {report.killed_by_profile[REALISTIC]:4d} "
             f"{report.killed_by_profile[ADVERSARIAL]:4d} {len(report.survivors):4d} {report.count('equivalent'):5d} "
-            f"{report.count('not runnable'):3d} {rate:>6s} {times['median_s']:>7s} {times['p90_s']:>6s} "
+            f"{report.count('never read'):5d} {report.count('not runnable'):3d} {rate:>6s} {times['median_s']:>7s} {times['p90_s']:>6s} "
             f"{times['max_s']:>6s} {report.elapsed_s:6.1f}")
     killed = sum(report.count("killed") for report in reports)
     counted = sum(report.counted for report in reports)
@@ -452,6 +454,7 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
         "made": sum(len(report.outcomes) for report in reports),
         "survived": sum(len(report.survivors) for report in reports),
         "equivalent": sum(report.count("equivalent") for report in reports),
+        "never_read": sum(report.count("never read") for report in reports),
         "not_runnable": sum(report.count("not runnable") for report in reports),
         "unmutated_divergences": sum(report.baseline.status != "passes" for report in reports),
         "elapsed_s": sum(report.elapsed_s for report in reports),
@@ -463,7 +466,7 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
     shown = {name: "-" if value is None else f"{value:.2f} s" for name, value in overall["time_to_kill"].items()}
     rate = "-" if overall["kill_rate"] is None else f"{overall['kill_rate']:.1%}"
     out(f"all: {killed} of {counted} killed ({rate}), {overall['survived']} survived, {overall['equivalent']} "
-        f"equivalent, {overall['not_runnable']} not runnable, of {overall['made']} made; time to kill median "
+        f"equivalent, {overall['never_read']} never read, {overall['not_runnable']} not runnable, of {overall['made']} made; time to kill median "
         f"{shown['median_s']}, p90 {shown['p90_s']}, max {shown['max_s']}; divergences of the unmutated "
         f"subjects: {overall['unmutated_divergences']}; {overall['elapsed_s']:.0f} s")
     share = "-" if not killed else f"{named / killed:.0%}"
@@ -480,8 +483,8 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
         for outcome in report.outcomes:
             if outcome.equivalent_reason:
                 out(f"equivalent: {report.subject}: {outcome.mutant.id}: {outcome.equivalent_reason}")
-            elif outcome.status == "not runnable":
-                out(f"not runnable: {report.subject}: {outcome.mutant.id}: {outcome.sentence}")
+            elif outcome.status in ("not runnable", "never read"):
+                out(f"{outcome.status}: {report.subject}: {outcome.mutant.id}: {outcome.sentence}")
     return {"overall": overall, "subjects": {report.subject: report.to_dict() for report in reports}}
 
 

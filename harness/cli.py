@@ -257,10 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     mutate = commands.add_parser(
         "mutate", help="measure the search: fuzz mutants of a correct subject",
         description="Derive mutants from the subject's Python source (one operator applied at one "
-                    "place each; for sglang:<target>, the SGLang functions it binds, each mutant a copy "
-                    "of the tree with one edit), fuzz the unmutated subject and then each mutant, and "
-                    "report how many the search killed and how fast. Exits 0 when the unmutated subject "
-                    "passes and every mutant not listed as equivalent is killed, 1 otherwise.")
+                    "place each; for sglang:<target>, the SGLang functions it binds, each mutant the tree "
+                    "with one edit), fuzz the unmutated subject and then each mutant, and report how "
+                    "many the search killed and how fast. Exits 0 when the unmutated subject passes and "
+                    "every mutant is killed, listed as equivalent, or never read (its edit changes only "
+                    "values nothing reads), 1 otherwise.")
     _add_subject(mutate)
     mutate.add_argument("--budget", type=_seconds, default=MUTANT_BUDGET_S, metavar="SECONDS",
                         help=f"search time per mutant, shared evenly by the profiles in their order "

@@ -299,8 +299,8 @@ def _print_mutation_summary(report: Any, written: list[Path]) -> None:
         if outcome.equivalent_reason:
             print(f"  equivalent: {outcome.mutant.id}: {outcome.equivalent_reason}")
     for outcome in report.outcomes:
-        if outcome.status == mutation.NOT_RUNNABLE:
-            print(f"  not runnable: {outcome.mutant.id}: {printable(outcome.sentence or '')}")
+        if outcome.status in (mutation.NEVER_READ, mutation.NOT_RUNNABLE):
+            print(f"  {outcome.status}: {outcome.mutant.id}: {printable(outcome.sentence or '')}")
     for mutant_id in report.wrongly_listed:
         print(f"  listed as equivalent, yet killed: {mutant_id}")
     print(f"  reports: {', '.join(str(path) for path in written)}")

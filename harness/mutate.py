@@ -64,6 +64,7 @@ from .guard import describe_exception
 from .registry import SubjectInfo, resolve_subject
 from .reports import write_atomically
 from .supervisor import EXITED, HUNG, KILLED, keep_scenarios_in, last_scenario
+from .unread import Unread, attributes_read
 
 # a mutant's call that loops forever costs this much of its budget, not the harness's 10 s
 CALL_TIMEOUT_S = 2.0
@@ -78,6 +79,7 @@ REPORT_FILES = ("mutants.md", "mutants.json")
 
 # outcomes of a mutant
 KILLED_STATUS, SURVIVED, EQUIVALENT, NOT_RUNNABLE = "killed", "survived", "equivalent", "not runnable"
+NEVER_READ = "never read"  # a survivor whose edit only changes values nothing reads
 UNKNOWN_CAUSE = "unknown"  # the diagnosis's catch-all: no candidate explains the wrong rows
 # a mutant's scenario the unmutated subject fails too: a divergence of the subject itself
 ORIGINAL_DIVERGES = "unmutated subject diverges"
@@ -470,6 +472,9 @@ class Mutant:
     # an SGLang target's subject name (``sglang:<target>[@<version>]``) when the function is
     # bound from that tree: the mutant is the tree with this file edited, bound again
     tree_subject: str | None = None
+    # why the edit changes only values nothing reads (:mod:`swafuzz.unread`), if it does:
+    # should the mutant survive, that is why no search could kill it
+    never_read: str | None = None
 
     @property
     def qualname(self) -> str:
@@ -488,13 +493,24 @@ def derive_mutants(subject: type, operators: tuple[str, ...] | None = None) -> l
 def _mutants_of(functions: list[_Function], operators: tuple[str, ...] | None,
                 tree_subject: str | None = None) -> list[Mutant]:
     mutants = []
+    attributes = attributes_read(f.node for f in functions)
     for function in functions:
-        text = _Text(function)
+        text, reading = _Text(function), Unread(function.node, attributes)
         for operator in operators or tuple(OPERATORS):
             edits = OPERATORS[operator](function, text)
             for number, edit in enumerate(_distinct(edits), 1):
-                mutants.append(_mutant(function, operator, number, edit, tree_subject))
+                mutants.append(_mutant(function, operator, number, edit, tree_subject,
+                                       _never_read(reading, edit)))
     return mutants
+
+
+def _never_read(reading: Unread, edit: _Edit) -> str | None:
+    statement = reading.statement_at(edit.node)
+    if statement not in reading.unread:
+        return None
+    stores = ", ".join(f"`{store}`" for store in reading.stores_of(statement))
+    return (f"line {statement.lineno} stores only into {stores or 'nothing'}, which nothing the subject "
+            f"returns, calls or stores for a read depends on")
 
 
 # ---- SGLang targets -------------------------------------------------------------------------
@@ -552,11 +568,25 @@ def _tree_functions(spec: str, binding: Any) -> list[_Function]:
             if isinstance(node, ast.FunctionDef) and node.name in names:
                 found.append(_Function(code.module, code.path, lines, node,
                                        code.name if isinstance(code, ClassCode) else None))
+    stood_in = _stood_in(binding)
     for path, source in sources.items():
         module = path.removesuffix(".py").replace("/", ".")
-        taken = {f.node.name for f in found if f.module == module and f.owner is None}
+        taken = {f.node.name for f in found if f.module == module and f.owner is None} | stood_in
         found += _called_helpers(module, source, found, lambda name, taken=taken: name not in taken)
     return found
+
+
+def _stood_in(binding: Any) -> set[str]:
+    """The global names the bound functions get from swafuzz's stand-ins in place of the
+    tree's own (``_grouped_asm_enabled``): a mutant of the tree's function would never run."""
+    bound = [*binding.functions.values(), *(m for c in binding.classes.values() for m in c.methods.values())]
+    names = set()
+    for method in bound:
+        function = getattr(method, "fget", None) or getattr(method, "__func__", method)
+        for name, value in getattr(function, "__globals__", {}).items():
+            if str(getattr(value, "__module__", "")).startswith(f"{__package__}."):
+                names.add(name)
+    return names
 
 
 def derive_tree_mutants(spec: str, binding: Any, operators: tuple[str, ...] | None = None) -> list[Mutant]:
@@ -604,7 +634,7 @@ def spliced(lines: list[str] | tuple[str, ...], span: tuple[int, int, int, int],
 
 
 def _mutant(function: _Function, operator: str, number: int, edit: _Edit, tree_subject: str | None = None,
-            ) -> Mutant:
+            never_read: str | None = None) -> Mutant:
     lines, node = list(function.lines), edit.node
     span = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
     changed = spliced(lines, span, edit.text)
@@ -616,7 +646,7 @@ def _mutant(function: _Function, operator: str, number: int, edit: _Edit, tree_s
     shown = function.path if tree_subject else _shown_path(function.path)
     diff = "".join(difflib.unified_diff(lines, changed, fromfile=shown, tofile=f"{shown} ({mutant_id})", n=2))
     return Mutant(mutant_id, operator, function.module, function.owner, function.node.name, shown,
-                  node.lineno, edit.description, source, diff, span, edit.text, tree_subject)
+                  node.lineno, edit.description, source, diff, span, edit.text, tree_subject, never_read)
 
 
 def _shown_path(path: str) -> str:
@@ -931,8 +961,9 @@ class MutationReport:
 
     @property
     def counted(self) -> int:
-        """Mutants the kill rate is over: runnable and not judged equivalent."""
-        return len(self.outcomes) - self.count(NOT_RUNNABLE) - self.count(EQUIVALENT)
+        """Mutants the kill rate is over: runnable, not judged equivalent, and not surviving
+        because nothing reads what their edit changes."""
+        return len(self.outcomes) - self.count(NOT_RUNNABLE) - self.count(EQUIVALENT) - self.count(NEVER_READ)
 
     @property
     def kill_rate(self) -> float | None:
@@ -983,6 +1014,7 @@ class MutationReport:
         named = self.diagnosis()
         return (f"swafuzz mutate: {self.count(KILLED_STATUS)} of {self.counted} mutants of {self.subject} killed "
                 f"({rate}; {by_profile}), {len(self.survivors)} survived, {self.count(EQUIVALENT)} equivalent, "
+                f"{self.count(NEVER_READ)} never read, "
                 f"{self.count(NOT_RUNNABLE)} not runnable, of {len(self.outcomes)} made; the diagnosis names the "
                 f"cause of {named['named']} of {named['killed']} kills")
 
@@ -997,7 +1029,7 @@ class MutationReport:
             "elapsed_s": self.elapsed_s, "passed": self.passed, "profiles": list(self.profiles),
             "exclude": list(self.exclude), "unmutated": self.baseline.to_dict(),
             "made": len(self.outcomes), "killed": self.count(KILLED_STATUS), "killed_by_profile": self.killed_by_profile,
-            "survived": len(self.survivors), "equivalent": self.count(EQUIVALENT),
+            "survived": len(self.survivors), "equivalent": self.count(EQUIVALENT), "never_read": self.count(NEVER_READ),
             "not_runnable": self.count(NOT_RUNNABLE), "counted": self.counted, "kill_rate": self.kill_rate,
             "time_to_kill": self.time_to_kill(), "diagnosis": self.diagnosis(),
             "wrongly_listed_equivalent": self.wrongly_listed,
@@ -1013,7 +1045,8 @@ class MutationReport:
                  "| figure | value |", "|---|---|"]
         rows = {"made": len(self.outcomes), "killed (realistic)": self.killed_by_profile[REALISTIC],
                 "killed (adversarial)": self.killed_by_profile[ADVERSARIAL], "survived": len(self.survivors),
-                "equivalent (left out of the rate)": self.count(EQUIVALENT), "not runnable": self.count(NOT_RUNNABLE),
+                "equivalent (left out of the rate)": self.count(EQUIVALENT),
+                "never read (left out of the rate)": self.count(NEVER_READ), "not runnable": self.count(NOT_RUNNABLE),
                 "kill rate": "-" if self.kill_rate is None else f"{self.kill_rate:.1%}",
                 "time to kill, median": shown["median_s"], "time to kill, p90": shown["p90_s"],
                 "time to kill, max": shown["max_s"]}
@@ -1021,7 +1054,9 @@ class MutationReport:
         if self.baseline.status != PASSES:
             lines += ["", "## The unmutated subject diverges", "", self.baseline.sentence or ""]
         sections = ((SURVIVED, "Survivors"), (ORIGINAL_DIVERGES, "Scenarios the unmutated subject fails too"),
-                    (EQUIVALENT, "Equivalent (reviewed)"), (NOT_RUNNABLE, "Not runnable"))
+                    (EQUIVALENT, "Equivalent (reviewed)"), (NEVER_READ, "Never read (survivors whose edit changes "
+                                                            "only values nothing reads)"),
+                    (NOT_RUNNABLE, "Not runnable"))
         for status, title in sections:
             listed = [o for o in self.outcomes if o.status == status]
             if listed:
@@ -1069,7 +1104,7 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
     """Fuzz the unmutated subject ``spec``, then each of its mutants (see the module's text).
 
     An ``sglang:<target>[@<version>]`` is mutated in the SGLang functions its binding runs,
-    each mutant bound from a copy of the tree with one edit (:func:`tree_mutant_subject`).
+    each mutant the tree with one edit (:func:`tree_mutant_subject`).
     ``profiles`` share each search's budget in their order; ``exclude`` names lifecycle
     features no search draws (the scope the subject is meant to be right on).
     ``equivalents`` (mutant id to reason) defaults to the reviewed list of a built-in subject
@@ -1104,6 +1139,8 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
                 outcome = _outcome(runner, mutant, budget_s, seed, scope)
                 if outcome.status == SURVIVED and mutant.id in equivalents:
                     outcome.status, outcome.equivalent_reason = EQUIVALENT, equivalents[mutant.id]
+                elif outcome.status == SURVIVED and mutant.never_read:
+                    outcome.status, outcome.sentence = NEVER_READ, mutant.never_read
                 elif outcome.status == KILLED_STATUS and mutant.id in equivalents:
                     report.wrongly_listed.append(mutant.id)
                 report.outcomes.append(outcome)

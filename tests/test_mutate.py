@@ -16,7 +16,8 @@ from swafuzz import builtin, mutate as mutation
 from swafuzz.api import ModelSpec
 from swafuzz.cli import MUTATION_OPERATORS, main
 from swafuzz.mutate import (
-    EQUIVALENT, KILLED_STATUS, NOT_RUNNABLE, ORIGINAL_DIVERGES, PASSES, SURVIVED, derive_mutants, examine,
+    EQUIVALENT, KILLED_STATUS, NEVER_READ, NOT_RUNNABLE, ORIGINAL_DIVERGES, PASSES, SURVIVED, derive_mutants,
+    examine,
     mutant_class, mutate,
 )
 from swafuzz.reference import EngineConfig
@@ -259,6 +260,48 @@ def test_survivors_listed_as_equivalent_are_left_out_of_the_kill_rate_with_their
     unlisted = mutate("test_mutate:RedundantlyGuarded", budget_s=1, isolated=False, operators=("negate-guard",),
                       equivalents={})
     assert unlisted.outcomes[0].status == SURVIVED and unlisted.survivors and not unlisted.passed
+
+
+class KeepsATallyNothingReads(Subject):
+    truth = Truth.POOL
+
+    def swa_write_location(self, batch, layer_id):
+        if layer_id == self.spec.first_swa_layer:
+            self.tally_nothing_reads = layer_id
+        return _rows(self.mapping, batch.out_cache_loc)
+
+
+def test_a_survivor_whose_edit_changes_only_what_nothing_reads_is_never_read_and_left_out_of_the_rate(
+        tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    report = mutate("test_mutate:KeepsATallyNothingReads", budget_s=1, isolated=False, operators=("negate-guard",),
+                    equivalents={})
+    (outcome,) = report.outcomes
+    assert outcome.status == NEVER_READ and "`self.tally_nothing_reads`" in outcome.sentence
+    assert report.counted == 0 and report.passed and not report.survivors
+    assert "1 never read" in report.headline() and report.to_dict()["never_read"] == 1
+    report.write(tmp_path)
+    assert "## Never read" in (tmp_path / "mutants.md").read_text()
+
+
+def test_an_edit_that_reaches_a_returned_value_is_not_never_read():
+    # the guard of RefreshedAtFirstSwaLayer chooses what is cached and returned
+    assert not any(m.never_read for m in derive_mutants(RefreshedAtFirstSwaLayer))
+    assert all(m.never_read for m in derive_mutants(KeepsATallyNothingReads, operators=("negate-guard",)))
+
+
+def test_a_never_read_mutant_that_the_search_kills_counts_as_killed(monkeypatch):
+    # the reading explains survivors; an edit it calls unread may still raise, and that is a kill
+    def outcome(runner, mutant, budget_s, seed, scope):
+        if mutant is None:
+            return mutation.Outcome(None, PASSES)
+        return mutation.Outcome(mutant, KILLED_STATUS, profile="realistic", time_to_kill_s=0.1, kind="raised")
+
+    monkeypatch.setattr(mutation, "_outcome", outcome)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    report = mutate("test_mutate:KeepsATallyNothingReads", budget_s=1, isolated=False, operators=("negate-guard",))
+    assert report.outcomes[0].mutant.never_read and report.outcomes[0].status == KILLED_STATUS
+    assert report.counted == 1 and report.kill_rate == 1.0
 
 
 def test_a_killed_mutant_listed_as_equivalent_is_named_as_wrongly_listed():

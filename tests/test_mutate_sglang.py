@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from conftest import released_tree
@@ -55,7 +54,7 @@ def test_an_sglang_targets_mutants_are_made_from_the_functions_its_binding_runs(
 
 
 @pytest.mark.quick
-def test_a_tree_mutant_is_bound_from_a_copy_with_its_one_edit_and_the_release_is_left_as_it_was(release):
+def test_a_tree_mutant_is_bound_from_the_tree_with_its_one_edit_and_the_release_is_left_as_it_was(release):
     info, mutants = _mutants(operators=("layer-bound",))
     stage = EXAMPLES["pipeline-stage"]  # a stage that starts past layer 0
     refreshed_at_layer_0 = next(m for m in mutants.values() if "replaced by layer 0" in m.description)
@@ -155,3 +154,43 @@ def test_a_tree_mutant_reads_its_call_sites_from_the_whole_tree_as_the_unmutated
     mutated = mutation.tree_mutant_subject(mutant)
     assert info.subject.call_sites.to_dict() == mutated.call_sites.to_dict()
     assert "unconfirmed" not in mutated.call_sites.describe()
+
+
+HIP_TARGET = "sglang:hip-unified-swa-loc@0.5.23"
+
+
+@pytest.fixture(scope="module")
+def hip_mutants():
+    if isinstance(tree := released_tree("0.5.23"), str):
+        pytest.skip(tree)
+    return _mutants(HIP_TARGET)
+
+
+@pytest.mark.quick
+def test_a_tree_function_the_binding_replaces_with_a_stand_in_is_not_mutated(hip_mutants):
+    # _grouped_asm_enabled is swafuzz's stand-in there: an edit of the tree's would never run
+    info, mutants = hip_mutants
+    functions = {m.qualname for m in mutants.values()}
+    assert "_grouped_asm_enabled" not in functions
+    assert "DeepseekV4HipRadixBackend._attach_unified_kv_decode_streams" in functions
+
+
+@pytest.mark.quick
+def test_edits_of_the_hip_producers_read_streams_are_never_read_and_of_its_ring_rows_are_read(hip_mutants):
+    _, mutants = hip_mutants
+    producer = [m for m in mutants.values() if m.function == "_attach_unified_kv_decode_streams"]
+    streams = [m for m in producer if "build_decode_streams" in m.description]
+    assert streams and all(m.never_read and "core.unified.swa_indices" in m.never_read for m in streams)
+    ring_rows = [m for m in producer if m.operator == "off-by-one" and "unified_swa_ring_size" in m.description]
+    assert ring_rows and not any(m.never_read for m in ring_rows)
+    assert not any(m.never_read for m in mutants.values() if m.function == "get_unified_swa_loc")
+
+
+def test_a_kernel_call_the_stand_ins_do_not_model_is_not_runnable_never_killed(hip_mutants):
+    # entering the grouped fp8 verify branch calls runtime.build_grouped_verify_streams
+    info, mutants = hip_mutants
+    mutant = next(m for m in mutants.values() if m.operator == "negate-guard"
+                  and "self.is_dspark and num_reqs and is_unified_kv_fp8()" in m.description)
+    outcome = examine(info.subject, mutant, budget_s=2, seed=0, profiles=("realistic",))
+    assert outcome.status == NOT_RUNNABLE, outcome
+    assert "runtime.build_grouped_verify_streams" in outcome.sentence
