@@ -352,15 +352,20 @@ def _attributes(function: _Function) -> set[str]:
 
 # the words of a name that is a ring size or a sliding window and nothing else: every word
 # of it must be one of them, so that SGLang's `request_window` (the per-request window of
-# bounded replay) or `_dspark_swa_ring_out_cache_loc` (a ring's locations) are neither;
+# bounded replay) or `_dspark_swa_ring_out_cache_loc` (a ring's locations) are neither,
+# while the unified-KV pool's `unified_swa_ring_size` and `unified_swa_window` are;
 # and in lower case, as attributes are (`Truth.RING` is an enum member)
-RING_SIZE_WORDS = {"ring", "size", "swa", "req"}
-WINDOW_SIZE_WORDS = {"sliding", "window", "size", "swa"}
+RING_SIZE_WORDS = {"ring", "size", "swa", "req", "unified"}
+WINDOW_SIZE_WORDS = {"sliding", "window", "size", "swa", "unified"}
 
 
 def _names_size(name: str, word: str, vocabulary: set[str]) -> bool:
     words = _tokens(name) - {""}
     return name.islower() and word in words and words <= vocabulary
+
+
+def _unified(name: str) -> bool:
+    return "unified" in _tokens(name)
 
 
 def ring_window(function: _Function, text: _Text) -> Iterator[_Edit]:
@@ -373,7 +378,8 @@ def ring_window(function: _Function, text: _Text) -> Iterator[_Edit]:
     for n in ast.walk(function.node):
         if isinstance(n, ast.Attribute):
             others = windows if n.attr in rings else rings if n.attr in windows else []
-            for other in others:
+            # a unified pool's ring size and window pair with each other, not with a model's
+            for other in (o for o in others if _unified(o) == _unified(n.attr)):
                 yield _Edit(n, f"{text(n.value)}.{other}", f"`{text(n)}` replaced by `.{other}`")
 
 

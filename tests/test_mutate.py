@@ -192,6 +192,23 @@ def test_ring_window_swaps_only_names_that_are_a_ring_size_or_a_sliding_window()
         "`self.spec.sliding_window` replaced by `.ring`"]
 
 
+class UnifiedPoolRing(Subject):
+    """Ring rows from the sizes a unified-KV pool names, as SGLang's HIP getter reads them."""
+
+    truth = Truth.RING
+
+    def swa_write_location(self, batch, layer_id):
+        ring = self.pool.unified_swa_ring_size
+        return _ring_slot(batch.req_pool_indices[:batch.batch_size], batch.positions % self.pool.unified_swa_window, ring)
+
+
+def test_ring_window_swaps_the_unified_pools_ring_size_and_window():
+    mutants = derive_mutants(UnifiedPoolRing, operators=("ring-window",))
+    assert sorted(m.description for m in mutants) == [
+        "`self.pool.unified_swa_ring_size` replaced by `.unified_swa_window`",
+        "`self.pool.unified_swa_window` replaced by `.unified_swa_ring_size`"]
+
+
 # ---- what a kill is ----------------------------------------------------------------------------
 
 
