@@ -391,7 +391,15 @@ def _worker(index: int, job: FuzzJob, scenario_file: Path) -> tuple[FuzzResult, 
     # the scenario it runs, for its campaign to replay should the subject end this process
     keep_scenarios_in(scenario_file)
     with InterruptWatch() as watch, stdout_to_stderr():
-        _worker_queue.put(("started", index, os.getpid()))
+        # The first put starts the queue's feeder thread and registers its exit hooks, the
+        # join and then the close; an interrupt raised between the two would leave this
+        # process's exit joining a thread that is never told to stop. The campaign learns
+        # this pid from the message, so a SIGINT held back here still lands right after.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            _worker_queue.put(("started", index, os.getpid()))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         result, path = run_job(
             resolve_subject(job.subject), job, watch,
             on_progress=lambda update: _worker_queue.put(("progress", index, update)),
