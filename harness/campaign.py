@@ -387,6 +387,16 @@ def _die_with(campaign: int) -> None:
     threading.Thread(target=watch, name="swafuzz-parent-watch", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _signals_held(*signums: int) -> Iterator[None]:
+    """Hold ``signums`` back in this thread for the block; one sent meanwhile lands after it."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, set(signums))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _worker(index: int, job: FuzzJob, scenario_file: Path) -> tuple[FuzzResult, str | None]:
     # the scenario it runs, for its campaign to replay should the subject end this process
     keep_scenarios_in(scenario_file)
@@ -395,11 +405,8 @@ def _worker(index: int, job: FuzzJob, scenario_file: Path) -> tuple[FuzzResult, 
         # join and then the close; an interrupt raised between the two would leave this
         # process's exit joining a thread that is never told to stop. The campaign learns
         # this pid from the message, so a SIGINT held back here still lands right after.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
+        with _signals_held(signal.SIGINT, signal.SIGTERM):
             _worker_queue.put(("started", index, os.getpid()))
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         result, path = run_job(
             resolve_subject(job.subject), job, watch,
             on_progress=lambda update: _worker_queue.put(("progress", index, update)),
@@ -447,12 +454,9 @@ class WorkerPool:
                                      initargs=(queue, os.getpid(), environment_for_workers())) as pool:
                 # workers inherit a blocked SIGINT, so that a Ctrl-C to the whole process group
                 # while they import cannot end one with a traceback (_init_worker unblocks it)
-                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-                try:
+                with _signals_held(signal.SIGINT):
                     futures = {pool.submit(_worker, i, job, self.scenario_files[i]): i
                                for i, job in enumerate(self.jobs)}
-                finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 pending = set(futures)
                 stop_deadline = float("inf")
                 while pending and time.monotonic() < stop_deadline:
