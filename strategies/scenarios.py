@@ -52,7 +52,7 @@ from functools import lru_cache
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from ..reference import EngineConfig, Event, LimitExceeded, Mutation, Scenario
+from ..reference import LIMITS, EngineConfig, Event, LimitExceeded, Mutation, Scenario
 from .profiles import ADVERSARIAL, PROFILES, REALISTIC
 
 MAX_FORWARDS = 6  # interesting forwards, runs left out
@@ -143,6 +143,7 @@ class _Sim:
     lengths: dict[int, int] = field(default_factory=dict)
     next_id: int = 0
     peak_live: int = 0
+    rows: int = 0  # the rows (positions) of the last forward that had requests
     # drawn when the first forward asks for a graph: an engine that replays none captures none
     graph_sizes: tuple[int, ...] = ()
 
@@ -294,6 +295,7 @@ def _plain_decodes(sim: _Sim) -> list[Event]:
         return []
     for rid in sim.live:
         sim.lengths[rid] += count
+    sim.rows = len(sim.live)
     return [Event(op="forward", mode="decode", requests=tuple(sim.live))] * count
 
 
@@ -366,11 +368,13 @@ def _forwards(draw, sim: _Sim) -> Event:
     if mode in ("decode", "idle") and draw(st.booleans()):
         if not sim.graph_sizes:
             sim.graph_sizes = tuple(sorted(_subset(draw, _GRAPH_SIZES, min_size=1)))
-        pad = draw(st.integers(0, 4)) if mode == "idle" else 0
+        pad = _idle_pad(draw, sim) if mode == "idle" else 0
         graph = max(live_tokens, pad) <= sim.graph_sizes[-1]
         pad = pad if graph else 0
     elif mode == "idle":
-        pad = draw(st.integers(0, 4))
+        pad = _idle_pad(draw, sim)
+    if requests:
+        sim.rows = sum(tokens) if tokens else len(requests) * (1 if mode == "draft" else per_request[mode])
 
     micro_batches = 1
     max_mbs = min(len(requests), 3 if adversarial else 2)
@@ -405,6 +409,23 @@ def _forwards(draw, sim: _Sim) -> Event:
         micro_batches=micro_batches, order=order, layers=layers, skip_layers=skip_layers,
         skip_init=skip_init, graph=graph, pad=pad, mutation=mutation,
     )
+
+
+_FEW_PAD_ROWS = st.integers(0, 4)
+
+
+def _idle_pad(draw, sim: _Sim) -> int:
+    """An idle forward's padding rows: a few, or as many as the last forward with requests
+    had. SGLang pads an idle data-parallel rank to its busiest peer's token count
+    (``DpPaddingMode.MAX_LEN``), in lockstep decode often the count this rank ran last, and
+    an idle forward that skips metadata init then meets metadata of its own length: the
+    stale-rows case that a length check alone lets through."""
+    return draw(_either((_FEW_PAD_ROWS, _just(min(sim.rows, LIMITS["pad"])))))
+
+
+@lru_cache(maxsize=None)
+def _just(value: int) -> st.SearchStrategy[int]:
+    return st.just(value)
 
 
 @lru_cache(maxsize=1024)
