@@ -2,7 +2,8 @@
 
 from .engine import PACKED_INPUTS, EngineState, ForwardPlan, StepInputs, replay_events
 from .scenario import (
-    LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, store_schedule,
+    LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, live_rows,
+    store_schedule,
 )
 from .truth import (
     DUMMY_SLOT,
@@ -24,6 +25,6 @@ from .truth import (
 __all__ = [
     "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
     "ForwardPlan", "Mutation", "PACKED_INPUTS", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
-    "draft_step_slots", "late_layer_tail_tokens", "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size",
+    "draft_step_slots", "late_layer_tail_tokens", "live_rows", "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size",
     "store_schedule", "token_state_slots", "translate_pool", "whole_page_ring",
 ]

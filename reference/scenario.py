@@ -512,9 +512,15 @@ def _step_rows(event: Event, config: EngineConfig) -> int:
     """An upper bound on the rows one step of a forward writes, padding included."""
     if event.graph:
         return max(config.graph_batch_sizes, default=0) + event.pad
-    per_request = {"verify": config.num_draft_tokens}.get(event.mode, 1)
-    tokens = sum(event.tokens) if event.tokens else per_request * len(event.requests)
-    return tokens + event.pad
+    return live_rows(event, config.num_draft_tokens) + event.pad
+
+
+def live_rows(event: Event, num_draft_tokens: int) -> int:
+    """The rows (positions) one step of an eager forward has for its requests, padding left
+    out: its token counts, else one per request (``num_draft_tokens`` in target-verify)."""
+    if event.tokens:
+        return sum(event.tokens)
+    return len(event.requests) * (num_draft_tokens if event.mode == "verify" else 1)
 
 
 def store_schedule(event: Event, config: EngineConfig) -> list[int]:

@@ -52,7 +52,7 @@ from functools import lru_cache
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from ..reference import LIMITS, EngineConfig, Event, LimitExceeded, Mutation, Scenario
+from ..reference import LIMITS, EngineConfig, Event, LimitExceeded, Mutation, Scenario, live_rows
 from .profiles import ADVERSARIAL, PROFILES, REALISTIC
 
 MAX_FORWARDS = 6  # interesting forwards, runs left out
@@ -373,8 +373,6 @@ def _forwards(draw, sim: _Sim) -> Event:
         pad = pad if graph else 0
     elif mode == "idle":
         pad = _idle_pad(draw, sim)
-    if requests:
-        sim.rows = sum(tokens) if tokens else len(requests) * (1 if mode == "draft" else per_request[mode])
 
     micro_batches = 1
     max_mbs = min(len(requests), 3 if adversarial else 2)
@@ -404,11 +402,14 @@ def _forwards(draw, sim: _Sim) -> Event:
             request=_live_request(draw, sim),
             shuffle=draw(st.integers(0, 3)),
         )
-    return Event(
+    event = Event(
         op="forward", mode=mode, requests=requests, tokens=tokens, steps=steps,
         micro_batches=micro_batches, order=order, layers=layers, skip_layers=skip_layers,
         skip_init=skip_init, graph=graph, pad=pad, mutation=mutation,
     )
+    if requests:
+        sim.rows = live_rows(event, num_draft_tokens)
+    return event
 
 
 _FEW_PAD_ROWS = st.integers(0, 4)

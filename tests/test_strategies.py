@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, find, given, settings
 
 from swafuzz import run_scenario
 from swafuzz.builtin import Uncached
-from swafuzz.reference import EngineState
+from swafuzz.reference import EngineState, live_rows
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.exhaustive import enumerate_scenarios
 from swafuzz.strategies.features import ALL_FEATURES, features_of
@@ -216,18 +216,12 @@ def test_a_failure_that_needs_an_explicit_interleaving_shrinks_to_a_few_stores()
     assert len(orders) == 1 and len(orders[0]) <= 4, found.to_dict()["events"]
 
 
-def _rows(event, config) -> int:
-    if event.tokens:
-        return sum(event.tokens)
-    return len(event.requests) * (config.num_draft_tokens if event.mode == "verify" else 1)
-
-
 @pytest.mark.parametrize("profile", PROFILES)
 def test_an_idle_forward_that_skips_metadata_init_often_has_the_rows_of_the_forward_before(profile):
     # the metadata it keeps then has its length, so a cache trusted on length alone is stale
     def idle_pads_after_a_live_forward(scenario):
         forwards = [e for e in scenario.events if e.op == "forward"]
-        return [(idle.pad, _rows(before, scenario.config)) for before, idle in zip(forwards, forwards[1:])
+        return [(idle.pad, live_rows(before, scenario.config.num_draft_tokens)) for before, idle in zip(forwards, forwards[1:])
                 if idle.mode == "idle" and idle.skip_init and before.requests]
 
     pairs = [pair for pads in _measured(profile, idle_pads_after_a_live_forward, 600) for pair in pads]
