@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from random import Random
 
 import pytest
@@ -221,7 +222,7 @@ def test_an_idle_forward_that_skips_metadata_init_often_has_the_rows_of_the_forw
     # the metadata it keeps then has its length, so a cache trusted on length alone is stale
     def idle_pads_after_a_live_forward(scenario):
         forwards = [e for e in scenario.events if e.op == "forward"]
-        return [(idle.pad, live_rows(before, scenario.config.num_draft_tokens)) for before, idle in zip(forwards, forwards[1:])
+        return [(idle.pad, live_rows(before, scenario.config.num_draft_tokens)) for before, idle in pairwise(forwards)
                 if idle.mode == "idle" and idle.skip_init and before.requests]
 
     pairs = [pair for pads in _measured(profile, idle_pads_after_a_live_forward, 600) for pair in pads]
