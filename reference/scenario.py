@@ -489,6 +489,8 @@ def _check_work(scenario: "Scenario") -> None:
     pool_slots = (config.full_pool_size + config.swa_pool_size) * len(config.models)
     swa_pages = config.swa_pool_size // config.swa_page_size * len(config.models)
     stores = checked = pool_work = remapped = 0
+    # a run of plain forwards repeats one event object: its schedule is read once
+    schedules: dict[int, int] = {}
     for index, event in enumerate(scenario.events):
         where = f"events[{index}]"
         pool_work += pool_slots
@@ -500,7 +502,9 @@ def _check_work(scenario: "Scenario") -> None:
             continue
         rows = _step_rows(event, config)
         _check_limit(where, "forward_rows", rows, f"up to {rows} rows per step")
-        calls = len(store_schedule(event, config))
+        calls = schedules.get(id(event))
+        if calls is None:
+            calls = schedules[id(event)] = len(store_schedule(event, config))
         steps = event.steps + (1 if event.graph else 0)  # a graph is captured before it replays
         stores += calls * event.micro_batches * steps
         checked += calls * rows * steps

@@ -46,6 +46,7 @@ Hypothesis drawing the shrinker's candidates.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -144,6 +145,7 @@ class _Sim:
     next_id: int = 0
     peak_live: int = 0
     rows: int = 0  # the rows (positions) of the last forward that had requests
+    forwards: int = 0  # interesting forwards drawn
     # drawn when the first forward asks for a graph: an engine that replays none captures none
     graph_sizes: tuple[int, ...] = ()
 
@@ -189,7 +191,11 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
     sim = _Sim(adversarial, speculative, num_draft_tokens, stage, swa_layers,
                run=run_length, run_before=run_before)
     sim.admit(draw(_small_or(1, 2, 256)))
-    events = [Event(op="admit", count=len(sim.live))] + draw(_forwards_from(sim, 0))
+    drawing = _DRAWING.set(sim)
+    try:
+        events = [Event(op="admit", count=len(sim.live))] + draw(_FORWARDS_FROM)
+    finally:
+        _DRAWING.reset(drawing)
 
     longest = max(sim.lengths.values(), default=0)
     full_pages = sum(-(-n // full_page) for n in sim.lengths.values()) + 1
@@ -299,22 +305,31 @@ def _plain_decodes(sim: _Sim) -> list[Event]:
     return [Event(op="forward", mode="decode", requests=tuple(sim.live))] * count
 
 
+# The scenario whose forwards are being drawn. The forward strategies read it from here
+# rather than take it as an argument, so that each is one strategy object built once: a
+# strategy built per forward costs Hypothesis a validation several times its draws.
+_DRAWING: ContextVar[_Sim] = ContextVar("_DRAWING")
+
+
 @st.composite
-def _forwards_from(draw, sim: _Sim, index: int) -> list[Event]:
-    """Forward ``index`` and all after it, the run before the one of its place or else
-    before the last, so that every interesting forward may meet the state a run leaves.
+def _forwards_from(draw) -> list[Event]:
+    """The next interesting forward and all after it, the run before the one of its place
+    or else before the last, so that every interesting forward may meet the state a run
+    leaves.
 
     Each forward's span holds the next one's, so the shrinker deletes any forward, the
     first included, with the state event after it, by putting the span of the forwards
     after it in its place (Hypothesis replaces a span with a nested span of the same
     label); deleting single choices drops only forwards of at most five."""
+    sim = _DRAWING.get()
+    index, sim.forwards = sim.forwards, sim.forwards + 1
     more = draw(_ANOTHER_FORWARD) != 0 and index + 1 < MAX_FORWARDS
     events = _plain_decodes(sim) if sim.run and (index == sim.run_before or not more) else []
-    events.append(draw(_forwards(sim)))
+    events.append(draw(_FORWARD))
     if more:
         if draw(st.booleans()):
             events.append(_state_event(draw, sim))
-        events.extend(draw(_forwards_from(sim, index + 1)))
+        events.extend(draw(_FORWARDS_FROM))
     return events
 
 
@@ -338,7 +353,8 @@ def _state_event(draw, sim: _Sim) -> Event:
 
 
 @st.composite
-def _forwards(draw, sim: _Sim) -> Event:
+def _forward(draw) -> Event:
+    sim = _DRAWING.get()
     adversarial, speculative, num_draft_tokens = sim.adversarial, sim.speculative, sim.num_draft_tokens
     stage, swa_layers = sim.stage, sim.swa_layers
     modes = ("decode", "extend") + (("verify", "draft", "draft_extend") if speculative else ())
@@ -412,6 +428,8 @@ def _forwards(draw, sim: _Sim) -> Event:
     return event
 
 
+_FORWARDS_FROM = _forwards_from()
+_FORWARD = _forward()
 _FEW_PAD_ROWS = st.integers(0, 4)
 
 
@@ -421,12 +439,12 @@ def _idle_pad(draw, sim: _Sim) -> int:
     (``DpPaddingMode.MAX_LEN``), in lockstep decode often the count this rank ran last, and
     an idle forward that skips metadata init then meets metadata of its own length: the
     stale-rows case that a length check alone lets through."""
-    return draw(_either((_FEW_PAD_ROWS, _just(min(sim.rows, LIMITS["pad"])))))
+    return draw(_pad_rows(min(sim.rows, LIMITS["pad"])))
 
 
-@lru_cache(maxsize=None)
-def _just(value: int) -> st.SearchStrategy[int]:
-    return st.just(value)
+@lru_cache(maxsize=None)  # built once per row count, as the forward strategies are
+def _pad_rows(last_rows: int) -> st.SearchStrategy[int]:
+    return _either((_FEW_PAD_ROWS, st.just(last_rows)))
 
 
 @lru_cache(maxsize=1024)
