@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from functools import partial
 from types import SimpleNamespace
 from typing import Callable
 
@@ -179,7 +180,7 @@ def fuzz_checks_per_s(info: SubjectInfo, profile: str, budget_s: float, seed: in
 
 
 def bench_peer(subjects=("uncached", "step-keyed-capture"), profiles=("realistic", "adversarial"),
-               rounds: int = 3, round_s: float = 2.0, seeds: int = 10,
+               rounds: int = 4, round_s: float = 2.0, seeds: int = 10,
                out: Callable[[str], None] = print) -> dict[str, float]:
     """Print both tools' layer checks per second and time to the seed-000 bug, and return
     the ratios (swafuzz over the machine for throughput, machine over swafuzz for time).
@@ -188,9 +189,19 @@ def bench_peer(subjects=("uncached", "step-keyed-capture"), profiles=("realistic
     engine model and lifecycle cost nothing; it is returned beside the row's ratio
     (``bound/<subject>/<profile>/<scenarios>``), and ``of bound`` is the one over the other.
     The subjects are correct designs (the forward-keyed cache with its capture state), so
-    no search stops early at a divergence."""
+    no search stops early at a divergence.
+
+    The machine's speed drifts by a fifth and more within seconds, so the three measurements of a
+    round run in one order and those of the next in the reverse one: a drift that favours
+    whichever runs first cancels over each pair of rounds. Each tool runs once before the
+    first row, so that one-time costs of the process (strategies built, caches filled, the
+    constants of new modules read by Hypothesis at its first draw) fall in no row."""
     torch.set_num_threads(1)
     load_capture_machinery()
+    warm_up = resolve_subject(subjects[0])
+    fuzz_checks_per_s(warm_up, profiles[0], 0.2)
+    machine_checks_per_s(warm_up.subject, 0.2)
+    bound_checks_per_s(warm_up.subject, 0.1)
     ratios: dict[str, float] = {}
     out(f"peer: swafuzz against a hand-written RuleBasedStateMachine ({MAX_LAYERS} layers max, "
         f"batch {MAX_BATCH} max, {STEPS} steps), interleaved, one torch thread")
@@ -202,14 +213,17 @@ def bench_peer(subjects=("uncached", "step-keyed-capture"), profiles=("realistic
             for long_horizon in (False, True):
                 ours, theirs, least = [0, 0.0], [0, 0.0], [0, 0.0]
                 for round_no in range(rounds):
-                    for total, measured in (
-                        (ours, fuzz_checks_per_s(info, profile, round_s, seed=round_no, long_horizon=long_horizon)),
-                        (theirs, machine_checks_per_s(info.subject, round_s, seed=round_no)),
+                    measurements = [
+                        (ours, partial(fuzz_checks_per_s, info, profile, round_s, seed=round_no,
+                                       long_horizon=long_horizon)),
+                        (theirs, partial(machine_checks_per_s, info.subject, round_s, seed=round_no)),
                         # half a round: prepared calls vary little, and the bench stays short
-                        (least, bound_checks_per_s(info.subject, round_s / 2, seed=round_no)),
-                    ):
-                        total[0] += measured[0]
-                        total[1] += measured[1]
+                        (least, partial(bound_checks_per_s, info.subject, round_s / 2, seed=round_no)),
+                    ]
+                    for total, measure in measurements[::-1] if round_no % 2 else measurements:
+                        checks, seconds = measure()
+                        total[0] += checks
+                        total[1] += seconds
                 fuzz_rate, machine_rate, bound_rate = ours[0] / ours[1], theirs[0] / theirs[1], least[0] / least[1]
                 kind = "long-horizon" if long_horizon else "default"
                 ratios[f"checks_per_s/{name}/{profile}/{kind}"] = fuzz_rate / machine_rate
