@@ -191,11 +191,12 @@ def bench_peer(subjects=("uncached", "step-keyed-capture"), profiles=("realistic
     The subjects are correct designs (the forward-keyed cache with its capture state), so
     no search stops early at a divergence.
 
-    The machine's speed drifts by a fifth and more within seconds, so the three measurements of a
-    round run in one order and those of the next in the reverse one: a drift that favours
-    whichever runs first cancels over each pair of rounds. Each tool runs once before the
-    first row, so that one-time costs of the process (strategies built, caches filled, the
-    constants of new modules read by Hypothesis at its first draw) fall in no row."""
+    The machine's speed drifts by a fifth and more within seconds, so the three measurements
+    of a round run in one order and those of the next in the reverse one: a drift that
+    favours whichever runs first cancels over each pair of rounds. Each tool runs once
+    before the first row, so that one-time costs of the process (strategies built, caches
+    filled, the constants of new modules read by Hypothesis at its first draw) fall in no
+    row."""
     torch.set_num_threads(1)
     load_capture_machinery()
     warm_up = resolve_subject(subjects[0])
