@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import re
 
@@ -194,10 +194,16 @@ _KEPT_MAPPING_CHANGES = 64
 _KEPT_MAPPING_VALUES = 1 << 20
 
 
-@dataclass
-class _Answer:
-    site: Site
-    rows: torch.Tensor  # the live rows the reference gave
+class _Answer(NamedTuple):
+    """Where the reference gave an answer (the fields of :class:`Site` a candidate source
+    names: a whole site is built only for a divergence) and its live rows."""
+
+    forward: int
+    mode: str
+    model: str
+    draft_step: int
+    micro_batch: int
+    rows: torch.Tensor
 
 
 @dataclass
@@ -214,13 +220,15 @@ class History:
     held_values: dict[str, int] = field(default_factory=dict)  # per model, the values its changes hold
     registrations: list[int] = field(default_factory=list)  # forwards run before each
 
-    def record_answer(self, site: Site, live_rows: torch.Tensor) -> None:
+    def record_answer(self, forward: int, mode: str, model: str, draft_step: int, micro_batch: int,
+                      live_rows: torch.Tensor) -> None:
+        """The reference's live rows for a micro-batch of a (draft) step of a forward."""
         last = self.answers[-1] if self.answers else None
-        if last is not None and (last.site.forward, last.site.draft_step, last.site.micro_batch) == (
-            site.forward, site.draft_step, site.micro_batch
+        if last is not None and (last.forward, last.draft_step, last.micro_batch) == (
+            forward, draft_step, micro_batch
         ) and torch.equal(last.rows, live_rows):
             return
-        self.answers.append(_Answer(site, live_rows))
+        self.answers.append(_Answer(forward, mode, model, draft_step, micro_batch, live_rows))
 
     def record_capture(self, forward: int, rows: torch.Tensor, num_live: int) -> None:
         """``rows``: what the captured layers yield for the capture's inputs, of which the
@@ -255,36 +263,37 @@ class History:
         same: list[tuple[Source, torch.Tensor]] = []
         other: list[tuple[Source, torch.Tensor]] = []
         for answer in reversed(self.answers):
-            s = answer.site
-            if s.model != site.model:
+            if answer.model != site.model:
                 other.append((Source(
-                    OTHER_MODEL, f"the {s.model} model's rows of forward {s.forward} ({s.mode})",
-                    f"one cache serves the {s.model} and {site.model} models, whose pools are separate",
-                    s.forward, s.draft_step, s.micro_batch,
+                    OTHER_MODEL, f"the {answer.model} model's rows of forward {answer.forward} ({answer.mode})",
+                    f"one cache serves the {answer.model} and {site.model} models, whose pools are separate",
+                    answer.forward, answer.draft_step, answer.micro_batch,
                 ), answer.rows))
                 continue
-            if s.forward == site.forward and s.draft_step == site.draft_step and s.micro_batch == site.micro_batch:
+            same_step = answer.forward == site.forward and answer.draft_step == site.draft_step
+            if same_step and answer.micro_batch == site.micro_batch:
                 continue
-            if s.forward == site.forward and s.draft_step == site.draft_step:
+            if same_step:
                 source = Source(
-                    OTHER_MICRO_BATCH, f"micro-batch {s.micro_batch}'s rows",
+                    OTHER_MICRO_BATCH, f"micro-batch {answer.micro_batch}'s rows",
                     "one cache is shared by micro-batches whose layers interleave",
-                    s.forward, s.draft_step, s.micro_batch,
+                    answer.forward, answer.draft_step, answer.micro_batch,
                 )
-            elif s.forward == site.forward:
+            elif answer.forward == site.forward:
                 source = Source(
-                    EARLIER_STEP, f"the rows of draft step {s.draft_step}",
-                    "the cache was not refreshed between draft steps", s.forward, s.draft_step, s.micro_batch,
+                    EARLIER_STEP, f"the rows of draft step {answer.draft_step}",
+                    "the cache was not refreshed between draft steps",
+                    answer.forward, answer.draft_step, answer.micro_batch,
                 )
             else:
-                registered = [r for r in self.registrations if s.forward <= r < site.forward]
+                registered = [r for r in self.registrations if answer.forward <= r < site.forward]
                 consequence = (
                     f"the cache outlived the new mapping registered after forward {registered[-1]}"
                     if registered else "a cached value was not refreshed for this forward"
                 )
                 source = Source(
-                    EARLIER_FORWARD, f"the rows of forward {s.forward} ({s.mode})",
-                    consequence, s.forward, s.draft_step, s.micro_batch,
+                    EARLIER_FORWARD, f"the rows of forward {answer.forward} ({answer.mode})",
+                    consequence, answer.forward, answer.draft_step, answer.micro_batch,
                 )
             same.append((source, answer.rows))
         return same, other

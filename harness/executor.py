@@ -357,7 +357,7 @@ class _Run:
                 if expected is None:
                     guard.in_call = False
                     guard.restore_recursion_limit()
-                    expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
+                    expected = truths[mb] = self._truth(plan, step, mb)
                     guard.in_call = True
                 matched = right(out, expected, on_device)
                 if not matched or every_store:
@@ -548,18 +548,18 @@ class _Run:
         for mb, layer_id, out, call in answers:
             expected = truths[mb]
             if expected is None:
-                expected = truths[mb] = self._truth(plan, step, mb, layer_id, call)
+                expected = truths[mb] = self._truth(plan, step, mb)
             self.checks += 1
             matched = _right(out, expected, on_device)
             if not matched or every_store:
                 self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
             self._stop_if_past_deadline()
 
-    def _truth(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, call: int) -> torch.Tensor:
+    def _truth(self, plan: ForwardPlan, step: int, mb: int) -> torch.Tensor:
         inputs = plan.steps[step][mb]
         expected = self.state.expected(plan.model, inputs, self.truth)
         n = inputs.num_live
-        self.history.record_answer(self._site(_Where(plan, step, mb, layer_id), call),
+        self.history.record_answer(self.forward, plan.event.mode, plan.model, step, mb,
                                    expected if n == expected.shape[0] else expected[:n])
         return expected if self.on_host else expected.to(self.device)
 
@@ -728,7 +728,7 @@ class _Run:
             written = self.state.take_written(model)
             old = synced.get(model)
             rows = None  # the rows that changed; None: the whole mapping is compared
-            if old is None or registered or written is None or len(truth) < _ROWS_COPIED_WHOLE_BELOW:
+            if old is None or registered or written is None or truth.shape[0] < _ROWS_COPIED_WHOLE_BELOW:
                 changed = old is None or not torch.equal(old, truth)
                 if changed:
                     if old is not None:
@@ -793,9 +793,11 @@ class _Run:
                 else:
                     sources.append(inputs.packed)
                     sizes += packed_sizes
-                if on_host:
-                    sources.append(inputs.seq_lens)
-                    sizes.append(packed_sizes[_SEQ_LENS_AT])
+                if on_host:  # sliced here: reading the field would make and keep a view of its own
+                    lengths = packed_sizes[_SEQ_LENS_AT]
+                    start = _seq_lens_start(packed_sizes)
+                    sources.append(inputs.packed[start:start + lengths])
+                    sizes.append(lengths)
         block = self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources)
         placed = iter(block.split_with_sizes(sizes))
         fields = []
@@ -990,6 +992,10 @@ _MISSING = object()  # a batch field the subject deleted
 # the StepInputs field each batch field is handed from
 _PACKED_FIELD = {**dict(zip(_BATCH_INPUTS, PACKED_INPUTS)), "seq_lens_cpu": "seq_lens"}
 _SEQ_LENS_AT = PACKED_INPUTS.index("seq_lens")  # in a step input's packed sizes
+
+
+def _seq_lens_start(packed_sizes: tuple[int, ...]) -> int:
+    return sum(packed_sizes[:_SEQ_LENS_AT])
 
 
 class _Where(NamedTuple):

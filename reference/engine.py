@@ -49,7 +49,7 @@ _NO_PAGES = np.zeros(0, dtype=_INT)
 _NO_BATCH: tuple[tuple[int, ...] | None, np.ndarray] = (None, _NO_PAGES)
 _MIN_SEGMENT = 32  # pages of a request slot's home segment: most requests never outgrow it
 _MAX_BLOCK = 64  # forwards allocated as one block (runs of plain forwards are mostly shorter)
-_CHUNK = 8  # forwards of a block planned, and read by the reference, together
+_CHUNK = 32  # forwards of a block planned, and read by the reference, together
 _TRUTH_READS = {"pool": ("out_cache_loc",), "ring": ("token_slots", "positions")}  # what each truth reads
 
 
