@@ -793,11 +793,9 @@ class _Run:
                 else:
                     sources.append(inputs.packed)
                     sizes += packed_sizes
-                if on_host:  # sliced here: reading the field would make and keep a view of its own
-                    lengths = packed_sizes[_SEQ_LENS_AT]
-                    start = _seq_lens_start(packed_sizes)
-                    sources.append(inputs.packed[start:start + lengths])
-                    sizes.append(lengths)
+                if on_host:
+                    sources.append(inputs.seq_lens)
+                    sizes.append(packed_sizes[_SEQ_LENS_AT])
         block = self.arena.place(("eager", plan.model, count % ALTERNATING_SLOTS), sources)
         placed = iter(block.split_with_sizes(sizes))
         fields = []
@@ -992,10 +990,6 @@ _MISSING = object()  # a batch field the subject deleted
 # the StepInputs field each batch field is handed from
 _PACKED_FIELD = {**dict(zip(_BATCH_INPUTS, PACKED_INPUTS)), "seq_lens_cpu": "seq_lens"}
 _SEQ_LENS_AT = PACKED_INPUTS.index("seq_lens")  # in a step input's packed sizes
-
-
-def _seq_lens_start(packed_sizes: tuple[int, ...]) -> int:
-    return sum(packed_sizes[:_SEQ_LENS_AT])
 
 
 class _Where(NamedTuple):

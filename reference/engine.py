@@ -303,7 +303,7 @@ class StepInputs:
     def _field(self, index: int) -> torch.Tensor:
         sizes = self.packed_sizes
         start = sum(sizes[:index])
-        return torch.from_numpy(self.packed.numpy()[start:start + sizes[index]])
+        return self.packed[start:start + sizes[index]]
 
 
 @dataclass(frozen=True)
