@@ -40,16 +40,34 @@ class Arena:
         self._on_host = device.type == "cpu"
         self._blocks: dict[tuple[Hashable, torch.dtype], torch.Tensor] = {}
         self._retired: list[torch.Tensor] = []  # grown-out-of blocks, kept so no address is reused
+        # per block and length, its first elements as one tensor, for the placements whose
+        # caller hands out only views of it (:meth:`place_split`): those mostly repeat a
+        # length (a run of forwards), and a slice costs as much as the copy into it
+        self._heads: dict[tuple[Hashable, torch.dtype, int], torch.Tensor] = {}
 
     def place(self, key: Hashable, sources: Sequence[torch.Tensor]) -> torch.Tensor:
         """Copies of the 1-D ``sources`` (one dtype, at least one) laid out one after the
         other in block ``key``, written with one copy (one transfer to a device): the
-        block's first elements, as one tensor."""
+        block's first elements, as a new tensor object."""
+        numel = _numel(sources)
+        return self._fill(self._block((key, sources[0].dtype), numel)[:numel], sources)
+
+    def place_split(self, key: Hashable, sources: Sequence[torch.Tensor],
+                    sizes: Sequence[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """:meth:`place`, and new views of the placed elements cut at ``sizes``. The placed
+        tensor is the same object whenever a block takes as many elements: it is for the
+        caller to read, never to hand out."""
+        dtype, numel = sources[0].dtype, _numel(sources)
+        head = self._heads.get((key, dtype, numel))
+        if head is None:
+            head = self._heads[key, dtype, numel] = self._block((key, dtype), numel)[:numel]
+        placed = self._fill(head, sources)
+        return placed, placed.split_with_sizes(sizes)
+
+    def _fill(self, placed: torch.Tensor, sources: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``placed``, which holds as many elements as ``sources``, with their copies."""
         if len(sources) == 1:
-            (source,) = sources
-            return self._block((key, source.dtype), source.numel())[: source.numel()].copy_(source)
-        numel = sum(source.numel() for source in sources)
-        placed = self._block((key, sources[0].dtype), numel)[:numel]
+            return placed.copy_(sources[0])
         if self._on_host:  # sources are host tensors: joined in place
             return torch.cat(sources, out=placed)
         return placed.copy_(torch.cat(sources))
@@ -63,6 +81,11 @@ class Arena:
         if block is None or block.numel() < numel:
             if block is not None:
                 self._retired.append(block)
+                self._heads = {head: view for head, view in self._heads.items() if head[:2] != key}
             capacity = max(numel, minimum, 2 * block.numel() if block is not None else 0)
             block = self._blocks[key] = torch.zeros(capacity, dtype=key[1], device=self.device)
         return block
+
+
+def _numel(sources: Sequence[torch.Tensor]) -> int:
+    return sources[0].numel() if len(sources) == 1 else sum(source.numel() for source in sources)

@@ -231,7 +231,8 @@ class _Request(NamedTuple):
 
 
 # the StepInputs fields a ForwardBatch carries, in the order StepInputs.packed holds them
-PACKED_INPUTS = ("req_slots", "token_counts", "positions", "out_cache_loc", "seq_lens", "prefix_lens")
+PACKED_INPUTS = ("req_slots", "token_counts", "positions", "out_cache_loc", "seq_lens", "prefix_lens",
+                 "host_seq_lens")
 
 
 class _PackedField:
@@ -272,6 +273,7 @@ class StepInputs:
     # then token rows, as PACKED_INPUTS says): copied to where a subject reads them with one
     # copy; each field is a view of it, made when first read
     packed: torch.Tensor
+    packed_values: np.ndarray  # the same memory as numpy sees it, for the reference's reads
     num_requests: int  # request rows, padded ones included
     # the request slot of each token row, where a request row may hold several tokens
     # (otherwise the token rows are the request rows: req_slots)
@@ -283,6 +285,8 @@ class StepInputs:
     out_cache_loc = _PackedField("int64, full-pool slot per token row.")
     seq_lens = _PackedField("int64, per request row (see above).")
     prefix_lens = _PackedField("int64, tokens per request row written before this step.")
+    host_seq_lens = _PackedField("int64, seq_lens once more: the host copy a batch carries beside them, so "
+                                 "that a batch's fields on the host are one copy of the packed tensor.")
 
     @functools.cached_property
     def token_slots(self) -> torch.Tensor:
@@ -292,18 +296,24 @@ class StepInputs:
     @property
     def num_rows(self) -> int:
         """Token rows, padded ones included (the packed tensor holds them twice, and the
-        request rows four times)."""
-        return (self.packed.shape[0] - 4 * self.num_requests) // 2
+        request rows five times)."""
+        return (self.packed.shape[0] - 5 * self.num_requests) // 2
 
     @property
     def packed_sizes(self) -> tuple[int, ...]:
         """The length of each of PACKED_INPUTS in :attr:`packed`."""
         return _packed_sizes(self.num_requests, self.num_rows)
 
+    def values(self, name: str) -> np.ndarray:
+        """A field as numpy reads it (no copy): what the reference computes from."""
+        if name == "token_slots" and self.expanded_slots is not None:
+            return self.expanded_slots.numpy()
+        start, stop = _bounds(self.num_requests, self.num_rows)[_FIELD_AT[name]]
+        return self.packed_values[start:stop]
+
     def _field(self, index: int) -> torch.Tensor:
-        sizes = self.packed_sizes
-        start = sum(sizes[:index])
-        return self.packed[start:start + sizes[index]]
+        start, stop = _bounds(self.num_requests, self.num_rows)[index]
+        return self.packed[start:stop]
 
 
 @dataclass(frozen=True)
@@ -787,24 +797,27 @@ class EngineState:
                 # padded request rows exist only where every row is one token (decode)
                 pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
                 requests, tokens = end - start + pad_requests, live_end - live_start + padding
-                packed = np.empty((forwards, 4 * requests + 2 * tokens), dtype=_INT)
-                req_slots, token_counts, positions_of, loc, seq_lens_of, prefix_lens = _segments(packed, requests, tokens)
+                packed = np.empty((forwards, 5 * requests + 2 * tokens), dtype=_INT)
+                req_slots, token_counts, positions_of, loc, seq_lens_of, prefix_lens, host_seq_lens = _segments(
+                    packed, requests, tokens)
                 _fill(req_slots, slots[start:end], DUMMY_SLOT)
                 _fill(token_counts, counts[start:end], 1)
                 _fill(seq_lens_of, seq_lens[rows, start:end], 1)
                 _fill(prefix_lens, prefixes[rows, start:end], 0)
+                host_seq_lens[...] = seq_lens_of
                 _fill(positions_of, prefixes[rows, start:end] if one_token_each else positions[rows, live_start:live_end], 0)
                 _fill(loc, full[rows, live_start:live_end], DUMMY_SLOT)
                 request_ids, num_live = tuple(event.requests[start:end]), live_end - live_start
                 # one token per request row: the token rows are the request rows
                 expanded = None if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding)
-                cell = [StepInputs(request_ids, num_live, torch.from_numpy(row), requests, expanded) for row in packed]
+                cell = [StepInputs(request_ids, num_live, torch.from_numpy(row), row, requests, expanded) for row in packed]
                 step_cells.append(cell)
             cells.append(step_cells)
+        # per forward: per step, the micro-batches' inputs
+        steps_of = zip(*(zip(*step_cells) for step_cells in cells))
         return [
-            ForwardPlan(block.index + forward, event, block.model,
-                        tuple(tuple(cell[j] for cell in step_cells) for step_cells in cells), block.calls, graph_batch_size)
-            for j, forward in enumerate(range(first, stop))
+            ForwardPlan(block.index + forward, event, block.model, steps, block.calls, graph_batch_size)
+            for forward, steps in zip(range(first, stop), steps_of)
         ]
 
     def _allocate(self, block: "_Block") -> None:
@@ -967,16 +980,30 @@ def _split(count: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _joined(every: list[StepInputs], truth: str) -> SimpleNamespace:
-    """The token rows of ``every`` step input that the ``truth`` reads, one after another."""
+    """The token rows of ``every`` step input that the ``truth`` reads, one after another
+    (joined through numpy, which reads a field without making a tensor of it)."""
     return SimpleNamespace(**{
-        name: torch.cat([getattr(inputs, name) for inputs in every]) for name in _TRUTH_READS[truth]
+        name: torch.from_numpy(np.concatenate([inputs.values(name) for inputs in every]))
+        for name in _TRUTH_READS[truth]
     })
 
 
 def _packed_sizes(requests: int, tokens: int) -> tuple[int, ...]:
-    """The length of each of :data:`PACKED_INPUTS` in a packed tensor: four fields of
+    """The length of each of :data:`PACKED_INPUTS` in a packed tensor: five fields of
     request rows and two of token rows."""
-    return requests, requests, tokens, tokens, requests, requests
+    return requests, requests, tokens, tokens, requests, requests, requests
+
+
+@functools.lru_cache(maxsize=4096)
+def _bounds(requests: int, tokens: int) -> tuple[tuple[int, int], ...]:
+    """(start, stop) of each of :data:`PACKED_INPUTS` in a packed tensor."""
+    ends = np.cumsum(_packed_sizes(requests, tokens)).tolist()
+    return tuple(zip([0] + ends[:-1], ends))
+
+
+# where each field a truth reads lies among PACKED_INPUTS (token rows are request rows where
+# no request has several tokens)
+_FIELD_AT = {**{name: index for index, name in enumerate(PACKED_INPUTS)}, "token_slots": 0}
 
 
 def _segments(packed: np.ndarray, requests: int, tokens: int) -> list[np.ndarray]:
