@@ -252,7 +252,10 @@ class _PackedField:
         return view
 
 
-@dataclass(frozen=True)
+# Plans and step inputs are records, never changed once made, yet not frozen: a frozen
+# dataclass costs four times as much to make, and a forward makes a plan and a step input
+# per step and micro-batch.
+@dataclass(eq=False)
 class StepInputs:
     """What one micro-batch of one (draft) step writes, live rows first, then padding.
 
@@ -263,8 +266,8 @@ class StepInputs:
     ``num_draft_tokens`` themselves). Padded request rows have length 1 and no prefix, as
     the graph runner fills them.
 
-    The tensors are a record: read them, never write them (those of one plan, and the
-    request slots of consecutive plans, may share memory).
+    The fields and tensors are a record: read them, never write them (those of one plan,
+    and the request slots of consecutive plans, may share memory).
     """
 
     request_ids: tuple[int, ...]
@@ -275,6 +278,7 @@ class StepInputs:
     packed: torch.Tensor
     packed_values: np.ndarray  # the same memory as numpy sees it, for the reference's reads
     num_requests: int  # request rows, padded ones included
+    num_rows: int  # token rows, padded ones included
     # the request slot of each token row, where a request row may hold several tokens
     # (otherwise the token rows are the request rows: req_slots)
     expanded_slots: torch.Tensor | None = None
@@ -294,12 +298,6 @@ class StepInputs:
         return self.req_slots if self.expanded_slots is None else self.expanded_slots
 
     @property
-    def num_rows(self) -> int:
-        """Token rows, padded ones included (the packed tensor holds them twice, and the
-        request rows five times)."""
-        return (self.packed.shape[0] - 5 * self.num_requests) // 2
-
-    @property
     def packed_sizes(self) -> tuple[int, ...]:
         """The length of each of PACKED_INPUTS in :attr:`packed`."""
         return _packed_sizes(self.num_requests, self.num_rows)
@@ -316,7 +314,7 @@ class StepInputs:
         return self.packed[start:stop]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class ForwardPlan:
     """Everything a forward will do, fixed before its first layer runs."""
 
@@ -810,7 +808,8 @@ class EngineState:
                 request_ids, num_live = tuple(event.requests[start:end]), live_end - live_start
                 # one token per request row: the token rows are the request rows
                 expanded = None if one_token_each else _padded(token_slots[live_start:live_end], DUMMY_SLOT, padding)
-                cell = [StepInputs(request_ids, num_live, torch.from_numpy(row), row, requests, expanded) for row in packed]
+                cell = [StepInputs(request_ids, num_live, torch.from_numpy(row), row, requests, tokens, expanded)
+                        for row in packed]
                 step_cells.append(cell)
             cells.append(step_cells)
         # per forward: per step, the micro-batches' inputs
