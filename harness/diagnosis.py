@@ -224,9 +224,8 @@ class History:
                       live_rows: torch.Tensor) -> None:
         """The reference's live rows for a micro-batch of a (draft) step of a forward."""
         last = self.answers[-1] if self.answers else None
-        if last is not None and (last.forward, last.draft_step, last.micro_batch) == (
-            forward, draft_step, micro_batch
-        ) and torch.equal(last.rows, live_rows):
+        if (last is not None and last.forward == forward and last.draft_step == draft_step
+                and last.micro_batch == micro_batch and torch.equal(last.rows, live_rows)):
             return
         self.answers.append(_Answer(forward, mode, model, draft_step, micro_batch, live_rows))
 
@@ -241,7 +240,9 @@ class History:
         :data:`_KEPT_MAPPING_CHANGES` changes are kept while they hold few values, so that a
         cache that missed several changes is traced to the mapping it did keep; past that,
         the oldest go first."""
-        kept = self.changes.setdefault(model, deque())
+        kept = self.changes.get(model)
+        if kept is None:
+            kept = self.changes[model] = deque()
         kept.append((label, rows, values))
         held = self.held_values.get(model, 0) + values.numel()
         while len(kept) > 1 and (len(kept) > _KEPT_MAPPING_CHANGES or held > _KEPT_MAPPING_VALUES):

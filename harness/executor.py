@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from time import monotonic
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -960,7 +960,7 @@ _BATCH_INPUTS = tuple({
 }[name] for name in PACKED_INPUTS)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Handed:
     """The inputs of one forward (or graph capture) as handed to the subject: per draft
     step and micro-batch, each batch field's tensor; the batch objects; and what the
@@ -973,7 +973,7 @@ class _Handed:
     fields: list[list[dict[str, torch.Tensor]]]
     values: dict[str, torch.Tensor] | None = None
     block: torch.Tensor | None = None
-    block_held: list[torch.Tensor] = field(default_factory=list)
+    block_held: Sequence[torch.Tensor] = ()
     block_version: int = 0
     step: int = 0  # the draft step whose tensors the batch fields name now
     phase: str = "the end of"  # how a write found after the calls is dated
