@@ -19,6 +19,7 @@ from time import monotonic
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
+from torch.autograd.graph import increment_version
 
 from .reference import PACKED_INPUTS, EngineState, ForwardPlan, Scenario, StepInputs
 
@@ -730,10 +731,11 @@ class _Run:
         label = f"the mapping before {what}"
         synced = self.history.mappings
         for model, truth in self.state.mappings.items():
-            written = self.state.take_written(model)
             old = synced.get(model)
+            whole = old is None or registered or truth.shape[0] < _ROWS_COPIED_WHOLE_BELOW
+            written = self.state.take_written(model, joined=not whole)
             rows = None  # the rows that changed; None: the whole mapping is compared
-            if old is None or registered or written is None or truth.shape[0] < _ROWS_COPIED_WHOLE_BELOW:
+            if whole or written is None:
                 changed = old is None or not torch.equal(old, truth)
                 if changed:
                     if old is not None:
@@ -758,8 +760,9 @@ class _Run:
                 if changed:
                     if rows is None:
                         mapping.copy_(truth)
-                    elif self.on_host:  # in place through torch, so that the tensor's version moves
-                        mapping.index_put_((rows,), torch.from_numpy(new_rows))
+                    elif self.on_host:  # through numpy, and the version moves as a torch write moves it
+                        mapping.numpy()[written] = new_rows
+                        increment_version(mapping)
                     else:
                         mapping.index_put_((rows.to(self.device),), torch.from_numpy(new_rows).to(self.device))
                 self.mapping_versions[model] = mapping._version

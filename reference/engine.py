@@ -457,15 +457,17 @@ class EngineState:
             return
         known.update(zip(map(id, every), together.split_with_sizes([inputs.num_rows for inputs in every])))
 
-    def take_written(self, model: str) -> np.ndarray | None:
+    def take_written(self, model: str, joined: bool = True) -> np.ndarray | None:
         """The full slots whose rows of ``model``'s mapping changed since the last call (all
         of them, and maybe others: a row may be written with the value it held, or twice);
         None where any row may have, as after ``clear``, a registration, or more writes than
         the pool has slots. For a caller that keeps a copy of the mapping: it is kept in
-        line by copying these rows alone. Only the model's own writes are counted."""
+        line by copying these rows alone. Only the model's own writes are counted.
+        ``joined=False``: the caller compares the whole mapping anyway; the count starts
+        again and None comes back, without the rows joined."""
         written = self._written[model]
         self._written[model], self._written_count[model] = [], 0
-        if written is None:
+        if written is None or not joined:
             return None
         if len(written) == 1:
             return written[0]
