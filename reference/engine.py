@@ -138,11 +138,16 @@ class _PageTables:
 
     def put(self, slots: np.ndarray, page_nos: np.ndarray, pages: np.ndarray, fits: bool = False) -> None:
         """``fits``: every page number is known to be below ``_MIN_SEGMENT``."""
+        self.pages[self.entries(slots, page_nos, fits)] = pages
+
+    def entries(self, slots: np.ndarray, page_nos: np.ndarray, fits: bool = False) -> np.ndarray:
+        """Where in :attr:`pages` the slots' page numbers are kept, each slot's segment grown
+        first to hold them. They stay there until a later call grows a segment."""
         if not fits:
             short = page_nos >= self.capacity[slots]
             if short.any():
                 self._grow(slots[short], page_nos[short] + 1)
-        self.pages[self.start[slots] + page_nos] = pages
+        return self.start[slots] + page_nos
 
     def release(self, slots) -> None:
         """The slots' pages are forgotten (grown segments are reclaimed at compaction)."""
@@ -201,24 +206,33 @@ class _Paging:
         ``returns``: ``(token, owners, page_nos)`` in token order: the pages those hold in
         ``table`` go back to ``allocator`` before token ``token`` asks (they were read
         from the table then, as it holds the pages taken before)."""
+        asking = slice(None) if self.starts is None else self.starts
+        # where the asking tokens' pages and the returned ones are kept, found once: every
+        # segment is grown first, so none moves while pages are taken and given back
+        entries = table.entries(owners[asking], self.page_nos[asking], self.fits)
+        if returns:
+            held = table.entries(np.concatenate([held_owners for _, held_owners, _ in returns]),
+                                 np.concatenate([held_page_nos for _, _, held_page_nos in returns]))
+            held_ends = np.cumsum([len(held_owners) for _, held_owners, _ in returns]).tolist()
         taken: list[np.ndarray] = []
-        asked = 0  # tokens that asked for a page so far (only those that start one ask)
-        for token, held_owners, held_page_nos in returns:
-            asking = token if self.starts is None else int(self.starts.searchsorted(token))
-            asked = self._take(owners, allocator, table, asked, asking, taken)
-            allocator.give_back(table.get(held_owners, held_page_nos))
-        self._take(owners, allocator, table, asked, self.new_pages, taken)
+        asked = held_start = 0  # tokens that asked for a page so far (only those that start one ask)
+        for (token, _, _), held_end in zip(returns, held_ends if returns else ()):
+            asked = self._take(allocator, table, entries, asked, token if self.starts is None else
+                               int(self.starts.searchsorted(token)), taken)
+            allocator.give_back(table.pages[held[held_start:held_end]])
+            held_start = held_end
+        self._take(allocator, table, entries, asked, self.new_pages, taken)
         if self.starts is None:  # every token took a page: its slot is the page
             return taken[0] if len(taken) == 1 else np.concatenate(taken or [_NO_PAGES])
         return table.get(owners, self.page_nos) * self.page_size + self.offsets
 
-    def _take(self, owners: np.ndarray, allocator: _PageAllocator, table: _PageTables, first: int, stop: int,
+    @staticmethod
+    def _take(allocator: _PageAllocator, table: _PageTables, entries: np.ndarray, first: int, stop: int,
               taken: list[np.ndarray]) -> int:
-        """Pages for the asking tokens ``first .. stop - 1``; ``stop``."""
+        """Pages for the asking tokens ``first .. stop - 1``, kept at their ``entries``; ``stop``."""
         if stop > first:
-            tokens = slice(first, stop) if self.starts is None else self.starts[first:stop]
             pages = allocator.take_lowest(stop - first)
-            table.put(owners[tokens], self.page_nos[tokens], pages, self.fits)
+            table.pages[entries[first:stop]] = pages
             taken.append(pages)
         return stop
 
