@@ -800,8 +800,8 @@ class _Run:
                 if on_host:
                     sources.append(packed[skip:] if skip else packed)
                     sizes += packed_sizes[2:] if step else packed_sizes
-                else:
-                    sources.append(packed[skip:-packed_sizes[-1]])
+                else:  # all but the host copy of the lengths, last
+                    sources.append(packed[skip:packed.shape[0] - packed_sizes[-1]])
                     sizes += packed_sizes[2 if step else 0:-1]
         block, views = self.arena.place_split(("eager", plan.model, count % ALTERNATING_SLOTS), sources, sizes)
         placed = iter(views)
