@@ -62,7 +62,12 @@ EXITED, KILLED, HUNG = "exited", "killed", "hung"
 
 
 class _Channel:
-    """The child's end of the pipe: whole messages, one line each, from any thread."""
+    """The child's end of the pipe: messages of one line each, from any thread.
+
+    A message can be cut short: an interrupt raised in the main thread while it writes (a
+    long scenario takes several writes) leaves part of a line in the pipe. Each message
+    therefore starts a line of its own, so that what follows a torn one (the exit code,
+    above all) is still read whole; the torn line is no JSON and is passed over."""
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -73,7 +78,7 @@ class _Channel:
 
     def send(self, kind: str, payload: Any = None) -> bool:
         """False once the parent is gone."""
-        data = (json.dumps([kind, payload]) + "\n").encode()
+        data = ("\n" + json.dumps([kind, payload]) + "\n").encode()
         with self.lock:
             try:
                 while data:

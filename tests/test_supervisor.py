@@ -154,6 +154,22 @@ def test_an_interrupt_reaches_a_well_behaved_run_through_the_supervisor(tmp_path
     assert report["verdict"] == "no divergence" and report["interrupted_by"] == "SIGTERM"
 
 
+def test_the_exit_code_is_heard_after_a_message_an_interrupt_cut_short():
+    from swafuzz import supervisor
+
+    read, write = os.pipe()
+    channel = supervisor._Channel(write)
+    channel.send("scenario", {"events": [{"op": "forward", "mode": "decode"}] * 50})
+    whole = os.read(read, 1 << 16)
+    os.write(write, whole[:len(whole) // 2])  # the writes of a message an interrupt ended part way
+    channel.send("exit", 130)
+    os.close(write)
+    heard = supervisor._Heard()
+    supervisor._hear_lines(supervisor._read_all(read), heard)
+    os.close(read)
+    assert (heard.exit_code, heard.scenarios) == (130, 0)
+
+
 def test_the_heartbeat_answers_without_waiting_for_the_harness_imports():
     # the child's main thread spends seconds importing torch on a loaded machine; a heartbeat
     # that imported the guard would wait for it and be taken for a hung subject
@@ -162,7 +178,7 @@ def test_the_heartbeat_answers_without_waiting_for_the_harness_imports():
              "os.environ['SWAFUZZ_SUPERVISOR_FD'] = str(write)\n"
              "from swafuzz import supervisor\n"
              "supervisor.claim_channel()\n"
-             "first = os.read(read, 1 << 16).split(b'\\n')[0]\n"
+             "first = next(line for line in os.read(read, 1 << 16).split(b'\\n') if line)\n"
              "print(first.decode(), 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120).stdout
     assert out.split() == ['["alive",', "null]", "False"]
