@@ -337,8 +337,8 @@ class _Run:
         The guard is marked in flight once for the calls (and cleared while a store that the
         fast comparison did not settle is judged); each call still has its own serial, so a
         hang or exception is attributed to it."""
-        guard, on_device, every_store = self.guard, self.on_device, self.on_store is not None
-        deadline, tensor, int32, equal = self.deadline, torch.Tensor, torch.int32, _equal
+        guard, on_device, every_store, right = self.guard, self.on_device, self.on_store is not None, _right
+        deadline = self.deadline
         truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
         first, checks, serial = self.call, self.checks, guard.serial
         before = serial
@@ -360,10 +360,7 @@ class _Run:
                     guard.restore_recursion_limit()
                     expected = truths[mb] = self._truth(plan, step, mb)
                     guard.in_call = True
-                try:  # _right, written out: it runs once per answer
-                    matched = type(out) is tensor and out.dtype is int32 and on_device(out) and equal(out, expected)
-                except RuntimeError:
-                    matched = False
+                matched = right(out, expected, on_device)
                 if not matched or every_store:
                     guard.in_call = False
                     guard.restore_recursion_limit()
@@ -514,14 +511,12 @@ class _Run:
         captured run, where each layer's answer is consumed before the next layer runs."""
         subject = self.subjects[plan.model]
         self._invoke(_Where(plan), f"init_graph_metadata ({phase})", subject.init_graph_metadata, static)
-        what, rows, on_device = f"swa_write_location ({phase})", plan.graph_batch_size, self.on_device
         for index, (mb, layer_id) in enumerate(plan.calls):
             where = _Where(plan, 0, mb, layer_id)
-            out = self._invoke(where, what, subject.swa_write_location, static, layer_id)
-            if not _well_formed(out, rows, on_device):  # the site is made only for a finding
-                problem = self._shape_problem(self._site(where), out, rows)
-                if problem is not None:
-                    raise _Stop(problem)
+            out = self._invoke(where, f"swa_write_location ({phase})", subject.swa_write_location, static, layer_id)
+            problem = self._shape_problem(self._site(where), out, plan.graph_batch_size)
+            if problem is not None:
+                raise _Stop(problem)
             if sinks is not None:
                 # the consumer a store kernel would be: it reads the returned tensor by address
                 sinks[index].copy_(out)
@@ -1026,15 +1021,6 @@ def _right(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor],
         )
     except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
         return False
-
-
-def _well_formed(out: Any, rows: int, on_device: Callable[[torch.Tensor], bool]) -> bool:
-    """Whether ``out`` is an answer :meth:`_Run._shape_problem` finds nothing wrong with,
-    asked first, as nearly every answer is."""
-    return (
-        type(out) is torch.Tensor and out.layout is torch.strided and not out.is_nested and on_device(out)
-        and out.dtype is torch.int32 and out.dim() == 1 and out.shape[0] == rows
-    )
 
 
 def _snapshot(out: Any, rows: int) -> Any:

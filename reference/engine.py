@@ -210,17 +210,15 @@ class _Paging:
         # where the asking tokens' pages and the returned ones are kept, found once: every
         # segment is grown first, so none moves while pages are taken and given back
         entries = table.entries(owners[asking], self.page_nos[asking], self.fits)
-        if returns:
-            held = table.entries(np.concatenate([held_owners for _, held_owners, _ in returns]),
-                                 np.concatenate([held_page_nos for _, _, held_page_nos in returns]))
-            held_ends = np.cumsum([len(held_owners) for _, held_owners, _ in returns]).tolist()
+        held = table.entries(np.concatenate([held_owners for _, held_owners, _ in returns]),
+                             np.concatenate([held_page_nos for _, _, held_page_nos in returns])) if returns else _NO_PAGES
+        held_ends = np.cumsum([len(held_owners) for _, held_owners, _ in returns]).tolist()
         taken: list[np.ndarray] = []
-        asked = held_start = 0  # tokens that asked for a page so far (only those that start one ask)
-        for (token, _, _), held_end in zip(returns, held_ends if returns else ()):
+        asked = 0  # tokens that asked for a page so far (only those that start one ask)
+        for (token, _, _), held_start, held_end in zip(returns, [0] + held_ends, held_ends):
             asked = self._take(allocator, table, entries, asked, token if self.starts is None else
                                int(self.starts.searchsorted(token)), taken)
             allocator.give_back(table.pages[held[held_start:held_end]])
-            held_start = held_end
         self._take(allocator, table, entries, asked, self.new_pages, taken)
         if self.starts is None:  # every token took a page: its slot is the page
             return taken[0] if len(taken) == 1 else np.concatenate(taken or [_NO_PAGES])
@@ -1024,11 +1022,7 @@ _FIELD_AT = {**{name: index for index, name in enumerate(PACKED_INPUTS)}, "token
 def _segments(packed: np.ndarray, requests: int, tokens: int) -> list[np.ndarray]:
     """The views of :attr:`StepInputs.packed` (along the last axis), in
     :data:`PACKED_INPUTS` order."""
-    views, start = [], 0
-    for size in _packed_sizes(requests, tokens):
-        views.append(packed[..., start:start + size])
-        start += size
-    return views
+    return [packed[..., start:stop] for start, stop in _bounds(requests, tokens)]
 
 
 def _fill(segment: np.ndarray, values: np.ndarray, padding_value: int) -> None:
