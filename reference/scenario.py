@@ -437,8 +437,10 @@ class Scenario:
 
     def __post_init__(self) -> None:
         _check_limit("scenario.events", "events", len(self.events), f"{len(self.events)} events")
+        checked: set[int] = set()  # a run of plain forwards repeats one event object
         for index, event in enumerate(self.events):
-            if event.op == "forward":
+            if event.op == "forward" and id(event) not in checked:
+                checked.add(id(event))
                 _check_against_config(event, self.config, f"events[{index}]")
         _check_work(self)
 
@@ -489,27 +491,32 @@ def _check_work(scenario: "Scenario") -> None:
     pool_slots = (config.full_pool_size + config.swa_pool_size) * len(config.models)
     swa_pages = config.swa_pool_size // config.swa_page_size * len(config.models)
     stores = checked = pool_work = remapped = 0
-    # a run of plain forwards repeats one event object: its schedule is read once
-    schedules: dict[int, int] = {}
+    # a run of plain forwards repeats one event object: its rows and schedule are read once
+    sizes: dict[int, tuple[int, int]] = {}
+
+    def check(index: int, name: str, value: int, what: str) -> None:
+        # ``what`` is formatted only for the message: scenarios hold hundreds of events
+        if value > LIMITS[name]:
+            raise _over_limit(f"events[{index}]", name, value, what.format(value=value, index=index))
+
     for index, event in enumerate(scenario.events):
-        where = f"events[{index}]"
         pool_work += pool_slots
-        _check_limit(where, "pool_work", pool_work, f"{pool_work} pool slots walked by events[0..{index}]")
+        check(index, "pool_work", pool_work, "{value} pool slots walked by events[0..{index}]")
         if event.op == "register_mapping":
             remapped += swa_pages
-            _check_limit(where, "remapped_pages", remapped, f"{remapped} SWA pages laid out by events[0..{index}]")
+            check(index, "remapped_pages", remapped, "{value} SWA pages laid out by events[0..{index}]")
         if event.op != "forward":
             continue
-        rows = _step_rows(event, config)
-        _check_limit(where, "forward_rows", rows, f"up to {rows} rows per step")
-        calls = schedules.get(id(event))
-        if calls is None:
-            calls = schedules[id(event)] = len(store_schedule(event, config))
+        size = sizes.get(id(event))
+        if size is None:
+            size = sizes[id(event)] = _step_rows(event, config), len(store_schedule(event, config))
+        rows, calls = size
+        check(index, "forward_rows", rows, "up to {value} rows per step")
         steps = event.steps + (1 if event.graph else 0)  # a graph is captured before it replays
         stores += calls * event.micro_batches * steps
         checked += calls * rows * steps
-        _check_limit(where, "stores", stores, f"{stores} store calls by events[0..{index}]")
-        _check_limit(where, "checked_rows", checked, f"up to {checked} rows checked by events[0..{index}]")
+        check(index, "stores", stores, "{value} store calls by events[0..{index}]")
+        check(index, "checked_rows", checked, "up to {value} rows checked by events[0..{index}]")
 
 
 def _step_rows(event: Event, config: EngineConfig) -> int:
