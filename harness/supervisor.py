@@ -62,6 +62,13 @@ EXITED, KILLED, HUNG = "exited", "killed", "hung"
 # ---- the child's side --------------------------------------------------------------------
 
 
+def _pickled(scenario: Any) -> bytes:
+    """The scenario in flight as both announcers keep it. A pickle writes a run's repeated
+    event once, where JSON writes out every forward of the run: over drawn scenarios a
+    fortieth of the cost and of the bytes."""
+    return pickle.dumps(scenario, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 class _Channel:
     """The child's end of the pipe: messages of one line each, from any thread.
 
@@ -75,10 +82,8 @@ class _Channel:
         self.lock = threading.Lock()
 
     def announce_scenario(self, scenario: Any) -> None:
-        # pickled: a run's repeated event is written once, where JSON writes every forward
-        # of it (a fortieth of the cost, and of the bytes, over drawn scenarios); the
-        # parent decodes only the one a lost run was in
-        self.send("scenario", base64.b64encode(pickle.dumps(scenario, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii"))
+        # the parent decodes only the one a lost run was in
+        self.send("scenario", base64.b64encode(_pickled(scenario)).decode("ascii"))
 
     def send(self, kind: str, payload: Any = None) -> bool:
         """False once the parent is gone."""
@@ -105,7 +110,7 @@ class _ScenarioFile:
         self.partial = path.with_name(path.name + ".partial")
 
     def announce_scenario(self, scenario: Any) -> None:
-        self.partial.write_bytes(pickle.dumps(scenario, protocol=pickle.HIGHEST_PROTOCOL))
+        self.partial.write_bytes(_pickled(scenario))
         os.replace(self.partial, self.path)
 
     def send(self, kind: str, payload: Any = None) -> bool:

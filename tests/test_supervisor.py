@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from swafuzz.replay import load_replay
+from swafuzz.strategies.examples import EXAMPLES
 
 HOSTILE = textwrap.dedent('''
     import os, signal, threading, time
@@ -159,7 +160,7 @@ def test_the_exit_code_is_heard_after_a_message_an_interrupt_cut_short():
 
     read, write = os.pipe()
     channel = supervisor._Channel(write)
-    channel.send("scenario", {"events": [{"op": "forward", "mode": "decode"}] * 50})
+    channel.announce_scenario(EXAMPLES["first-swa-layer-not-start"])
     whole = os.read(read, 1 << 16)
     os.write(write, whole[:len(whole) // 2])  # the writes of a message an interrupt ended part way
     channel.send("exit", 130)
