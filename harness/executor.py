@@ -81,6 +81,7 @@ class RunResult:
     # threaded runs: per forward event index, the micro-batch of each call in the order the
     # calls entered the subject (an Event.order that replays the run without threads)
     schedules: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    elapsed_s: float = field(default=0.0, compare=False)  # the run's own time, setup included: not its outcome
 
     @property
     def passed(self) -> bool:
@@ -171,7 +172,8 @@ def run_scenario(
     start, or stops after the subject call that passed it, graph warm-ups and captures included, by raising
     :class:`DeadlinePassed` (where streams defer the checks, after the draft step's calls).
     """
-    if deadline is not None and monotonic() >= deadline:
+    started = monotonic()
+    if deadline is not None and started >= deadline:
         raise DeadlinePassed(0)
     announce_scenario(scenario)  # to a supervising process, which reports it should this one die
     device = torch.device(device)
@@ -184,8 +186,9 @@ def run_scenario(
             run.setup()
             run.events()
         except _Stop as stop:
-            return RunResult(run.first_divergence or stop.divergence, run.checks, run.forward, run.schedules)
-    return RunResult(run.first_divergence, run.checks, run.forward, run.schedules)
+            return RunResult(run.first_divergence or stop.divergence, run.checks, run.forward, run.schedules,
+                             monotonic() - started)
+    return RunResult(run.first_divergence, run.checks, run.forward, run.schedules, monotonic() - started)
 
 
 class _Run:

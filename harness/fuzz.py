@@ -145,6 +145,10 @@ class FuzzResult:
     elapsed_s: float
     divergence: Divergence | None = None
     checks: int = 0  # store-location answers compared, over every example run
+    # of elapsed_s, the seconds examples (shrinking's included) spent in the executor; the rest
+    # is drawing them (Hypothesis's engine and the strategies, or the enumeration) and the
+    # search's bookkeeping
+    executor_s: float = 0.0
     scenario: Scenario | None = None  # shrunk scenario of the divergence
     weakest_profile: str | None = None  # weakest scenario profile that reproduces it
     seed: int | None = None
@@ -360,6 +364,7 @@ def fuzz(
         result.examples += 1
         coverage.update(features)
         result.checks += outcome.checks
+        result.executor_s += outcome.elapsed_s
         report_progress()
         if not outcome.passed:
             # recorded before anyone is told: an interrupt while the news is written down
@@ -464,7 +469,7 @@ def _found(result: FuzzResult, scenario: Scenario, divergence: Divergence, elaps
     return FuzzResult(
         subject=result.subject, profile=result.profile, settings=result.settings,
         examples=result.examples, elapsed_s=elapsed_s, divergence=divergence, checks=result.checks,
-        scenario=scenario,
+        executor_s=result.executor_s, scenario=scenario,
         weakest_profile=weakest_profile(scenario), seed=result.seed, coverage=dict(coverage),
         examples_to_divergence=result.examples_to_divergence, first_divergence_s=result.first_divergence_s,
     )
@@ -498,6 +503,7 @@ def exhaustive(
         coverage.update(features_of(scenario))
         outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
         result.checks += outcome.checks
+        result.executor_s += outcome.elapsed_s
         if on_progress is not None and result.examples % 500 == 0:
             on_progress(Progress(result.examples, time.monotonic() - started, None, len(coverage), 0))
         if not outcome.passed:

@@ -162,11 +162,11 @@ def bound_checks_per_s(subject: type[Subject], budget_s: float, seed: int = 0) -
 
 
 def fuzz_checks_per_s(info: SubjectInfo, profile: str, budget_s: float, seed: int = 0,
-                      long_horizon: bool = False) -> tuple[int, float]:
-    """(checks, seconds) of swafuzz searching until the budget is spent. A subject it finds
-    diverging counts up to the moment of finding (shrinking is not search); the search then
-    goes on from the next seed."""
-    checks, seconds = 0, 0.0
+                      long_horizon: bool = False) -> tuple[int, float, float]:
+    """(checks, seconds, seconds in the executor) of swafuzz searching until the budget is
+    spent. A subject it finds diverging counts up to the moment of finding (shrinking is not
+    search); the search then goes on from the next seed."""
+    checks, seconds, executor_s = 0, 0.0, 0.0
     while seconds < budget_s:
         first: list[FuzzResult] = []
         result = fuzz(info, profile=profile, settings="ci", seed=seed, budget_s=budget_s - seconds,
@@ -175,8 +175,9 @@ def fuzz_checks_per_s(info: SubjectInfo, profile: str, budget_s: float, seed: in
         found = first[0] if first else result
         checks += found.checks
         seconds += found.elapsed_s
+        executor_s += found.executor_s
         seed += 1000
-    return checks, seconds
+    return checks, seconds, executor_s
 
 
 def bench_peer(subjects=("uncached", "step-keyed-capture"), profiles=("realistic", "adversarial"),
@@ -188,6 +189,10 @@ def bench_peer(subjects=("uncached", "step-keyed-capture"), profiles=("realistic
     rate), measured in the same rounds: the ratio the row's would be if swafuzz's search,
     engine model and lifecycle cost nothing; it is returned beside the row's ratio
     (``bound/<subject>/<profile>/<scenarios>``), and ``of bound`` is the one over the other.
+    ``drawing`` is the share of swafuzz's time spent outside the executor, drawing examples
+    (Hypothesis's engine and the strategies): what no cheaper engine model or check can win
+    back. ``of bound`` is about the share the subject's own calls take (at the bound's
+    sizes), so the harness's executor takes roughly the rest.
     The subjects are correct designs (the forward-keyed cache with its capture state), so
     no search stops early at a divergence.
 
@@ -207,12 +212,12 @@ def bench_peer(subjects=("uncached", "step-keyed-capture"), profiles=("realistic
     out(f"peer: swafuzz against a hand-written RuleBasedStateMachine ({MAX_LAYERS} layers max, "
         f"batch {MAX_BATCH} max, {STEPS} steps), interleaved, one torch thread")
     out(f"{'subject':18s} {'profile':12s} {'scenarios':13s} {'swafuzz checks/s':>17s} {'machine checks/s':>17s} "
-        f"{'ratio':>7s} {'bound':>7s} {'of bound':>8s}")
+        f"{'ratio':>7s} {'bound':>7s} {'of bound':>8s} {'drawing':>8s}")
     for name in subjects:
         info = resolve_subject(name)
         for profile in profiles:
             for long_horizon in (False, True):
-                ours, theirs, least = [0, 0.0], [0, 0.0], [0, 0.0]
+                ours, theirs, least = [0, 0.0, 0.0], [0, 0.0], [0, 0.0]
                 for round_no in range(rounds):
                     measurements = [
                         (ours, partial(fuzz_checks_per_s, info, profile, round_s, seed=round_no,
@@ -222,16 +227,15 @@ def bench_peer(subjects=("uncached", "step-keyed-capture"), profiles=("realistic
                         (least, partial(bound_checks_per_s, info.subject, round_s / 2, seed=round_no)),
                     ]
                     for total, measure in measurements[::-1] if round_no % 2 else measurements:
-                        checks, seconds = measure()
-                        total[0] += checks
-                        total[1] += seconds
+                        for at, value in enumerate(measure()):
+                            total[at] += value
                 fuzz_rate, machine_rate, bound_rate = ours[0] / ours[1], theirs[0] / theirs[1], least[0] / least[1]
                 kind = "long-horizon" if long_horizon else "default"
                 ratios[f"checks_per_s/{name}/{profile}/{kind}"] = fuzz_rate / machine_rate
                 ratios[f"bound/{name}/{profile}/{kind}"] = bound_rate / machine_rate
                 out(f"{name:18s} {profile:12s} {kind:13s} {fuzz_rate:17.0f} {machine_rate:17.0f} "
                     f"{fuzz_rate / machine_rate:6.2f}x {bound_rate / machine_rate:6.2f}x "
-                    f"{fuzz_rate / bound_rate:8.2f}")
+                    f"{fuzz_rate / bound_rate:8.2f} {1 - ours[2] / ours[1]:8.0%}")
     info = resolve_subject(SEED_000_BUG)
     ours_s, theirs_s = [], []
     for seed in range(seeds):

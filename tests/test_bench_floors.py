@@ -66,8 +66,11 @@ def test_each_peer_row_returns_its_bound_beside_its_ratio_on_a_correct_design():
     for kind in ("default", "long-horizon"):
         key = f"step-keyed-capture/realistic/{kind}"
         assert ratios[f"checks_per_s/{key}"] > 0 and ratios[f"bound/{key}"] > 0
-    assert any(line.startswith("step-keyed-capture ") for line in printed)
-    assert "of bound" in printed[1]
+    rows = [line.split() for line in printed if line.startswith("step-keyed-capture ")]
+    assert len(rows) == 2
+    assert printed[1].split()[-3:] == ["of", "bound", "drawing"]
+    for row in rows:  # the share of swafuzz's time spent drawing examples, outside the executor
+        assert row[-1].endswith("%") and 0 < int(row[-1][:-1]) < 100
 
 
 def test_the_peer_suite_measures_throughput_on_designs_that_never_diverge():

@@ -258,6 +258,20 @@ def _deep_decodes(graph: bool) -> Scenario:
     })
 
 
+class _Slow(Uncached):
+    def swa_write_location(self, batch, layer_id):
+        time.sleep(0.01)
+        return super().swa_write_location(batch, layer_id)
+
+
+def test_a_run_reports_its_own_time_and_two_runs_with_one_outcome_compare_equal():
+    before = time.monotonic()
+    slow = run_scenario(_Slow, TWO_FORWARDS)  # 4 calls of at least 10 ms
+    took = time.monotonic() - before
+    assert 0.04 <= slow.elapsed_s <= took
+    assert run_scenario(Uncached, TWO_FORWARDS) == slow  # the time is no part of the outcome
+
+
 def test_a_run_whose_deadline_has_passed_does_not_start():
     _CountsCalls.calls = 0
     with pytest.raises(executor.DeadlinePassed) as stopped:

@@ -57,6 +57,14 @@ def test_fuzzer_finds_and_shrinks_each_diverging_builtin(info):
     assert 0 < result.first_divergence_s <= result.elapsed_s
 
 
+def test_a_search_reports_its_examples_time_in_the_executor_apart_from_drawing_them():
+    drawn = fuzz(resolve_subject("uncached"), settings="ci", seed=0, max_examples=60)
+    enumerated = exhaustive(resolve_subject("uncached"), max_forwards=1, max_layers=2)
+    for result in (drawn, enumerated):
+        assert result.examples > 0 and result.divergence is None
+        assert 0 < result.executor_s < result.elapsed_s
+
+
 @pytest.mark.parametrize("seed", [2, 4])
 def test_shrinking_admits_only_the_requests_the_failure_needs(seed):
     # seeds whose first failure admitted requests in two steps, or more than it ran
