@@ -186,8 +186,7 @@ def run_scenario(
             run.setup()
             run.events()
         except _Stop as stop:
-            return RunResult(run.first_divergence or stop.divergence, run.checks, run.forward, run.schedules,
-                             monotonic() - started)
+            run.first_divergence = run.first_divergence or stop.divergence
     return RunResult(run.first_divergence, run.checks, run.forward, run.schedules, monotonic() - started)
 
 
