@@ -26,6 +26,8 @@ the command in a child process, and this module, in the parent, owns the outcome
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import os
 import pickle
@@ -184,8 +186,21 @@ def wanted(argv: list[str]) -> bool:
     command = next((word for word in argv if not word.startswith("-")), None)
     # the pull-request gate (gate --sglang-base) only starts gates, each supervised on its own
     pr_gate = any(word == "--sglang-base" or word.startswith("--sglang-base=") for word in argv)
+    # a command line that does not parse runs in this process, which says what is wrong once
     return (command in SUPERVISED_COMMANDS and os.environ.get(SWITCH_ENV, "1") != "0"
-            and not {"-h", "--help"} & set(argv) and not pr_gate)
+            and not {"-h", "--help"} & set(argv) and not pr_gate and _arguments(argv) is not None)
+
+
+def _arguments(argv: list[str]) -> Any:
+    """The parsed command line, or None where it does not parse; argparse's own message is
+    held back here, so that the command that runs says it once."""
+    from .cli import build_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            return build_parser().parse_args(argv)
+    except SystemExit:
+        return None
 
 
 @dataclass
@@ -224,7 +239,8 @@ class _Heard:
 
 def supervise(argv: list[str]) -> int:
     """Run ``swafuzz ARGV`` in a child process and return the exit code the run earns."""
-    budget = _budget_of(argv)
+    args = _arguments(argv)
+    budget = _budget_of(args)
     heard, reason = _Heard(), None
     interrupted: list[int] = []  # passed on to the child once it runs
     previous = {signum: signal.signal(signum, lambda signum, frame: interrupted.append(signum))
@@ -274,7 +290,7 @@ def supervise(argv: list[str]) -> int:
         if reason is not None:
             print(f"swafuzz: the run's process was ended: {reason}", file=sys.stderr)
         return EXIT_DIVERGENCE if heard.divergence_file else heard.exit_code
-    return _lost_run(argv, child.returncode, reason, heard)
+    return _lost_run(args, child.returncode, reason, heard)
 
 
 def _hear_lines(data: bytes, heard: _Heard) -> bytes:
@@ -305,13 +321,9 @@ def _signal(child: subprocess.Popen, signum: int) -> None:
         pass
 
 
-def _budget_of(argv: list[str]) -> float | None:
-    from .cli import GATE_BUDGET_S, build_parser
+def _budget_of(args: Any) -> float | None:
+    from .cli import GATE_BUDGET_S
 
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit:
-        return None  # the child says what is wrong with the command line
     budget = getattr(args, "budget", None)
     return GATE_BUDGET_S if args.command == "gate" and budget is None else budget
 
@@ -319,11 +331,8 @@ def _budget_of(argv: list[str]) -> float | None:
 # ---- a run the child lost ----------------------------------------------------------------
 
 
-def _lost_run(argv: list[str], returncode: int, reason: str | None, heard: _Heard) -> int:
+def _lost_run(args: Any, returncode: int, reason: str | None, heard: _Heard) -> int:
     """The child ended without its exit code: report what it was running as a divergence."""
-    from .cli import build_parser
-
-    args = build_parser().parse_args(argv)
     if reason is not None:
         kind, how = HUNG, f"was ended: {reason}"
     elif returncode < 0:

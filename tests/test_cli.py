@@ -234,6 +234,20 @@ def test_help_subjects_and_usage_errors_answer_without_importing_torch_or_hypoth
     assert "HEAVY []" in outcome.stderr
 
 
+@pytest.mark.parametrize("supervised", ["1", "0"], ids=["supervised", "one-process"])
+@pytest.mark.parametrize("argv", [
+    ["fuzz", "--subject", "uncached", "--budget", "-1"], ["gate", "--subject", "uncached", "--budget", "-1"],
+    ["exhaustive", "--subject", "uncached", "--max-forwards", "0"], ["replay"],
+    ["fuzz", "--subject", "no-such-subject"],
+], ids=["fuzz", "gate", "exhaustive", "replay", "unknown-subject"])
+def test_a_usage_error_is_printed_once_by_every_command(argv, supervised, tmp_path):
+    outcome = subprocess.run([sys.executable, "-m", "swafuzz", *argv], capture_output=True, text=True, cwd=tmp_path,
+                             env={**os.environ, "SWAFUZZ_SUPERVISOR": supervised}, timeout=120)
+    assert outcome.returncode == 2, outcome.stderr
+    assert outcome.stderr.count("error:") == 1, outcome.stderr
+    assert outcome.stderr.count("usage:") <= 1, outcome.stderr
+
+
 # ---- fuzz (with a stand-in engine) --------------------------------------------------------------
 
 
