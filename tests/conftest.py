@@ -7,6 +7,8 @@ import functools
 import os
 import subprocess
 import sys
+import textwrap
+import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Callable
@@ -32,6 +34,52 @@ def sglang_options_stay_in_their_test():
     for name in options():
         os.environ.pop(name)
     os.environ.update(before)
+
+
+def wait_until(condition: Callable[[], bool], what: str, process: subprocess.Popen | None = None,
+               timeout_s: float = 180.0) -> None:
+    """Waits until ``condition()`` holds. A test that acts on a running process acts once the
+    process has done something, never after a fixed time, which a busy machine can outlast;
+    the timeout is only a net for a process that never gets there."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"the process ended with {process.returncode} before {what}: "
+                        f"{process.stderr.read() if process.stderr else ''}")
+        if time.monotonic() > deadline:
+            if process is not None:
+                process.kill()
+            pytest.fail(f"{what}: not within {timeout_s:g} s")
+        time.sleep(0.02)
+
+
+# A correct subject (the built-in uncached design) that leaves a file named after its process,
+# answered-PID, in the working directory once it has answered a store: a test that signals a
+# running search waits for the file, so the search is under way however slowly it started.
+ANSWERING_SUBJECT = textwrap.dedent('''
+    import os
+    from pathlib import Path
+
+    from swafuzz.builtin import Uncached
+
+
+    class Answering(Uncached):
+        def swa_write_location(self, batch, layer_id):
+            rows = super().swa_write_location(batch, layer_id)
+            Path(f"answered-{os.getpid()}").touch()
+            return rows
+''')
+
+
+def answering_subject(directory: Path) -> str:
+    """Writes :data:`ANSWERING_SUBJECT` into ``directory`` and returns its name for --subject."""
+    (directory / "answering.py").write_text(ANSWERING_SUBJECT)
+    return "answering:Answering"
+
+
+def processes_answered(directory: Path) -> int:
+    """How many processes the answering subject has answered a store in."""
+    return len(list(directory.glob("answered-*")))
 
 
 PytestRun = Callable[..., "tuple[subprocess.CompletedProcess, dict[str, str]]"]

@@ -11,7 +11,9 @@ import threading
 import time
 
 import pytest
+from conftest import wait_until
 
+import swafuzz.guard as guard_module
 from swafuzz.entry import note_signal
 from swafuzz.guard import MAX_DETAIL_CHARS, MAX_MESSAGE_CHARS, CallGuard, SubjectFailure, SubjectTimeout
 
@@ -267,7 +269,8 @@ def test_an_outer_guard_still_times_out_after_an_inner_guard_was_left():
 def test_a_guard_entered_after_the_watchdog_went_to_sleep_still_times_out():
     with CallGuard(1.0) as guard:
         guard.call("quick", lambda: None)
-    time.sleep(1.5)  # the watchdog sleeps after a second without guards
+    # the watchdog sleeps after a second without guards
+    wait_until(lambda: guard_module._WATCHDOG._sleeping, "the watchdog went to sleep")
     with CallGuard(0.2) as guard:
         with pytest.raises(SubjectFailure, match="did not return within 0.2 s"):
             guard.call("swa_write_location", lambda: time.sleep(30))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import answering_subject, processes_answered, wait_until
+
 from swafuzz.replay import load_replay
 
 # subprocesses import this checkout, whichever one is installed
@@ -57,19 +59,12 @@ def start_fuzz(tmp_path: Path, *options: str, command: str = "fuzz") -> subproce
     )
 
 
-def wait_for(condition, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if process.poll() is not None:
-            pytest.fail(f"swafuzz ended early ({process.returncode}): {process.stderr.read()}")
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("swafuzz did not get going in time")
-        time.sleep(0.05)
-
-
 def stop(process: subprocess.Popen, signum: int) -> tuple[int, dict]:
     process.send_signal(signum)
+    return finished(process)
+
+
+def finished(process: subprocess.Popen) -> tuple[int, dict]:
     out, err = process.communicate(timeout=60)
     return process.returncode, json.loads(out) if out.strip() else {"stderr": err}
 
@@ -89,10 +84,9 @@ def reports(tmp_path: Path) -> dict:
                          ids=["SIGINT", "SIGTERM"])
 def test_a_clean_run_stopped_by_a_signal_writes_an_incomplete_report(tmp_path, signum, exit_code):
     # nightly settings: no cap on examples, so only the signal ends the run
-    process = start_fuzz(tmp_path, "--subject", "uncached", "--settings", "nightly", "--budget", "600")
-    # the replay folder is made just before the fuzzer starts
-    wait_for(lambda: (tmp_path / "reports" / "replays").is_dir(), process)
-    time.sleep(1.0)
+    process = start_fuzz(tmp_path, "--subject", answering_subject(tmp_path), "--settings", "nightly",
+                         "--budget", "600")
+    wait_until(lambda: processes_answered(tmp_path) == 1, "the search answered a store", process)
     code, printed = stop(process, signum)
     assert code == exit_code, printed
     name = signal.Signals(signum).name
@@ -114,7 +108,8 @@ def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path, signum):
     database = tmp_path / "reports" / ".hypothesis-db"
     # the replay file is written the moment the divergence is seen, the database entry just
     # after it: once both exist, shrinking has seconds to go
-    wait_for(lambda: any(replays.glob("*.json")) and any(p.is_file() for p in database.rglob("*")), process)
+    wait_until(lambda: any(replays.glob("*.json")) and any(p.is_file() for p in database.rglob("*")),
+               "the divergence was recorded", process)
     code, printed = stop(process, signum)
 
     assert code == 1, printed  # a divergence was found: that outranks the interruption
@@ -137,10 +132,9 @@ def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path, signum):
 
 
 def test_a_run_over_workers_stops_them_all_and_reports(tmp_path):
-    process = start_fuzz(tmp_path, "--subject", "uncached", "--settings", "nightly", "--budget", "600",
-                         "--workers", "2")
-    wait_for(lambda: (tmp_path / "reports" / "replays").is_dir(), process)
-    time.sleep(4.0)  # the workers start their own interpreters
+    process = start_fuzz(tmp_path, "--subject", answering_subject(tmp_path), "--settings", "nightly",
+                         "--budget", "600", "--workers", "2")
+    wait_until(lambda: processes_answered(tmp_path) == 2, "both workers answered a store", process)
     code, printed = stop(process, signal.SIGTERM)
     assert code == 143, printed
     assert printed["complete"] is False and printed["workers"] == 2
@@ -165,7 +159,7 @@ def catches(pid: int, signum: int) -> bool:
 def test_a_signal_during_start_up_exits_with_its_code_and_one_line(tmp_path, signum, exit_code):
     process = start_fuzz(tmp_path, "--subject", "uncached", "--settings", "nightly", "--budget", "600")
     # the entry catches SIGTERM first thing, before it imports torch and the rest (seconds)
-    wait_for(lambda: catches(process.pid, signal.SIGTERM), process, timeout_s=30)
+    wait_until(lambda: catches(process.pid, signal.SIGTERM), "the entry took SIGTERM over", process)
     process.send_signal(signum)
     out, err = process.communicate(timeout=60)
     assert process.returncode == exit_code, err
@@ -177,10 +171,20 @@ def test_a_signal_during_start_up_exits_with_its_code_and_one_line(tmp_path, sig
 LINGERING_SUBJECT = '''
     import atexit
     import time
+    from pathlib import Path
 
     from swafuzz.builtin import PoolStartLayer as Stale
 
-    atexit.register(time.sleep, 2)  # the process lingers after its result is known
+
+    def linger():
+        """The process lingers after its result is known, until the test has sent its signal."""
+        Path("lingering").touch()
+        end = time.monotonic() + 60
+        while not Path("signalled").exists() and time.monotonic() < end:
+            time.sleep(0.02)
+
+
+    atexit.register(linger)
 '''
 
 
@@ -190,10 +194,10 @@ def test_a_signal_after_the_divergence_was_reported_keeps_exit_code_1(tmp_path, 
     # the first divergence of a small enumeration: found at once, nothing to shrink
     process = start_fuzz(tmp_path, "--subject", "lingering_subject:Stale", "--max-forwards", "2",
                          "--max-layers", "2", "--max-micro-batches", "1", command="exhaustive")
-    html = tmp_path / "reports" / "report.html"  # the last report written
-    wait_for(html.exists, process)
-    time.sleep(0.5)
-    code, printed = stop(process, signum)
+    wait_until((tmp_path / "lingering").exists, "the run has its result", process)
+    process.send_signal(signum)
+    (tmp_path / "signalled").touch()
+    code, printed = finished(process)
     assert code == 1, printed
     assert printed["verdict"] == "divergence" and printed["complete"] is True
 
@@ -234,7 +238,7 @@ def test_workers_and_their_helpers_die_with_a_killed_parent(tmp_path):
         below = descendants_of(process.pid)
         return len(below) >= 5 and sum(catches(pid, signal.SIGINT) for pid in below) >= 3
 
-    wait_for(started, process)
+    wait_until(started, "the workers catch SIGINT", process)
     helpers = descendants_of(process.pid)
     process.kill()
     process.wait(timeout=30)  # its pipes stay open as long as a worker holds them

@@ -10,10 +10,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from conftest import answering_subject, processes_answered, wait_until
 
 from swafuzz.replay import load_replay
 from swafuzz.strategies.examples import EXAMPLES
@@ -46,6 +46,7 @@ HOSTILE = textwrap.dedent('''
             super().__init__(spec)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            open("ignoring", "w").close()  # the test waits for this before it interrupts
 
 
     class LeavesAThread(Uncached):
@@ -134,7 +135,7 @@ def test_a_subject_that_leaves_a_thread_behind_is_ended_with_its_verdict(tmp_pat
 def test_a_subject_that_ignores_interrupts_is_ended_and_reported(tmp_path):
     process = swafuzz(tmp_path, "fuzz", "--subject", "hostile:IgnoresInterrupts", "--settings", "nightly",
                       "--budget", "120", "--report-dir", "reports", "--json")
-    time.sleep(8)  # into the search: the subject has set its signals to be ignored
+    wait_until((tmp_path / "ignoring").exists, "the subject set its signals to be ignored", process)
     process.send_signal(signal.SIGINT)
     out, _ = process.communicate(timeout=120)
     assert process.returncode == 1
@@ -145,9 +146,9 @@ def test_a_subject_that_ignores_interrupts_is_ended_and_reported(tmp_path):
 def test_an_interrupt_reaches_a_well_behaved_run_through_the_supervisor(tmp_path):
     # the supervisor's own limits: the short ones are for subjects meant to break them, and
     # a loaded machine can stall a well-behaved run past them
-    process = swafuzz(tmp_path, "fuzz", "--subject", "uncached", "--settings", "nightly", "--budget", "120",
-                      "--report-dir", "reports", "--json", limits={})
-    time.sleep(8)
+    process = swafuzz(tmp_path, "fuzz", "--subject", answering_subject(tmp_path), "--settings", "nightly",
+                      "--budget", "120", "--report-dir", "reports", "--json", limits={})
+    wait_until(lambda: processes_answered(tmp_path) == 1, "the search answered a store", process)
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 143, f"stdout: {out[-4000:]}\nstderr: {err[-4000:]}"
