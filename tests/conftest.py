@@ -16,6 +16,16 @@ from typing import Callable
 import pytest
 import torch
 
+# The suite downloads nothing: the real-SGLang tests read the releases named in
+# sglang-releases.txt beside this file, which scripts/fetch-test-releases puts in the wheel
+# cache (CI runs it first), and skip, saying so, where one is missing. Set in the environment,
+# so that the commands the tests start read the same cache the same way.
+os.environ.setdefault("SWAFUZZ_SGLANG_OFFLINE", "1")
+SUITE_RELEASES = tuple(
+    line.strip() for line in (Path(__file__).parent / "sglang-releases.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+)
+
 # pytest -n runs a process per core: torch's default of a thread per core in each would make
 # the small tensor operations of the subjects wait on threads that are not running, as
 # swafuzz's own campaigns avoid by running torch on one thread (campaign_torch_threads)

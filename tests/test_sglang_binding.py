@@ -1,7 +1,7 @@
 """Real SGLang code as subjects: binding, correct lifecycles, and known history.
 
-Tests that need SGLang read released wheels (downloaded from PyPI into the wheel cache on
-first use) or the installed package, and skip with the reason when neither is there. The
+Tests that need SGLang read released wheels from the wheel cache (scripts/fetch-test-releases
+fills it) or the installed package, and skip with the reason when neither is there. The
 versions checked default to a few that cover every target and the 0.5.20 fix;
 ``$SWAFUZZ_SGLANG_TEST_VERSIONS`` (comma-separated) widens them, as ``tox -e
 sglang-matrix`` does with the whole matrix. The tests without SGLang write small modules
@@ -32,8 +32,7 @@ from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import GRAPH_REPLAY
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
-# the pool-level cache, the last release with assign-listed ring rows, and the newest (which
-# .ci/run installs, so only two small wheels are downloaded)
+# the pool-level cache, the last release with assign-listed ring rows, and the newest
 DEFAULT_TEST_VERSIONS = ("0.5.12", "0.5.19", "0.5.23")
 VERSIONS = tuple(
     v.strip() for v in os.environ.get(TEST_VERSIONS_ENV, ",".join(DEFAULT_TEST_VERSIONS)).split(",") if v.strip()

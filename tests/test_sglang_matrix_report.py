@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import SUITE_RELEASES, released_tree
 
 from swafuzz.sglang import locate, provenance
 
@@ -34,18 +35,15 @@ def test_the_committed_matrix_covers_every_release_with_post_releases():
     assert tuple(releases) == locate.RELEASES, REGENERATE
 
 
-@pytest.mark.parametrize("version", locate.RELEASES)
+@pytest.mark.parametrize("version", SUITE_RELEASES)
 def test_the_committed_matrix_read_the_sglang_sources_of_each_release(version):
+    # the suite's releases; the matrix's tox environment reads every release it covers
     recorded = _recorded()[1].get(version)
     if recorded is None:
         pytest.fail(f"the matrix records no SGLang digest for {version}; {REGENERATE}")
-    installed = locate.installed()
-    if installed is not None and installed.version == version:
-        tree = installed
-    elif any(locate.cache_dir().glob(f"sglang-{version}-*.whl")):
-        tree = locate.wheel(version)
-    else:
-        pytest.skip(f"sglang {version} is neither installed nor in the wheel cache (the matrix run downloads it)")
+    tree = released_tree(version)
+    if isinstance(tree, str):
+        pytest.skip(tree)
     assert provenance.sglang_digest(tree) == recorded, f"sglang {version} reads differently now; {REGENERATE}"
 
 

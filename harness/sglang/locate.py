@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CACHE_ENV = "SWAFUZZ_SGLANG_CACHE"
+# =1: a release that is not in the cache is unavailable rather than downloaded (the test
+# suite runs so, on the releases fetched before it; so can a machine with no registry)
+OFFLINE_ENV = "SWAFUZZ_SGLANG_OFFLINE"
 DEFAULT_CACHE_DIR = Path("~/.cache/swafuzz/sglang")
 # Every release from 0.5.12 to 0.5.23 on PyPI, post releases included (``pip index versions
 # sglang`` on 2026-11-30): a post release can change a verdict (0.5.12.post1 clears the pool
@@ -160,13 +163,20 @@ def wheel(version: str, cache: str | os.PathLike | None = None) -> SourceTree:
     return SourceTree(fetch_wheel(version, cache), "wheel")
 
 
-def fetch_wheel(version: str, cache: str | os.PathLike | None = None) -> Path:
+def fetch_wheel(version: str, cache: str | os.PathLike | None = None, *, download: bool | None = None) -> Path:
+    """The cached wheel of ``version``, downloaded first where it is missing and ``download``
+    allows (by default, unless ``$SWAFUZZ_SGLANG_OFFLINE`` is 1)."""
     if not re.fullmatch(r"[0-9][0-9A-Za-z.+-]*", version):
         raise SglangUnavailable(f"{version!r} is not a version number")
     directory = cache_dir(cache)
     found = _cached_wheel(directory, version)
     if found is not None:
         return found
+    if not (download if download is not None else os.environ.get(OFFLINE_ENV, "0") != "1"):
+        raise SglangUnavailable(
+            f"the sglang {version} wheel is not in the cache {directory}, and {OFFLINE_ENV}=1 keeps it from being "
+            f"downloaded (python -m swafuzz.sglang.fetch {version} fetches it)"
+        )
     directory.mkdir(parents=True, exist_ok=True)
     # download privately, then rename into the cache: processes fetching the same release at
     # once (parallel test workers) never see a half-written wheel
@@ -193,6 +203,11 @@ def fetch_wheel(version: str, cache: str | os.PathLike | None = None) -> Path:
     return found
 
 
+def cached_wheel(version: str, cache: str | os.PathLike | None = None) -> Path | None:
+    """The wheel of ``version`` in the cache, or None (nothing is downloaded)."""
+    return _cached_wheel(cache_dir(cache), version)
+
+
 def cached_releases(cache: str | os.PathLike | None = None) -> tuple[str, ...]:
     """The releases of :data:`RELEASES` whose wheel is already in the cache."""
     directory = cache_dir(cache)
@@ -202,3 +217,4 @@ def cached_releases(cache: str | os.PathLike | None = None) -> tuple[str, ...]:
 def _cached_wheel(directory: Path, version: str) -> Path | None:
     matches = sorted(directory.glob(f"sglang-{version}-*.whl"))
     return matches[0] if matches else None
+
