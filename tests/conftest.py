@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -30,6 +31,20 @@ SUITE_RELEASES = tuple(
 # the small tensor operations of the subjects wait on threads that are not running, as
 # swafuzz's own campaigns avoid by running torch on one thread (campaign_torch_threads)
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_stay_in_their_test():
+    """A test that leaves SIGINT ignored (or any handler changed) breaks the interrupt tests
+    that a worker process happens to run after it: each test leaves them as it found them."""
+    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)
+    before = {signum: signal.getsignal(signum) for signum in watched}
+    yield
+    changed = {signal.Signals(signum).name: handler for signum in watched
+               if (handler := signal.getsignal(signum)) is not before[signum]}
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    assert not changed, f"the test left signal handlers changed: {changed}"
 
 
 @pytest.fixture(autouse=True)
