@@ -28,7 +28,8 @@ from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, Forw
 from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
-from .guard import MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, failure_of, quoted, type_name
+from .guard import (MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, failure_of, load_subject, quoted,
+                    type_name)
 from .supervisor import announce_scenario
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -114,25 +115,53 @@ class _Stop(Exception):
 
 
 def check_subject(subject: Any) -> type[Subject]:
-    """Reject things that are not subjects with a message that says what to fix."""
-    if not isinstance(subject, type):
-        raise SubjectError(f"a subject is a class, got {type(subject).__name__} {subject!r}")
-    truth = getattr(subject, "truth", None)
-    if not isinstance(truth, Truth):
+    """Reject things that are not subjects with a message that says what to fix. What the
+    harness reads of the class is read here, where a metaclass or a ``__class__`` makes it
+    the subject's code: what that raises is the subject's error."""
+    try:
+        return _checked(subject)
+    except SubjectFailure as failure:
+        raise SubjectError(failure.message) from None
+
+
+def _checked(subject: Any) -> type[Subject]:
+    what = "reading the subject's class"
+    if not load_subject(what, isinstance, subject, type):
+        raise SubjectError(f"a subject is a class, got {type_name(subject)} {_shown(subject)}")
+    name, truth, version, store = load_subject(what, _read_class, subject, _READ_FIRST)
+    load_subject(what, _read_class, subject, _READ_LATER)
+    name = quoted(name, MAX_NAME_CHARS) if type(name) is str else type_name(subject)
+    if not load_subject(what, isinstance, truth, Truth):
         raise SubjectError(
-            f"{subject.__name__}.truth must be Truth.POOL or Truth.RING, got {truth!r}"
+            f"{name}.truth must be Truth.POOL or Truth.RING, got {_shown(truth)}"
         )
-    version = getattr(subject, "api_version", None)
     if type(version) is not int or version not in SUPPORTED_API_VERSIONS:
         newer = type(version) is int and version > SUBJECT_API_VERSION
         raise SubjectError(
-            f"{subject.__name__} targets subject API version {version!r}; this harness runs "
+            f"{name} targets subject API version {_shown(version)}; this harness runs "
             f"versions {', '.join(map(str, SUPPORTED_API_VERSIONS))} (version {SUBJECT_API_VERSION} is current)"
             + ("; a newer swafuzz is needed" if newer else "")
         )
-    if not callable(getattr(subject, "swa_write_location", None)):
-        raise SubjectError(f"{subject.__name__} has no swa_write_location method")
+    if not callable(store):
+        raise SubjectError(f"{name} has no swa_write_location method")
     return subject
+
+
+_READ_FIRST = ("__name__", "truth", "api_version", "swa_write_location")
+# the class attributes that reports, search settings and device checks read
+_READ_LATER = ("requires", "realistic_exclusions", "__doc__", "__module__", "__qualname__", "call_sites")
+
+
+def _read_class(subject: type, names: Sequence[str]) -> list[Any]:
+    return [getattr(subject, name, None) for name in names]
+
+
+def _shown(value: Any) -> str:
+    """A value of the subject's for a one-line message, read without trusting its ``repr``."""
+    try:
+        return quoted(load_subject("repr()", repr, value), MAX_NAME_CHARS)
+    except SubjectFailure as failure:
+        return f"(whose {failure.message})"
 
 
 def check_device(subject: type[Subject], device: torch.device) -> None:
@@ -278,8 +307,8 @@ class _Run:
             timeline.delay_side_stream()
             for mb, batch in enumerate(batches):
                 where = _Where(plan, micro_batch=mb)
-                self._invoke(where, "init_forward_metadata", subject.init_forward_metadata, batch)
-        store = timeline.on_streams(subject.swa_write_location)
+                self._invoke(where, "init_forward_metadata", _method, subject, "init_forward_metadata", batch)
+        store = timeline.on_streams(self._looked_up(_Where(plan), subject, "swa_write_location"))
         calls, mutation = plan.calls, event.mutation
         for step, step_inputs in enumerate(plan.steps):
             if step:
@@ -292,7 +321,7 @@ class _Run:
                 self.handed.step = step
                 timeline.begin_forward()  # the step's new inputs were copied on the current stream
             if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and mutation is None:
-                self._threaded_calls(plan, batches, step_inputs, timeline.consumed(subject.swa_write_location))
+                self._threaded_calls(plan, batches, step_inputs, timeline.consumed(self._looked_up(_Where(plan), subject, "swa_write_location")))
                 continue
             # the mutation lands before the call it counts to
             cut = mutation.after_calls - step * len(calls) if mutation is not None else -1
@@ -460,7 +489,7 @@ class _Run:
         self.handed = _Handed(plan, [static], [[fields]], held)
         subject = self.subjects[plan.model]
         if not plan.event.skip_init:
-            self._invoke(_Where(plan), "init_replay_metadata", subject.init_replay_metadata, static)
+            self._invoke(_Where(plan), "init_replay_metadata", _method, subject, "init_replay_metadata", static)
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
         self._check_inputs(plan)
@@ -487,7 +516,7 @@ class _Run:
         fills = {**STATIC_INPUTS, "seq_lens_cpu": STATIC_INPUTS["seq_lens"]}
         held = {name: torch.full((size,), fills[name]) for name in fields}
         self.handed = _Handed(plan, [static], [[fields]], held, phase="the graph capture for")
-        self._invoke(_Where(plan), "init_capture_metadata", subject.init_capture_metadata, static)
+        self._invoke(_Where(plan), "init_capture_metadata", _method, subject, "init_capture_metadata", static)
         for _ in range(self.config.graph_warmups):
             self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
@@ -512,10 +541,11 @@ class _Run:
         """One run of the forward on the static inputs: a warm-up, or with ``sinks`` the
         captured run, where each layer's answer is consumed before the next layer runs."""
         subject = self.subjects[plan.model]
-        self._invoke(_Where(plan), f"init_graph_metadata ({phase})", subject.init_graph_metadata, static)
+        self._invoke(_Where(plan), f"init_graph_metadata ({phase})", _method, subject, "init_graph_metadata", static)
         for index, (mb, layer_id) in enumerate(plan.calls):
             where = _Where(plan, 0, mb, layer_id)
-            out = self._invoke(where, f"swa_write_location ({phase})", subject.swa_write_location, static, layer_id)
+            out = self._invoke(where, f"swa_write_location ({phase})", _method, subject, "swa_write_location", static,
+                               layer_id)
             problem = self._shape_problem(self._site(where), out, plan.graph_batch_size)
             if problem is not None:
                 raise _Stop(problem)
@@ -672,6 +702,14 @@ class _Run:
         self._stop_if_past_deadline()
         return result
 
+    def _looked_up(self, where: "_Where", subject: Subject, name: str) -> Callable[..., Any]:
+        """The subject's method ``name``, looked up as a call: the lookup runs the subject's
+        ``__getattribute__``, if it has one."""
+        try:
+            return self.guard.call(name, getattr, subject, name)
+        except SubjectFailure as failure:
+            raise self._failed(where, failure) from None
+
     def _stop_if_past_deadline(self) -> None:
         if self.deadline is not None and monotonic() >= self.deadline:
             raise DeadlinePassed(self.checks)
@@ -751,7 +789,8 @@ class _Run:
                 self.mappings[model] = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
                 self.mapping_versions[model] = self.mappings[model]._version
-                self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
+                self._invoke(_Where(model=model), "register_mapping", _method, self.subjects[model], "register_mapping",
+                             self.mappings[model])
             else:
                 mapping = self.mappings[model]
                 if changed:
@@ -1007,6 +1046,12 @@ class _Where(NamedTuple):
 
 
 _equal = torch.Tensor.equal  # torch.equal less its module-function argument parsing
+
+
+def _method(subject: Subject, name: str, *args: Any) -> Any:
+    """A call of the subject's method ``name``, looked up in the call: the lookup is the
+    subject's code too (its ``__getattribute__``)."""
+    return getattr(subject, name)(*args)
 
 
 def _right(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor], bool],

@@ -114,6 +114,38 @@ def _note_and_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def from_a_signal(exc: BaseException, signals_before: int) -> bool:
+    """Whether ``exc`` is a KeyboardInterrupt raised while a SIGINT or SIGTERM arrived (the
+    process had noted ``signals_before`` signals when the code began), not one that the
+    code raised itself."""
+    return isinstance(exc, KeyboardInterrupt) and signals_received() != signals_before
+
+
+def load_subject(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``: the subject's code run before any scenario (its module imported, its
+    class read). Whatever it raises comes back as a :class:`SubjectFailure`, ``BaseException``
+    included, but for two that are not the subject's failure to load: ``SystemExit`` (the
+    subject ends its process: a supervising process reports that as a divergence) and a
+    KeyboardInterrupt raised while a signal arrived (a person's Ctrl-C stops the harness).
+    There is no timeout: code that hangs as it loads is for the supervisor to find."""
+    signals = signals_received()
+    handler = None
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        handler = signal.signal(signal.SIGINT, _note_and_interrupt)
+    try:
+        return fn(*args)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - what loading raised is the subject's
+        if from_a_signal(exc, signals):
+            raise
+        raise failure_of(what, exc) from None
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+
+
 class CallGuard:
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
@@ -166,7 +198,7 @@ class CallGuard:
         self.restore_recursion_limit()
         if isinstance(exc, SubjectTimeout) and self.fired_serial == self.serial:
             return SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s")
-        if isinstance(exc, KeyboardInterrupt) and signals_received() != self._signals:
+        if from_a_signal(exc, self._signals):
             raise exc
         return failure_of(what, exc)
 

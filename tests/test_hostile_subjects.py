@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -56,6 +58,17 @@ def _raises_in(hook: str, exc: Callable[[], BaseException]) -> type[Subject]:
         raise exc()
 
     return type(f"RaisesIn_{hook}", (Uncached,), {hook: raising})
+
+
+def _raises_on_lookup(name: str, exc: Callable[[], BaseException]) -> type[Subject]:
+    """Right everywhere, but looking up its method ``name`` raises a fresh ``exc()``."""
+
+    def lookup(self, attr):
+        if attr == name:
+            raise exc()
+        return object.__getattribute__(self, attr)
+
+    return type(f"RaisesOnLookup_{name}", (Uncached,), {"__getattribute__": lookup})
 
 
 class _Custom(BaseException):
@@ -223,6 +236,23 @@ HOSTILE = [
             "swa_write_location raised SubjectTimeout."),
     Hostile("raises-in-a-thread", _raises_in("swa_write_location", SystemExit), OVERLAP, "raised",
             "swa_write_location raised SystemExit.", {"threads": True}),
+    # looking up a method is the subject's code (its __getattribute__)
+    Hostile("raises-as-register-mapping-is-looked-up",
+            _raises_on_lookup("register_mapping", lambda: RuntimeError("hidden")), EAGER, "raised",
+            "register_mapping raised RuntimeError: hidden."),
+    Hostile("exits-as-init-forward-metadata-is-looked-up", _raises_on_lookup("init_forward_metadata", SystemExit),
+            EAGER, "raised", "init_forward_metadata raised SystemExit."),
+    Hostile("interrupts-as-swa-write-location-is-looked-up",
+            _raises_on_lookup("swa_write_location", KeyboardInterrupt), EAGER, "raised",
+            "At forward 1 (decode), swa_write_location raised KeyboardInterrupt."),
+    Hostile("interrupts-as-capture-metadata-is-looked-up",
+            _raises_on_lookup("init_capture_metadata", KeyboardInterrupt), GRAPH, "raised",
+            "init_capture_metadata raised KeyboardInterrupt."),
+    Hostile("interrupts-as-a-graph-warm-up-looks-it-up",
+            _raises_on_lookup("init_graph_metadata", KeyboardInterrupt), GRAPH, "raised",
+            "init_graph_metadata (graph warm-up) raised KeyboardInterrupt."),
+    Hostile("interrupts-as-a-thread-looks-it-up", _raises_on_lookup("swa_write_location", KeyboardInterrupt),
+            OVERLAP, "raised", "swa_write_location raised KeyboardInterrupt.", {"threads": True}),
     # a subject's text is rendered, never trusted
     Hostile("message-str-raises", _raises_in("swa_write_location", _Unprintable), EAGER, "raised",
             "raised _Unprintable (its message could not be read: str() raised RuntimeError)."),
@@ -394,3 +424,115 @@ def test_a_signal_during_a_subject_call_interrupts_a_watched_run(subject):
     with campaign.InterruptWatch() as watch, pytest.raises(KeyboardInterrupt):
         run_scenario(subject, EAGER)
     assert watch.signum == subject.signum
+
+
+# ---- a subject that is hostile before it runs ------------------------------------------------
+
+
+def _swafuzz_fuzz(tmp_path, module: str, source: str, attr: str = "Subject") -> subprocess.CompletedProcess:
+    """``swafuzz fuzz --subject module:attr`` as a user runs it, ``module`` written from ``source``."""
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "swafuzz", "fuzz", "--subject", f"{module}:{attr}", "--settings",
+                           "ci", "--max-examples", "2", "--report-dir", "reports"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+_META = """
+    from swafuzz.builtin import Uncached
+
+
+    class RaisesOn(type(Uncached)):
+        names = ()  # the attributes whose reading raises (empty: every one)
+
+        def __getattribute__(cls, name):
+            names = type.__getattribute__(cls, "names")
+            if not names or name in names:
+                raise {exc}(name)
+            return super().__getattribute__(name)
+
+
+    class Subject(Uncached, metaclass=RaisesOn):
+        names = {names!r}
+"""
+
+
+@pytest.mark.parametrize("source, raised", [
+    ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+    ("raise GeneratorExit('done')", "GeneratorExit: done"),
+    ("class Mine(BaseException):\n    pass\n\nraise Mine('its own')", "Mine: its own"),
+    ("class Shouting(Exception):\n    def __str__(self):\n        raise KeyboardInterrupt\n\nraise Shouting()",
+     "Shouting (its message could not be read: str() raised KeyboardInterrupt)"),
+    ("""
+     from swafuzz.builtin import Uncached
+
+
+     class Base(Uncached):
+         def __init_subclass__(cls, **options):
+             raise KeyboardInterrupt
+
+
+     class Subject(Base):
+         pass
+     """, "KeyboardInterrupt"),
+    ("""
+     from swafuzz.builtin import Uncached
+
+
+     class Generic(Uncached):
+         def __class_getitem__(cls, item):
+             raise RuntimeError(f"no {item}")
+
+
+     Subject = Generic[int]
+     """, "RuntimeError: no <class 'int'>"),
+    ("def __getattr__(name):\n    raise KeyboardInterrupt", "KeyboardInterrupt"),
+    (_META.format(exc="RuntimeError", names=()), "RuntimeError: __class__"),
+    (_META.format(exc="KeyboardInterrupt", names=("truth",)), "KeyboardInterrupt: truth"),
+    (_META.format(exc="RuntimeError", names=("__name__",)), "RuntimeError: __name__"),
+    (_META.format(exc="RuntimeError", names=("requires",)), "RuntimeError: requires"),
+    (_META.format(exc="RuntimeError", names=("__doc__",)), "RuntimeError: __doc__"),
+    ("""
+     class Unshowable:
+         def __repr__(self):
+             raise KeyboardInterrupt
+
+
+     Subject = Unshowable()
+     """, "Unshowable"),
+    ("""
+     from swafuzz.builtin import Uncached
+
+
+     class Generic(Uncached):
+         def __class_getitem__(cls, item):
+             return Generic.Booby()
+
+         class Booby:
+             def __getattribute__(self, name):
+                 raise KeyboardInterrupt(name)
+
+
+     Subject = Generic[int]
+     """, "KeyboardInterrupt"),
+], ids=["keyboard-interrupt-at-import", "generator-exit-at-import", "base-exception-of-its-own-at-import",
+        "message-raises-keyboard-interrupt", "init-subclass-raises", "class-getitem-raises",
+        "module-getattr-raises", "metaclass-raises-on-every-attribute", "metaclass-interrupts-on-truth",
+        "metaclass-raises-on-its-name", "metaclass-raises-on-requires", "metaclass-raises-on-its-docstring",
+        "repr-interrupts", "class-getitem-returns-what-interrupts-on-reading"])
+def test_a_subject_that_raises_as_it_is_loaded_exits_2_with_one_line_naming_it_and_what_it_raised(
+        tmp_path, source, raised):
+    done = _swafuzz_fuzz(tmp_path, "loads_badly", source)
+    assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
+    assert "loads_badly:Subject" in done.stderr and raised in done.stderr, done.stderr
+
+
+def test_a_sigint_while_the_subject_module_is_imported_interrupts_the_run(tmp_path):
+    done = _swafuzz_fuzz(tmp_path, "interrupted_import", """
+        import os, signal, time
+
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)  # bounded: the signal lands before it ends
+    """)
+    assert done.returncode == 130, done.stderr
+    assert "interrupted by SIGINT" in done.stderr
