@@ -247,6 +247,9 @@ class _Run:
         self.subjects: dict[str, Subject] = {}
         self.mappings: dict[str, torch.Tensor] = {}
         self.mapping_versions: dict[str, int] = {}  # each registered tensor's version after the last sync
+        # per model, the mappings registered before the current one that the harness no longer
+        # writes, and what each held when the next was registered: the subject may keep them
+        self.earlier_mappings: dict[str, list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
         self.mappings_checked_at = -1  # the call count when the mappings were last checked
         self.handed: _Handed | None = None  # the current forward's inputs
         self.plan: ForwardPlan | None = None  # the current (or latest) forward
@@ -786,7 +789,10 @@ class _Run:
                     kept[written] = new_rows
             if registered:
                 # a rebuilt pool's mapping is allocated while the old one is still registered
-                self.mappings[model] = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
+                earlier = self.mappings.get(model)
+                self.mappings[model] = placed = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS),
+                                                                 [truth])
+                self._retire_mapping(model, earlier, old, placed)
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
                 self.mapping_versions[model] = self.mappings[model]._version
                 self._invoke(_Where(model=model), "register_mapping", _method, self.subjects[model], "register_mapping",
@@ -943,18 +949,33 @@ class _Run:
         """A write into a registered mapping, found at the sync ``when`` names, by the call
         ``by``, or (neither) after a forward's calls."""
         synced = self.history.mappings
-        for model, mapping in self.mappings.items():
-            if mapping._version == self.mapping_versions[model] and not (
-                self.on_host and synced[model].shape[0] < _ROWS_COPIED_WHOLE_BELOW and not _equal(mapping, synced[model])
-            ):
+        held = [(model, "mapping", mapping, synced[model], self.mapping_versions[model])
+                for model, mapping in self.mappings.items()]
+        held += [(model, "earlier mapping", mapping, values, version)
+                 for model, earlier in self.earlier_mappings.items() for mapping, values, version in earlier]
+        for model, which, mapping, values, version in held:
+            # on the host compared whole: a write through numpy or .data leaves the version alone
+            if (_equal(mapping, values) if self.on_host else mapping._version == version):
                 continue
-            change = dx.input_change(f"the {model} model's mapping", mapping, synced[model])
+            change = dx.input_change(f"the {model} model's {which}", mapping, values)
             if change is not None:
                 at = by or (_Where(self.plan) if self.plan is not None and self.plan.model == model
                             else _Where(model=model))
                 sentence = dx.wrote_input_sentence(when or self._when(at, by is not None), "mapping", change)
                 return self._site(at).divergence(dx.WROTE_INPUT, sentence)
         return None
+
+    def _retire_mapping(self, model: str, earlier: torch.Tensor | None, held: torch.Tensor | None,
+                        placed: torch.Tensor) -> None:
+        """Keep the mapping ``earlier`` (holding ``held``), replaced by ``placed``, to check that
+        the subject leaves it alone; one whose memory the harness has just written ``placed``
+        into is no longer the subject's to keep."""
+        memory = placed.untyped_storage().data_ptr()
+        kept = [entry for entry in self.earlier_mappings.get(model, ())
+                if entry[0].untyped_storage().data_ptr() != memory]
+        if earlier is not None and held is not None and earlier.untyped_storage().data_ptr() != memory:
+            kept.append((earlier, held.clone(), earlier._version))
+        self.earlier_mappings[model] = kept
 
     def _backend(self, model: str, mb: int) -> SimpleNamespace:
         backend = self.backends.get((model, mb))

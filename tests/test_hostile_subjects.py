@@ -44,6 +44,9 @@ EAGER = _scenario({"start_layer": 0, "end_layer": 2},
 GRAPH = _scenario({"start_layer": 0, "end_layer": 2, "graph_batch_sizes": [4]},
                   [_TWO, {"op": "forward", "requests": [0, 1], "graph": True},
                    {"op": "forward", "requests": [0, 1], "graph": True}])
+LARGE_POOL = _scenario({"start_layer": 0, "end_layer": 2, "full_pool_size": 8192},
+                       [_TWO, {"op": "forward", "requests": [0, 1]}, {"op": "forward", "requests": [0, 1]}])
+REREGISTERED = EXAMPLES["register-then-skip-start"]
 DRAFT = EXAMPLES["multi-step-draft"]
 OVERLAP = EXAMPLES["two-batch-overlap"]
 
@@ -139,6 +142,37 @@ class _WipesMappingThroughNumpy(Uncached):
     def swa_write_location(self, batch, layer_id):
         rows = super().swa_write_location(batch, layer_id)
         self.mapping.numpy()[1:] = 0
+        return rows
+
+
+class _WritesTheMappingItWasFirstHanded(Uncached):
+    """Keeps the first mapping it is handed, and writes into it once a newer one is registered."""
+
+    through_numpy = False
+
+    def register_mapping(self, mapping):
+        self.__dict__.setdefault("first", mapping)
+        super().register_mapping(mapping)
+
+    def swa_write_location(self, batch, layer_id):
+        if self.first is not self.mapping:
+            if self.through_numpy:
+                self.first.numpy()[:2] = 7
+            else:
+                self.first[:2] = 7
+        return super().swa_write_location(batch, layer_id)
+
+
+class _WritesTheMappingItWasFirstHandedThroughNumpy(_WritesTheMappingItWasFirstHanded):
+    through_numpy = True
+
+
+class _WipesMappingThroughData(Uncached):
+    """A write through ``.data``, which has a version counter of its own."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        self.mapping.data[1:] = 0
         return rows
 
 
@@ -279,6 +313,16 @@ HOSTILE = [
             "written into out_cache_loc", {"threads": True}),
     Hostile("wipes-mapping-through-numpy", _WipesMappingThroughNumpy, EAGER, "wrote_input",
             "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-2)"),
+    Hostile("wipes-a-large-mapping-through-numpy", _WipesMappingThroughNumpy, LARGE_POOL, "wrote_input",
+            "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-"),
+    Hostile("wipes-a-large-mapping-through-data", _WipesMappingThroughData, LARGE_POOL, "wrote_input",
+            "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-"),
+    Hostile("wipes-a-small-mapping-through-data", _WipesMappingThroughData, EAGER, "wrote_input",
+            "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-2)"),
+    Hostile("writes-an-earlier-mapping", _WritesTheMappingItWasFirstHanded, REREGISTERED, "wrote_input",
+            "the subject had written into the target model's earlier mapping (rows 0-1)"),
+    Hostile("writes-an-earlier-mapping-through-numpy", _WritesTheMappingItWasFirstHandedThroughNumpy, REREGISTERED,
+            "wrote_input", "the subject had written into the target model's earlier mapping (rows 0-1)"),
     Hostile("resizes-mapping-at-capture", _ResizesMappingAtCapture, GRAPH, "wrote_input",
             "the subject had resized the target model's mapping from shape"),
     Hostile("drops-positions-in-capture", _DropsPositionsInCapture, GRAPH, "wrote_input",
