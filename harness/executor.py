@@ -28,8 +28,8 @@ from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, Forw
 from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
-from .guard import (MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, failure_of, load_subject, quoted,
-                    type_name)
+from .guard import (MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, TorchState, failure_of, load_subject,
+                    quoted, type_name)
 from .supervisor import announce_scenario
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -372,6 +372,7 @@ class _Run:
         fast comparison did not settle is judged); each call still has its own serial, so a
         hang or exception is attributed to it."""
         guard, on_device, every_store, right = self.guard, self.on_device, self.on_store is not None, _right
+        modes_kept = guard.torch_state.modes_kept
         deadline = self.deadline
         truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
         first, checks, serial = self.call, self.checks, guard.serial
@@ -386,18 +387,21 @@ class _Run:
                         raise SubjectTimeout()
                 except BaseException as exc:
                     raise guard.failure("swa_write_location", exc) from None
+                if not modes_kept():  # a mode the subject left could answer the comparison
+                    guard.torch_state.restore()
                 # between calls the harness only compares (a lowered recursion limit lets the
-                # subject's own call run deeper than that); its other work restores the limit
+                # subject's own call run deeper than that, and no other torch setting changes
+                # a comparison); its other work restores the harness's state
                 expected = truths[mb]
                 if expected is None:
                     guard.in_call = False
-                    guard.restore_recursion_limit()
+                    guard.restore_harness_state()
                     expected = truths[mb] = self._truth(plan, step, mb)
                     guard.in_call = True
                 matched = right(out, expected, on_device)
                 if not matched or every_store:
                     guard.in_call = False
-                    guard.restore_recursion_limit()
+                    guard.restore_harness_state()
                     self.call, self.checks = call + 1, checks + call + 1 - first
                     self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
                     guard.in_call = True
@@ -413,7 +417,7 @@ class _Run:
             raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
         finally:
             guard.in_call = False
-            guard.restore_recursion_limit()
+            guard.restore_harness_state()
         self.call, self.checks = first + len(calls), checks + len(calls)
 
     def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
@@ -457,7 +461,7 @@ class _Run:
                 worker.join(budget)
         finally:
             sys.setswitchinterval(interval)
-        self.guard.restore_recursion_limit()
+        self.guard.restore_harness_state()
         self.schedules[plan.index] = tuple(entered)
         if any(worker.is_alive() for worker in workers):
             failure = SubjectFailure("timeout", f"micro-batch threads did not finish within {budget:g} s")
@@ -525,11 +529,14 @@ class _Run:
         graph = make_graph(self.device)
         sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
         static.in_graph = self.capturing = True
+        outer = self.guard.torch_state
         try:
             with graph.capture():
+                self.guard.torch_state = TorchState()  # the capture's own mode is the harness's
                 self._run_graph_forward(plan, static, "graph capture", sinks)
         finally:
             self.capturing = False
+            self.guard.torch_state = outer
         static.in_graph = False
         # what the captured work yields for the capture inputs (a GPU capture runs nothing)
         self._invoke(_Where(plan), "graph replay", graph.replay)

@@ -440,6 +440,133 @@ def test_a_subject_lowering_the_recursion_limit_is_judged_by_its_answers_alone(s
     assert sys.getrecursionlimit() == limit
 
 
+# ---- what a subject leaves of torch's state ---------------------------------------------------
+
+
+_LEFT_BEHIND: list[Callable[[], None]] = []  # how the test undoes what a subject left
+
+
+def _entered(context: Any) -> None:
+    context.__enter__()
+    _LEFT_BEHIND.append(lambda: context.__exit__(None, None, None))
+
+
+def _set(setter: Callable[[Any], None], getter: Callable[[], Any], value: Any) -> None:
+    before = getter()
+    setter(value)
+    _LEFT_BEHIND.append(lambda: setter(before))
+
+
+class _EqualFunctionMode(torch.overrides.TorchFunctionMode):
+    """Finds every two tensors equal."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.equal, torch.Tensor.equal):
+            return True
+        return func(*args, **(kwargs or {}))
+
+
+class _EqualDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.equal.default:
+            return True
+        return func(*args, **(kwargs or {}))
+
+
+LEFT_BEHIND = {
+    "inference-mode": lambda: _entered(torch.inference_mode()),
+    "no-grad": lambda: _entered(torch.no_grad()),
+    "function-mode-finding-all-equal": lambda: _entered(_EqualFunctionMode()),
+    "dispatch-mode-finding-all-equal": lambda: _entered(_EqualDispatchMode()),
+    "default-device-meta": lambda: _entered(torch.device("meta")),
+    "default-dtype": lambda: _set(torch.set_default_dtype, torch.get_default_dtype, torch.float64),
+    "deterministic-algorithms": lambda: _set(torch.use_deterministic_algorithms,
+                                             torch.are_deterministic_algorithms_enabled, True),
+    "threads": lambda: _set(torch.set_num_threads, torch.get_num_threads, 3),
+}
+
+
+def _torch_state() -> tuple:
+    return (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack(), torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+            torch.get_num_threads())
+
+
+@pytest.fixture
+def torch_state_undone():
+    """Undoes what a subject left of torch's state, whatever the harness did about it."""
+    before = _torch_state()
+    yield before
+    while _LEFT_BEHIND:
+        try:
+            _LEFT_BEHIND.pop()()
+        except Exception:  # noqa: BLE001 - a mode the harness popped already
+            pass
+    while torch._C._len_torch_function_stack() > before[0]:
+        torch._C._pop_torch_function_stack()
+    while torch._C._len_torch_dispatch_stack() > before[1]:
+        torch._C._pop_torch_dispatch_stack(None)
+
+
+def _leaves(name: str, hook: str, wrong: bool = False) -> type[Subject]:
+    """Right (or one row off, ``wrong``) everywhere; ``hook`` leaves ``name`` behind at its first call."""
+
+    def hooked(self, *args):
+        result = getattr(Uncached, hook)(self, *args)
+        if not self.__dict__.get("left"):
+            self.left = True
+            LEFT_BEHIND[name]()
+        return result + 1 if wrong and hook == "swa_write_location" else result
+
+    def answer(self, batch, layer_id):
+        return Uncached.swa_write_location(self, batch, layer_id) + (1 if wrong else 0)
+
+    return type(f"Leaves_{name}", (Uncached,), {"swa_write_location": answer, hook: hooked})
+
+
+@pytest.mark.parametrize("hook", ["register_mapping", "init_forward_metadata", "swa_write_location"])
+@pytest.mark.parametrize("name", LEFT_BEHIND)
+def test_what_a_subject_leaves_of_torchs_state_changes_neither_its_verdict_nor_the_callers_state(
+        name, hook, torch_state_undone):
+    right = run_scenario(_leaves(name, hook), EAGER)
+    assert right.passed, right.divergence.sentence
+    assert _torch_state() == torch_state_undone
+    d = run_scenario(_leaves(name, hook, wrong=True), EAGER).divergence
+    assert d is not None and d.kind == "wrong_rows", d
+    assert _torch_state() == torch_state_undone
+
+
+@pytest.mark.parametrize("name", LEFT_BEHIND)
+def test_what_a_subject_leaves_of_torchs_state_in_graph_capture_changes_no_verdict(name, torch_state_undone):
+    assert run_scenario(_leaves(name, "init_capture_metadata"), GRAPH).passed
+    d = run_scenario(_leaves(name, "init_capture_metadata", wrong=True), GRAPH).divergence
+    assert d is not None and d.kind == "wrong_rows", d
+    assert _torch_state() == torch_state_undone
+
+
+def test_what_a_subject_module_leaves_of_torchs_state_as_it_is_imported_is_undone(
+        tmp_path, monkeypatch, torch_state_undone):
+    (tmp_path / "leaves_on_import.py").write_text(textwrap.dedent("""
+        import torch
+
+        from swafuzz.builtin import Uncached
+
+        torch.set_default_dtype(torch.float64)
+        torch.set_grad_enabled(False)
+        torch.device("meta").__enter__()
+
+
+        class Subject(Uncached):
+            pass
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _LEFT_BEHIND.extend([lambda: torch.set_default_dtype(torch_state_undone[4]),
+                         lambda: torch.set_grad_enabled(torch_state_undone[2])])
+    info = resolve_subject("leaves_on_import:Subject")
+    assert _torch_state() == torch_state_undone
+    assert run_scenario(info.subject, EAGER).passed
+
+
 # ---- a real interrupt still interrupts -------------------------------------------------------
 
 
