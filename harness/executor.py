@@ -28,7 +28,8 @@ from .api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, ForwardBatch, Forw
 from .arena import ALTERNATING_SLOTS, Arena
 from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
-from .guard import MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, failure_of, quoted, type_name
+from .guard import (MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, TorchState, failure_of, load_subject,
+                    quoted, type_name)
 from .supervisor import announce_scenario
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -114,25 +115,53 @@ class _Stop(Exception):
 
 
 def check_subject(subject: Any) -> type[Subject]:
-    """Reject things that are not subjects with a message that says what to fix."""
-    if not isinstance(subject, type):
-        raise SubjectError(f"a subject is a class, got {type(subject).__name__} {subject!r}")
-    truth = getattr(subject, "truth", None)
-    if not isinstance(truth, Truth):
+    """Reject things that are not subjects with a message that says what to fix. What the
+    harness reads of the class is read here, where a metaclass or a ``__class__`` makes it
+    the subject's code: what that raises is the subject's error."""
+    try:
+        return _checked(subject)
+    except SubjectFailure as failure:
+        raise SubjectError(failure.message) from None
+
+
+def _checked(subject: Any) -> type[Subject]:
+    what = "reading the subject's class"
+    if not load_subject(what, isinstance, subject, type):
+        raise SubjectError(f"a subject is a class, got {type_name(subject)} {_shown(subject)}")
+    name, truth, version, store = load_subject(what, _read_class, subject, _READ_FIRST)
+    load_subject(what, _read_class, subject, _READ_LATER)
+    name = quoted(name, MAX_NAME_CHARS) if type(name) is str else type_name(subject)
+    if not load_subject(what, isinstance, truth, Truth):
         raise SubjectError(
-            f"{subject.__name__}.truth must be Truth.POOL or Truth.RING, got {truth!r}"
+            f"{name}.truth must be Truth.POOL or Truth.RING, got {_shown(truth)}"
         )
-    version = getattr(subject, "api_version", None)
     if type(version) is not int or version not in SUPPORTED_API_VERSIONS:
         newer = type(version) is int and version > SUBJECT_API_VERSION
         raise SubjectError(
-            f"{subject.__name__} targets subject API version {version!r}; this harness runs "
+            f"{name} targets subject API version {_shown(version)}; this harness runs "
             f"versions {', '.join(map(str, SUPPORTED_API_VERSIONS))} (version {SUBJECT_API_VERSION} is current)"
             + ("; a newer swafuzz is needed" if newer else "")
         )
-    if not callable(getattr(subject, "swa_write_location", None)):
-        raise SubjectError(f"{subject.__name__} has no swa_write_location method")
+    if not callable(store):
+        raise SubjectError(f"{name} has no swa_write_location method")
     return subject
+
+
+_READ_FIRST = ("__name__", "truth", "api_version", "swa_write_location")
+# the class attributes that reports, search settings and device checks read
+_READ_LATER = ("requires", "realistic_exclusions", "__doc__", "__module__", "__qualname__", "call_sites")
+
+
+def _read_class(subject: type, names: Sequence[str]) -> list[Any]:
+    return [getattr(subject, name, None) for name in names]
+
+
+def _shown(value: Any) -> str:
+    """A value of the subject's for a one-line message, read without trusting its ``repr``."""
+    try:
+        return quoted(load_subject("repr()", repr, value), MAX_NAME_CHARS)
+    except SubjectFailure as failure:
+        return f"(whose {failure.message})"
 
 
 def check_device(subject: type[Subject], device: torch.device) -> None:
@@ -218,6 +247,9 @@ class _Run:
         self.subjects: dict[str, Subject] = {}
         self.mappings: dict[str, torch.Tensor] = {}
         self.mapping_versions: dict[str, int] = {}  # each registered tensor's version after the last sync
+        # per model, the mappings registered before the current one that the harness no longer
+        # writes, and what each held when the next was registered: the subject may keep them
+        self.earlier_mappings: dict[str, list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
         self.mappings_checked_at = -1  # the call count when the mappings were last checked
         self.handed: _Handed | None = None  # the current forward's inputs
         self.plan: ForwardPlan | None = None  # the current (or latest) forward
@@ -278,8 +310,8 @@ class _Run:
             timeline.delay_side_stream()
             for mb, batch in enumerate(batches):
                 where = _Where(plan, micro_batch=mb)
-                self._invoke(where, "init_forward_metadata", subject.init_forward_metadata, batch)
-        store = timeline.on_streams(subject.swa_write_location)
+                self._invoke(where, "init_forward_metadata", _method, subject, "init_forward_metadata", batch)
+        store = timeline.on_streams(self._looked_up(_Where(plan), subject, "swa_write_location"))
         calls, mutation = plan.calls, event.mutation
         for step, step_inputs in enumerate(plan.steps):
             if step:
@@ -292,7 +324,7 @@ class _Run:
                 self.handed.step = step
                 timeline.begin_forward()  # the step's new inputs were copied on the current stream
             if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and mutation is None:
-                self._threaded_calls(plan, batches, step_inputs, timeline.consumed(subject.swa_write_location))
+                self._threaded_calls(plan, batches, step_inputs, timeline.consumed(self._looked_up(_Where(plan), subject, "swa_write_location")))
                 continue
             # the mutation lands before the call it counts to
             cut = mutation.after_calls - step * len(calls) if mutation is not None else -1
@@ -340,6 +372,7 @@ class _Run:
         fast comparison did not settle is judged); each call still has its own serial, so a
         hang or exception is attributed to it."""
         guard, on_device, every_store, right = self.guard, self.on_device, self.on_store is not None, _right
+        modes_kept = guard.torch_state.modes_kept
         deadline = self.deadline
         truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
         first, checks, serial = self.call, self.checks, guard.serial
@@ -354,18 +387,21 @@ class _Run:
                         raise SubjectTimeout()
                 except BaseException as exc:
                     raise guard.failure("swa_write_location", exc) from None
+                if not modes_kept():  # a mode the subject left could answer the comparison
+                    guard.torch_state.restore()
                 # between calls the harness only compares (a lowered recursion limit lets the
-                # subject's own call run deeper than that); its other work restores the limit
+                # subject's own call run deeper than that, and no other torch setting changes
+                # a comparison); its other work restores the harness's state
                 expected = truths[mb]
                 if expected is None:
                     guard.in_call = False
-                    guard.restore_recursion_limit()
+                    guard.restore_harness_state()
                     expected = truths[mb] = self._truth(plan, step, mb)
                     guard.in_call = True
                 matched = right(out, expected, on_device)
                 if not matched or every_store:
                     guard.in_call = False
-                    guard.restore_recursion_limit()
+                    guard.restore_harness_state()
                     self.call, self.checks = call + 1, checks + call + 1 - first
                     self._verdict(plan, step, mb, layer_id, out, expected, matched, call)
                     guard.in_call = True
@@ -381,7 +417,7 @@ class _Run:
             raise self._failed(_Where(plan, step, mb, layer_id), failure) from None
         finally:
             guard.in_call = False
-            guard.restore_recursion_limit()
+            guard.restore_harness_state()
         self.call, self.checks = first + len(calls), checks + len(calls)
 
     def _threaded_calls(self, plan: ForwardPlan, batches: list[ForwardBatch],
@@ -425,7 +461,7 @@ class _Run:
                 worker.join(budget)
         finally:
             sys.setswitchinterval(interval)
-        self.guard.restore_recursion_limit()
+        self.guard.restore_harness_state()
         self.schedules[plan.index] = tuple(entered)
         if any(worker.is_alive() for worker in workers):
             failure = SubjectFailure("timeout", f"micro-batch threads did not finish within {budget:g} s")
@@ -460,7 +496,7 @@ class _Run:
         self.handed = _Handed(plan, [static], [[fields]], held)
         subject = self.subjects[plan.model]
         if not plan.event.skip_init:
-            self._invoke(_Where(plan), "init_replay_metadata", subject.init_replay_metadata, static)
+            self._invoke(_Where(plan), "init_replay_metadata", _method, subject, "init_replay_metadata", static)
         self._invoke(_Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
         self._check_inputs(plan)
@@ -487,17 +523,20 @@ class _Run:
         fills = {**STATIC_INPUTS, "seq_lens_cpu": STATIC_INPUTS["seq_lens"]}
         held = {name: torch.full((size,), fills[name]) for name in fields}
         self.handed = _Handed(plan, [static], [[fields]], held, phase="the graph capture for")
-        self._invoke(_Where(plan), "init_capture_metadata", subject.init_capture_metadata, static)
+        self._invoke(_Where(plan), "init_capture_metadata", _method, subject, "init_capture_metadata", static)
         for _ in range(self.config.graph_warmups):
             self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
         sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
         static.in_graph = self.capturing = True
+        outer = self.guard.torch_state
         try:
             with graph.capture():
+                self.guard.torch_state = TorchState()  # the capture's own mode is the harness's
                 self._run_graph_forward(plan, static, "graph capture", sinks)
         finally:
             self.capturing = False
+            self.guard.torch_state = outer
         static.in_graph = False
         # what the captured work yields for the capture inputs (a GPU capture runs nothing)
         self._invoke(_Where(plan), "graph replay", graph.replay)
@@ -512,10 +551,11 @@ class _Run:
         """One run of the forward on the static inputs: a warm-up, or with ``sinks`` the
         captured run, where each layer's answer is consumed before the next layer runs."""
         subject = self.subjects[plan.model]
-        self._invoke(_Where(plan), f"init_graph_metadata ({phase})", subject.init_graph_metadata, static)
+        self._invoke(_Where(plan), f"init_graph_metadata ({phase})", _method, subject, "init_graph_metadata", static)
         for index, (mb, layer_id) in enumerate(plan.calls):
             where = _Where(plan, 0, mb, layer_id)
-            out = self._invoke(where, f"swa_write_location ({phase})", subject.swa_write_location, static, layer_id)
+            out = self._invoke(where, f"swa_write_location ({phase})", _method, subject, "swa_write_location", static,
+                               layer_id)
             problem = self._shape_problem(self._site(where), out, plan.graph_batch_size)
             if problem is not None:
                 raise _Stop(problem)
@@ -672,6 +712,14 @@ class _Run:
         self._stop_if_past_deadline()
         return result
 
+    def _looked_up(self, where: "_Where", subject: Subject, name: str) -> Callable[..., Any]:
+        """The subject's method ``name``, looked up as a call: the lookup runs the subject's
+        ``__getattribute__``, if it has one."""
+        try:
+            return self.guard.call(name, getattr, subject, name)
+        except SubjectFailure as failure:
+            raise self._failed(where, failure) from None
+
     def _stop_if_past_deadline(self) -> None:
         if self.deadline is not None and monotonic() >= self.deadline:
             raise DeadlinePassed(self.checks)
@@ -748,10 +796,14 @@ class _Run:
                     kept[written] = new_rows
             if registered:
                 # a rebuilt pool's mapping is allocated while the old one is still registered
-                self.mappings[model] = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS), [truth])
+                earlier = self.mappings.get(model)
+                self.mappings[model] = placed = self.arena.place(("mapping", model, self.seen_epoch % ALTERNATING_SLOTS),
+                                                                 [truth])
+                self._retire_mapping(model, earlier, old, placed)
                 self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
                 self.mapping_versions[model] = self.mappings[model]._version
-                self._invoke(_Where(model=model), "register_mapping", self.subjects[model].register_mapping, self.mappings[model])
+                self._invoke(_Where(model=model), "register_mapping", _method, self.subjects[model], "register_mapping",
+                             self.mappings[model])
             else:
                 mapping = self.mappings[model]
                 if changed:
@@ -904,18 +956,33 @@ class _Run:
         """A write into a registered mapping, found at the sync ``when`` names, by the call
         ``by``, or (neither) after a forward's calls."""
         synced = self.history.mappings
-        for model, mapping in self.mappings.items():
-            if mapping._version == self.mapping_versions[model] and not (
-                self.on_host and synced[model].shape[0] < _ROWS_COPIED_WHOLE_BELOW and not _equal(mapping, synced[model])
-            ):
+        held = [(model, "mapping", mapping, synced[model], self.mapping_versions[model])
+                for model, mapping in self.mappings.items()]
+        held += [(model, "earlier mapping", mapping, values, version)
+                 for model, earlier in self.earlier_mappings.items() for mapping, values, version in earlier]
+        for model, which, mapping, values, version in held:
+            # on the host compared whole: a write through numpy or .data leaves the version alone
+            if (_equal(mapping, values) if self.on_host else mapping._version == version):
                 continue
-            change = dx.input_change(f"the {model} model's mapping", mapping, synced[model])
+            change = dx.input_change(f"the {model} model's {which}", mapping, values)
             if change is not None:
                 at = by or (_Where(self.plan) if self.plan is not None and self.plan.model == model
                             else _Where(model=model))
                 sentence = dx.wrote_input_sentence(when or self._when(at, by is not None), "mapping", change)
                 return self._site(at).divergence(dx.WROTE_INPUT, sentence)
         return None
+
+    def _retire_mapping(self, model: str, earlier: torch.Tensor | None, held: torch.Tensor | None,
+                        placed: torch.Tensor) -> None:
+        """Keep the mapping ``earlier`` (holding ``held``), replaced by ``placed``, to check that
+        the subject leaves it alone; one whose memory the harness has just written ``placed``
+        into is no longer the subject's to keep."""
+        memory = placed.untyped_storage().data_ptr()
+        kept = [entry for entry in self.earlier_mappings.get(model, ())
+                if entry[0].untyped_storage().data_ptr() != memory]
+        if earlier is not None and held is not None and earlier.untyped_storage().data_ptr() != memory:
+            kept.append((earlier, held.clone(), earlier._version))
+        self.earlier_mappings[model] = kept
 
     def _backend(self, model: str, mb: int) -> SimpleNamespace:
         backend = self.backends.get((model, mb))
@@ -1007,6 +1074,12 @@ class _Where(NamedTuple):
 
 
 _equal = torch.Tensor.equal  # torch.equal less its module-function argument parsing
+
+
+def _method(subject: Subject, name: str, *args: Any) -> Any:
+    """A call of the subject's method ``name``, looked up in the call: the lookup is the
+    subject's code too (its ``__getattribute__``)."""
+    return getattr(subject, name)(*args)
 
 
 def _right(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor], bool],

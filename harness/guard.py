@@ -24,9 +24,11 @@ Whatever a call raises is the subject's, ``BaseException`` included (``SystemExi
 the harness instead: the watchdog's :class:`SubjectTimeout` for the call in flight, and a
 ``KeyboardInterrupt`` raised while a SIGINT or SIGTERM arrived (every handler of the process
 notes the signal, :func:`swafuzz.entry.note_signal`; under Python's own SIGINT handler, which
-notes nothing, a guard puts one in that does). A subject's text (its exception's name and
-message, its traceback) is shown only rendered: cut to a bounded length, and quoted with
-control characters escaped unless it is one printable line.
+notes nothing, a guard puts one in that does). Whatever torch state a call leaves behind
+(modes pushed, grad or inference mode, default dtype, deterministic flags, threads) is put
+back before the harness's own work (:class:`TorchState`). A subject's text (its exception's
+name and message, its traceback) is shown only rendered: cut to a bounded length, and
+quoted with control characters escaped unless it is one printable line.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import time
 import traceback
 from time import monotonic
 from typing import Any, Callable
+
+import torch
 
 from .boundary import printable
 from .entry import note_signal, signals_received
@@ -114,6 +118,97 @@ def _note_and_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def from_a_signal(exc: BaseException, signals_before: int) -> bool:
+    """Whether ``exc`` is a KeyboardInterrupt raised while a SIGINT or SIGTERM arrived (the
+    process had noted ``signals_before`` signals when the code began), not one that the
+    code raised itself."""
+    return isinstance(exc, KeyboardInterrupt) and signals_received() != signals_before
+
+
+def load_subject(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``: the subject's code run before any scenario (its module imported, its
+    class read). Whatever it raises comes back as a :class:`SubjectFailure`, ``BaseException``
+    included, but for two that are not the subject's failure to load: ``SystemExit`` (the
+    subject ends its process: a supervising process reports that as a divergence) and a
+    KeyboardInterrupt raised while a signal arrived (a person's Ctrl-C stops the harness).
+    There is no timeout: code that hangs as it loads is for the supervisor to find."""
+    signals = signals_received()
+    state = TorchState()  # what the code leaves behind is undone: it is no state of the harness's
+    handler = None
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        handler = signal.signal(signal.SIGINT, _note_and_interrupt)
+    try:
+        return fn(*args)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - what loading raised is the subject's
+        if from_a_signal(exc, signals):
+            raise
+        raise failure_of(what, exc) from None
+    finally:
+        state.restore()
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+
+
+class TorchState:
+    """torch's settings that the harness's own work runs under, as they were when this was
+    made (inference mode always off: the harness reads tensors' versions), put back by
+    :meth:`restore` whatever the subject's code left behind: the torch function and dispatch
+    modes (a mode could answer the harness's own comparisons), grad and inference mode,
+    the default dtype, the deterministic-algorithms flags and the number of threads.
+
+    Modes, grad and inference mode are the calling thread's; the rest are the process's."""
+
+    _C = torch._C
+    # inference mode can only be left by a guard of its own, which must outlive the subject's:
+    # the guards made to leave it are kept for the life of the process
+    _leaving_inference: list[Any] = []
+
+    def __init__(self) -> None:
+        C = self._C
+        self.function_modes = [C._get_function_stack_at(i) for i in range(C._len_torch_function_stack())]
+        self.dispatch_modes = [C._get_dispatch_stack_at(i) for i in range(C._len_torch_dispatch_stack())]
+        self.settings = self._settings()
+        self.restore()
+
+    @staticmethod
+    def _settings() -> tuple:
+        return (torch.get_default_dtype(), torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_num_threads())
+
+    def modes_kept(self) -> bool:
+        """Whether the mode stacks are as deep as they were (the cheap check, made between a
+        subject's calls in a row: a mode is what could subvert a comparison)."""
+        C = self._C
+        return (C._len_torch_function_stack() == len(self.function_modes)
+                and C._len_torch_dispatch_stack() == len(self.dispatch_modes))
+
+    def restore(self) -> None:
+        C = self._C
+        for modes, length, at, pop, push in (
+            (self.function_modes, C._len_torch_function_stack, C._get_function_stack_at,
+             C._pop_torch_function_stack, C._push_on_torch_function_stack),
+            (self.dispatch_modes, C._len_torch_dispatch_stack, C._get_dispatch_stack_at,
+             lambda: C._pop_torch_dispatch_stack(None), C._push_on_torch_dispatch_stack),
+        ):
+            if length() != len(modes) or any(at(i) is not mode for i, mode in enumerate(modes)):
+                while length():
+                    pop()
+                for mode in modes:
+                    push(mode)
+        if torch.is_inference_mode_enabled():
+            self._leaving_inference.append(C._InferenceMode(False))
+        if self._settings() != self.settings:
+            dtype, grad, deterministic, warn_only, threads = self.settings
+            torch.set_default_dtype(dtype)
+            torch.set_grad_enabled(grad)
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+
+
 class CallGuard:
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
@@ -129,6 +224,7 @@ class CallGuard:
     def __enter__(self) -> "CallGuard":
         self._signals = signals_received()
         self._recursion_limit = sys.getrecursionlimit()
+        self.torch_state = TorchState()
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGALRM, self._on_alarm)
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -144,6 +240,7 @@ class CallGuard:
             if self._interrupt_handler is not None:
                 signal.signal(signal.SIGINT, self._interrupt_handler)
         sys.setrecursionlimit(self._recursion_limit)
+        self.torch_state.restore()
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         self.serial = serial = self.serial + 1
@@ -157,24 +254,26 @@ class CallGuard:
             raise self.failure(what, exc) from None
         finally:
             self.in_call = False
-            self.restore_recursion_limit()
+            self.restore_harness_state()
 
     def failure(self, what: str, exc: BaseException) -> SubjectFailure:
         """What a call's exception comes to: a timeout for the watchdog's alarm of the call
         in flight, else the subject's failure. A KeyboardInterrupt raised while a signal
         arrived is no failure: it is raised again."""
-        self.restore_recursion_limit()
+        self.restore_harness_state()
         if isinstance(exc, SubjectTimeout) and self.fired_serial == self.serial:
             return SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s")
-        if isinstance(exc, KeyboardInterrupt) and signals_received() != self._signals:
+        if from_a_signal(exc, self._signals):
             raise exc
         return failure_of(what, exc)
 
-    def restore_recursion_limit(self) -> None:
+    def restore_harness_state(self) -> None:
         """Undo a subject's lowering of the recursion limit, under which the harness's own
-        code would fail; a raised one is left until the guard is left."""
+        code would fail (a raised one is left until the guard is left), and put back the
+        torch state the guard was entered in (:class:`TorchState`)."""
         if sys.getrecursionlimit() < self._recursion_limit:
             sys.setrecursionlimit(self._recursion_limit)
+        self.torch_state.restore()
 
     def _on_alarm(self, signum, frame) -> None:
         if self.in_call and self.serial == self.fired_serial:

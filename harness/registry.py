@@ -221,6 +221,7 @@ def resolve_subject(spec: str, allow_import: bool = True,
     """
     from .boundary import show
     from .executor import SubjectError, check_subject
+    from .guard import SubjectFailure, load_subject
 
     if engine_switches and not spec.startswith("sglang:"):
         raise SubjectError(f"engine switches ({', '.join(engine_switches)}) are SGLang's; {show(spec)} "
@@ -242,18 +243,26 @@ def resolve_subject(spec: str, allow_import: bool = True,
         )
     module_name, _, attr = spec.partition(":")
     _look_in_the_working_directory()
+    shown = show(spec)
     try:
-        module = _import_subject_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - report any import failure as a usage error
-        raise SubjectError(f"cannot import module {module_name!r} for subject {spec!r}: {exc}") from exc
+        module = load_subject("it", _import_subject_module, module_name)
+    except SubjectFailure as failure:
+        raise SubjectError(f"cannot import module {module_name!r} for subject {shown}: {failure.message}") from None
     try:
-        target = getattr(module, attr)
-    except AttributeError:
-        raise SubjectError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if isinstance(target, SubjectInfo):
-        return target
-    check_subject(target)
+        target = load_subject(f"reading {show(attr)}", getattr, module, attr, _MISSING)
+        if target is _MISSING:
+            raise SubjectError(f"module {module_name!r} has no attribute {attr!r}")
+        if load_subject(f"reading {show(attr)}", isinstance, target, SubjectInfo):
+            return target
+        check_subject(target)
+    except SubjectFailure as failure:
+        raise SubjectError(f"subject {shown}: {failure.message}") from None
+    except SubjectError as exc:
+        raise SubjectError(f"subject {shown}: {exc}") from None
     return SubjectInfo(spec, target, expected="unknown", kind="user")
+
+
+_MISSING = object()  # an attribute a module does not have
 
 
 # Before swafuzz was installed under one import name its three packages were top-level;

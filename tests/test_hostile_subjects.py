@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,6 +44,9 @@ EAGER = _scenario({"start_layer": 0, "end_layer": 2},
 GRAPH = _scenario({"start_layer": 0, "end_layer": 2, "graph_batch_sizes": [4]},
                   [_TWO, {"op": "forward", "requests": [0, 1], "graph": True},
                    {"op": "forward", "requests": [0, 1], "graph": True}])
+LARGE_POOL = _scenario({"start_layer": 0, "end_layer": 2, "full_pool_size": 8192},
+                       [_TWO, {"op": "forward", "requests": [0, 1]}, {"op": "forward", "requests": [0, 1]}])
+REREGISTERED = EXAMPLES["register-then-skip-start"]
 DRAFT = EXAMPLES["multi-step-draft"]
 OVERLAP = EXAMPLES["two-batch-overlap"]
 
@@ -56,6 +61,17 @@ def _raises_in(hook: str, exc: Callable[[], BaseException]) -> type[Subject]:
         raise exc()
 
     return type(f"RaisesIn_{hook}", (Uncached,), {hook: raising})
+
+
+def _raises_on_lookup(name: str, exc: Callable[[], BaseException]) -> type[Subject]:
+    """Right everywhere, but looking up its method ``name`` raises a fresh ``exc()``."""
+
+    def lookup(self, attr):
+        if attr == name:
+            raise exc()
+        return object.__getattribute__(self, attr)
+
+    return type(f"RaisesOnLookup_{name}", (Uncached,), {"__getattribute__": lookup})
 
 
 class _Custom(BaseException):
@@ -126,6 +142,37 @@ class _WipesMappingThroughNumpy(Uncached):
     def swa_write_location(self, batch, layer_id):
         rows = super().swa_write_location(batch, layer_id)
         self.mapping.numpy()[1:] = 0
+        return rows
+
+
+class _WritesTheMappingItWasFirstHanded(Uncached):
+    """Keeps the first mapping it is handed, and writes into it once a newer one is registered."""
+
+    through_numpy = False
+
+    def register_mapping(self, mapping):
+        self.__dict__.setdefault("first", mapping)
+        super().register_mapping(mapping)
+
+    def swa_write_location(self, batch, layer_id):
+        if self.first is not self.mapping:
+            if self.through_numpy:
+                self.first.numpy()[:2] = 7
+            else:
+                self.first[:2] = 7
+        return super().swa_write_location(batch, layer_id)
+
+
+class _WritesTheMappingItWasFirstHandedThroughNumpy(_WritesTheMappingItWasFirstHanded):
+    through_numpy = True
+
+
+class _WipesMappingThroughData(Uncached):
+    """A write through ``.data``, which has a version counter of its own."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        self.mapping.data[1:] = 0
         return rows
 
 
@@ -223,6 +270,23 @@ HOSTILE = [
             "swa_write_location raised SubjectTimeout."),
     Hostile("raises-in-a-thread", _raises_in("swa_write_location", SystemExit), OVERLAP, "raised",
             "swa_write_location raised SystemExit.", {"threads": True}),
+    # looking up a method is the subject's code (its __getattribute__)
+    Hostile("raises-as-register-mapping-is-looked-up",
+            _raises_on_lookup("register_mapping", lambda: RuntimeError("hidden")), EAGER, "raised",
+            "register_mapping raised RuntimeError: hidden."),
+    Hostile("exits-as-init-forward-metadata-is-looked-up", _raises_on_lookup("init_forward_metadata", SystemExit),
+            EAGER, "raised", "init_forward_metadata raised SystemExit."),
+    Hostile("interrupts-as-swa-write-location-is-looked-up",
+            _raises_on_lookup("swa_write_location", KeyboardInterrupt), EAGER, "raised",
+            "At forward 1 (decode), swa_write_location raised KeyboardInterrupt."),
+    Hostile("interrupts-as-capture-metadata-is-looked-up",
+            _raises_on_lookup("init_capture_metadata", KeyboardInterrupt), GRAPH, "raised",
+            "init_capture_metadata raised KeyboardInterrupt."),
+    Hostile("interrupts-as-a-graph-warm-up-looks-it-up",
+            _raises_on_lookup("init_graph_metadata", KeyboardInterrupt), GRAPH, "raised",
+            "init_graph_metadata (graph warm-up) raised KeyboardInterrupt."),
+    Hostile("interrupts-as-a-thread-looks-it-up", _raises_on_lookup("swa_write_location", KeyboardInterrupt),
+            OVERLAP, "raised", "swa_write_location raised KeyboardInterrupt.", {"threads": True}),
     # a subject's text is rendered, never trusted
     Hostile("message-str-raises", _raises_in("swa_write_location", _Unprintable), EAGER, "raised",
             "raised _Unprintable (its message could not be read: str() raised RuntimeError)."),
@@ -249,6 +313,16 @@ HOSTILE = [
             "written into out_cache_loc", {"threads": True}),
     Hostile("wipes-mapping-through-numpy", _WipesMappingThroughNumpy, EAGER, "wrote_input",
             "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-2)"),
+    Hostile("wipes-a-large-mapping-through-numpy", _WipesMappingThroughNumpy, LARGE_POOL, "wrote_input",
+            "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-"),
+    Hostile("wipes-a-large-mapping-through-data", _WipesMappingThroughData, LARGE_POOL, "wrote_input",
+            "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-"),
+    Hostile("wipes-a-small-mapping-through-data", _WipesMappingThroughData, EAGER, "wrote_input",
+            "By forward 1 (decode), layer 1, the subject had written into the target model's mapping (rows 1-2)"),
+    Hostile("writes-an-earlier-mapping", _WritesTheMappingItWasFirstHanded, REREGISTERED, "wrote_input",
+            "the subject had written into the target model's earlier mapping (rows 0-1)"),
+    Hostile("writes-an-earlier-mapping-through-numpy", _WritesTheMappingItWasFirstHandedThroughNumpy, REREGISTERED,
+            "wrote_input", "the subject had written into the target model's earlier mapping (rows 0-1)"),
     Hostile("resizes-mapping-at-capture", _ResizesMappingAtCapture, GRAPH, "wrote_input",
             "the subject had resized the target model's mapping from shape"),
     Hostile("drops-positions-in-capture", _DropsPositionsInCapture, GRAPH, "wrote_input",
@@ -366,6 +440,133 @@ def test_a_subject_lowering_the_recursion_limit_is_judged_by_its_answers_alone(s
     assert sys.getrecursionlimit() == limit
 
 
+# ---- what a subject leaves of torch's state ---------------------------------------------------
+
+
+_LEFT_BEHIND: list[Callable[[], None]] = []  # how the test undoes what a subject left
+
+
+def _entered(context: Any) -> None:
+    context.__enter__()
+    _LEFT_BEHIND.append(lambda: context.__exit__(None, None, None))
+
+
+def _set(setter: Callable[[Any], None], getter: Callable[[], Any], value: Any) -> None:
+    before = getter()
+    setter(value)
+    _LEFT_BEHIND.append(lambda: setter(before))
+
+
+class _EqualFunctionMode(torch.overrides.TorchFunctionMode):
+    """Finds every two tensors equal."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.equal, torch.Tensor.equal):
+            return True
+        return func(*args, **(kwargs or {}))
+
+
+class _EqualDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.equal.default:
+            return True
+        return func(*args, **(kwargs or {}))
+
+
+LEFT_BEHIND = {
+    "inference-mode": lambda: _entered(torch.inference_mode()),
+    "no-grad": lambda: _entered(torch.no_grad()),
+    "function-mode-finding-all-equal": lambda: _entered(_EqualFunctionMode()),
+    "dispatch-mode-finding-all-equal": lambda: _entered(_EqualDispatchMode()),
+    "default-device-meta": lambda: _entered(torch.device("meta")),
+    "default-dtype": lambda: _set(torch.set_default_dtype, torch.get_default_dtype, torch.float64),
+    "deterministic-algorithms": lambda: _set(torch.use_deterministic_algorithms,
+                                             torch.are_deterministic_algorithms_enabled, True),
+    "threads": lambda: _set(torch.set_num_threads, torch.get_num_threads, 3),
+}
+
+
+def _torch_state() -> tuple:
+    return (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack(), torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+            torch.get_num_threads())
+
+
+@pytest.fixture
+def torch_state_undone():
+    """Undoes what a subject left of torch's state, whatever the harness did about it."""
+    before = _torch_state()
+    yield before
+    while _LEFT_BEHIND:
+        try:
+            _LEFT_BEHIND.pop()()
+        except Exception:  # noqa: BLE001 - a mode the harness popped already
+            pass
+    while torch._C._len_torch_function_stack() > before[0]:
+        torch._C._pop_torch_function_stack()
+    while torch._C._len_torch_dispatch_stack() > before[1]:
+        torch._C._pop_torch_dispatch_stack(None)
+
+
+def _leaves(name: str, hook: str, wrong: bool = False) -> type[Subject]:
+    """Right (or one row off, ``wrong``) everywhere; ``hook`` leaves ``name`` behind at its first call."""
+
+    def hooked(self, *args):
+        result = getattr(Uncached, hook)(self, *args)
+        if not self.__dict__.get("left"):
+            self.left = True
+            LEFT_BEHIND[name]()
+        return result + 1 if wrong and hook == "swa_write_location" else result
+
+    def answer(self, batch, layer_id):
+        return Uncached.swa_write_location(self, batch, layer_id) + (1 if wrong else 0)
+
+    return type(f"Leaves_{name}", (Uncached,), {"swa_write_location": answer, hook: hooked})
+
+
+@pytest.mark.parametrize("hook", ["register_mapping", "init_forward_metadata", "swa_write_location"])
+@pytest.mark.parametrize("name", LEFT_BEHIND)
+def test_what_a_subject_leaves_of_torchs_state_changes_neither_its_verdict_nor_the_callers_state(
+        name, hook, torch_state_undone):
+    right = run_scenario(_leaves(name, hook), EAGER)
+    assert right.passed, right.divergence.sentence
+    assert _torch_state() == torch_state_undone
+    d = run_scenario(_leaves(name, hook, wrong=True), EAGER).divergence
+    assert d is not None and d.kind == "wrong_rows", d
+    assert _torch_state() == torch_state_undone
+
+
+@pytest.mark.parametrize("name", LEFT_BEHIND)
+def test_what_a_subject_leaves_of_torchs_state_in_graph_capture_changes_no_verdict(name, torch_state_undone):
+    assert run_scenario(_leaves(name, "init_capture_metadata"), GRAPH).passed
+    d = run_scenario(_leaves(name, "init_capture_metadata", wrong=True), GRAPH).divergence
+    assert d is not None and d.kind == "wrong_rows", d
+    assert _torch_state() == torch_state_undone
+
+
+def test_what_a_subject_module_leaves_of_torchs_state_as_it_is_imported_is_undone(
+        tmp_path, monkeypatch, torch_state_undone):
+    (tmp_path / "leaves_on_import.py").write_text(textwrap.dedent("""
+        import torch
+
+        from swafuzz.builtin import Uncached
+
+        torch.set_default_dtype(torch.float64)
+        torch.set_grad_enabled(False)
+        torch.device("meta").__enter__()
+
+
+        class Subject(Uncached):
+            pass
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _LEFT_BEHIND.extend([lambda: torch.set_default_dtype(torch_state_undone[4]),
+                         lambda: torch.set_grad_enabled(torch_state_undone[2])])
+    info = resolve_subject("leaves_on_import:Subject")
+    assert _torch_state() == torch_state_undone
+    assert run_scenario(info.subject, EAGER).passed
+
+
 # ---- a real interrupt still interrupts -------------------------------------------------------
 
 
@@ -394,3 +595,115 @@ def test_a_signal_during_a_subject_call_interrupts_a_watched_run(subject):
     with campaign.InterruptWatch() as watch, pytest.raises(KeyboardInterrupt):
         run_scenario(subject, EAGER)
     assert watch.signum == subject.signum
+
+
+# ---- a subject that is hostile before it runs ------------------------------------------------
+
+
+def _swafuzz_fuzz(tmp_path, module: str, source: str, attr: str = "Subject") -> subprocess.CompletedProcess:
+    """``swafuzz fuzz --subject module:attr`` as a user runs it, ``module`` written from ``source``."""
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "swafuzz", "fuzz", "--subject", f"{module}:{attr}", "--settings",
+                           "ci", "--max-examples", "2", "--report-dir", "reports"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+_META = """
+    from swafuzz.builtin import Uncached
+
+
+    class RaisesOn(type(Uncached)):
+        names = ()  # the attributes whose reading raises (empty: every one)
+
+        def __getattribute__(cls, name):
+            names = type.__getattribute__(cls, "names")
+            if not names or name in names:
+                raise {exc}(name)
+            return super().__getattribute__(name)
+
+
+    class Subject(Uncached, metaclass=RaisesOn):
+        names = {names!r}
+"""
+
+
+@pytest.mark.parametrize("source, raised", [
+    ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+    ("raise GeneratorExit('done')", "GeneratorExit: done"),
+    ("class Mine(BaseException):\n    pass\n\nraise Mine('its own')", "Mine: its own"),
+    ("class Shouting(Exception):\n    def __str__(self):\n        raise KeyboardInterrupt\n\nraise Shouting()",
+     "Shouting (its message could not be read: str() raised KeyboardInterrupt)"),
+    ("""
+     from swafuzz.builtin import Uncached
+
+
+     class Base(Uncached):
+         def __init_subclass__(cls, **options):
+             raise KeyboardInterrupt
+
+
+     class Subject(Base):
+         pass
+     """, "KeyboardInterrupt"),
+    ("""
+     from swafuzz.builtin import Uncached
+
+
+     class Generic(Uncached):
+         def __class_getitem__(cls, item):
+             raise RuntimeError(f"no {item}")
+
+
+     Subject = Generic[int]
+     """, "RuntimeError: no <class 'int'>"),
+    ("def __getattr__(name):\n    raise KeyboardInterrupt", "KeyboardInterrupt"),
+    (_META.format(exc="RuntimeError", names=()), "RuntimeError: __class__"),
+    (_META.format(exc="KeyboardInterrupt", names=("truth",)), "KeyboardInterrupt: truth"),
+    (_META.format(exc="RuntimeError", names=("__name__",)), "RuntimeError: __name__"),
+    (_META.format(exc="RuntimeError", names=("requires",)), "RuntimeError: requires"),
+    (_META.format(exc="RuntimeError", names=("__doc__",)), "RuntimeError: __doc__"),
+    ("""
+     class Unshowable:
+         def __repr__(self):
+             raise KeyboardInterrupt
+
+
+     Subject = Unshowable()
+     """, "Unshowable"),
+    ("""
+     from swafuzz.builtin import Uncached
+
+
+     class Generic(Uncached):
+         def __class_getitem__(cls, item):
+             return Generic.Booby()
+
+         class Booby:
+             def __getattribute__(self, name):
+                 raise KeyboardInterrupt(name)
+
+
+     Subject = Generic[int]
+     """, "KeyboardInterrupt"),
+], ids=["keyboard-interrupt-at-import", "generator-exit-at-import", "base-exception-of-its-own-at-import",
+        "message-raises-keyboard-interrupt", "init-subclass-raises", "class-getitem-raises",
+        "module-getattr-raises", "metaclass-raises-on-every-attribute", "metaclass-interrupts-on-truth",
+        "metaclass-raises-on-its-name", "metaclass-raises-on-requires", "metaclass-raises-on-its-docstring",
+        "repr-interrupts", "class-getitem-returns-what-interrupts-on-reading"])
+def test_a_subject_that_raises_as_it_is_loaded_exits_2_with_one_line_naming_it_and_what_it_raised(
+        tmp_path, source, raised):
+    done = _swafuzz_fuzz(tmp_path, "loads_badly", source)
+    assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
+    assert "loads_badly:Subject" in done.stderr and raised in done.stderr, done.stderr
+
+
+def test_a_sigint_while_the_subject_module_is_imported_interrupts_the_run(tmp_path):
+    done = _swafuzz_fuzz(tmp_path, "interrupted_import", """
+        import os, signal, time
+
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)  # bounded: the signal lands before it ends
+    """)
+    assert done.returncode == 130, done.stderr
+    assert "interrupted by SIGINT" in done.stderr
