@@ -28,6 +28,7 @@ from swafuzz import reports as reports_module
 from swafuzz import run_scenario
 from swafuzz.fuzz import FuzzResult, Progress
 from swafuzz.progress import ProgressLine, format_progress
+from swafuzz.boundary import InputError
 from swafuzz.builtin import Uncached
 from swafuzz.registry import BUILTIN_SUBJECTS, BUILTIN_TABLE, SubjectInfo
 from swafuzz.replay import Replay, load_replay, write_replay
@@ -355,6 +356,49 @@ def test_a_run_into_a_directory_another_run_is_writing_to_is_refused(capsys, eng
     assert f"another swafuzz run (process {os.getpid()}) is writing its reports there" in err
     assert not (tmp_path / "report.json").exists()
     assert run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))[0] == 0
+
+
+@pytest.mark.parametrize("command", ["fuzz", "exhaustive"])
+@pytest.mark.parametrize("example", [None, STALE_EXAMPLE], ids=["clean", "divergence"])
+def test_a_run_leaves_no_lock_file_in_its_report_folder(capsys, engine, tmp_path, command, example):
+    engine.example = example
+    code, _, _ = run_cli(capsys, command, "--subject", "pool-start-layer", "--report-dir", str(tmp_path))
+    assert code == (1 if example else 0)
+    assert (tmp_path / "report.json").exists()
+    assert not (tmp_path / campaign.REPORT_DIR_LOCK).exists()
+
+
+def test_a_run_that_ends_removes_only_its_own_lock_file(tmp_path):
+    lock = tmp_path / campaign.REPORT_DIR_LOCK
+    first, second = campaign.writing_reports_in(tmp_path), campaign.writing_reports_in(tmp_path)
+    first.__enter__()
+    lock.unlink()  # by hand, say: another run may take the directory now
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert lock.exists()  # the second run's, which still keeps a third one out
+    with pytest.raises(InputError, match="another swafuzz run"):
+        with campaign.writing_reports_in(tmp_path):
+            pass
+    second.__exit__(None, None, None)
+    assert not lock.exists()
+
+
+def test_a_run_that_locks_a_lock_file_removed_meanwhile_takes_the_one_there_now(tmp_path, monkeypatch):
+    lock = tmp_path / campaign.REPORT_DIR_LOCK
+    lock.write_text("12345")  # left by an earlier run, which is ending now
+    flock = campaign.fcntl.flock
+
+    def the_earlier_run_ends_first(handle, operation):
+        monkeypatch.setattr(campaign.fcntl, "flock", flock)
+        lock.unlink()  # after this run opened the file, before it locked it
+        flock(handle, operation)
+
+    monkeypatch.setattr(campaign.fcntl, "flock", the_earlier_run_ends_first)
+    with campaign.writing_reports_in(tmp_path):
+        assert lock.read_text() == str(os.getpid())
+        with pytest.raises(InputError, match=f"another swafuzz run \\(process {os.getpid()}\\)"):
+            with campaign.writing_reports_in(tmp_path):
+                pass
 
 
 def test_a_run_into_a_directory_holding_another_runs_reports_says_it_replaces_them(capsys, engine, tmp_path):
