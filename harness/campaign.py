@@ -844,6 +844,16 @@ def earlier_reports(directory: Path) -> str | None:
         return "a run whose report.json cannot be read"
 
 
+def earlier_replay_files(directory: Path) -> int:
+    """How many replay files earlier runs left in ``directory``'s replays folder. A run writing
+    there keeps them all, whatever it replaces: each is a finding, which only a person may
+    delete; where one has the name of this run's own, this run's is numbered (``-2.json``)."""
+    try:
+        return sum(1 for path in (directory / "replays").glob("*.json") if path.is_file())
+    except OSError:
+        return 0
+
+
 def _prepare_report_dir(directory: Path) -> Path:
     try:
         (directory / "replays").mkdir(parents=True, exist_ok=True)

@@ -409,6 +409,37 @@ def test_a_run_into_a_directory_holding_another_runs_reports_says_it_replaces_th
     assert "this run replaces them" in err
 
 
+def test_a_run_replacing_a_report_folders_reports_keeps_its_replay_files_and_says_so(capsys, engine, tmp_path):
+    engine.example = STALE_EXAMPLE
+    argv = ("fuzz", "--subject", "pool-start-layer", "--seed", "0", "--report-dir", str(tmp_path), "--json")
+    first = json.loads(run_cli(capsys, *argv)[1])["replay_file"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1
+    assert "this run replaces them and keeps the replay files in " + str(tmp_path / "replays") in err
+    assert "numbering its own where one has its name (...-2.json)" in err
+    second = json.loads(out)["replay_file"]
+    assert Path(first).name == "pool-start-layer-realistic-seed0.json"
+    assert Path(second).name == "pool-start-layer-realistic-seed0-2.json"
+    assert load_replay(first).scenario == load_replay(second).scenario == EXAMPLES[STALE_EXAMPLE]
+    assert json.loads((tmp_path / "report.json").read_text())["replay_file"] == second
+
+
+def test_a_run_into_a_folder_holding_only_earlier_replay_files_says_it_keeps_them(capsys, engine, tmp_path,
+                                                                                  replay_file):
+    engine.example = STALE_EXAMPLE
+    code, out, err = run_cli(capsys, "fuzz", "--subject", "pool-start-layer", "--seed", "0",
+                             "--report-dir", str(tmp_path), "--json")
+    assert code == 1 and replay_file.exists()
+    assert (f"{tmp_path / 'replays'} holds replay files of earlier runs; this run keeps them, numbering its own "
+            "where one has its name") in err
+    assert "replaces" not in err
+
+
+def test_a_run_into_a_fresh_report_folder_says_nothing_of_earlier_runs(capsys, engine, tmp_path):
+    code, _, err = run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))
+    assert code == 0 and "note:" not in err
+
+
 def test_gate_passes_and_takes_a_budget(capsys, engine, tmp_path):
     code, out, _ = run_cli(capsys, "gate", "--subject", "uncached", "--budget", "5", "--report-dir",
                            str(tmp_path), "--json")
