@@ -190,6 +190,48 @@ def test_subjects_json_is_a_list_of_subjects(capsys):
     assert {s["kind"] for s in data} <= {"builtin", "sglang"}
 
 
+def subject_blocks(out: str) -> dict[str, list[str]]:
+    """The text listing's lines by subject: its row, then the lines indented under it."""
+    blocks: dict[str, list[str]] = {}
+    for line in out.split("\n\n", 1)[0].splitlines()[1:]:
+        if line.startswith(" "):
+            blocks[list(blocks)[-1]].append(line.strip())
+        else:
+            blocks[line.split()[0]] = [line]
+    return blocks
+
+
+def test_subjects_text_says_every_field_that_json_lists(capsys):
+    rows = json.loads(run_cli(capsys, "subjects", "--json")[1])
+    code, out, _ = run_cli(capsys, "subjects")
+    assert code == 0
+    assert out.splitlines()[0].split() == ["NAME", "KIND", "TRUTH", "EXPECTED", "REQUIRES", "DIVERGES", "ON"]
+    blocks = subject_blocks(out)
+    assert list(blocks) == [row["name"] for row in rows]
+    for row in rows:
+        text = "\n".join(blocks[row["name"]])
+        assert {"name", "kind", "truth", "expected", "diverges_on", "requires", "summary"} >= set(row) - {"reached"}
+        for key in ("kind", "truth", "expected"):
+            assert row[key] in blocks[row["name"]][0].split(), (key, row)
+        for key in ("diverges_on", "requires"):
+            assert ", ".join(row[key]) in blocks[row["name"]][0], (key, row)
+        assert f"design: {row['summary']}" in text
+        if "reached" in row:
+            assert f"reached: {row['reached']['sentence']}" in text
+
+
+def test_subjects_text_says_where_an_sglang_target_is_reached(capsys, monkeypatch):
+    from swafuzz import registry
+
+    target = {**BUILTIN_TABLE[0].to_dict(), "name": "sglang:some-target", "kind": "sglang",
+              "reached": {"sentence": "Called from two places of the tree.", "sites": []}}
+    monkeypatch.setattr(registry, "subject_listing", lambda: [BUILTIN_TABLE[0].to_dict(), target])
+    code, out, _ = run_cli(capsys, "subjects")
+    assert code == 0
+    assert subject_blocks(out)["sglang:some-target"][1:] == [f"design: {target['summary']}",
+                                                              "reached: Called from two places of the tree."]
+
+
 def test_every_builtin_row_states_the_truth_requirements_and_summary_of_its_class():
     for row, info in zip(BUILTIN_TABLE, BUILTIN_SUBJECTS):
         assert (row.name, row.truth) == (info.name, info.truth)
