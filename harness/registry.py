@@ -252,6 +252,13 @@ def resolve_subject(spec: str, allow_import: bool = True,
         raise SubjectError(f"module {module_name!r} has no attribute {attr!r}") from None
     if isinstance(target, SubjectInfo):
         return target
+    from .api import Subject
+
+    if not (isinstance(target, type) and issubclass(target, Subject)):
+        what = (f"the class {target.__qualname__}" if isinstance(target, type)
+                else f"an object of type {type(target).__name__}")
+        raise SubjectError(f"{show(spec)} is {what}, which is not a swafuzz subject: give a subclass of "
+                           "swafuzz.api.Subject (swafuzz.Subject) or a SubjectInfo")
     check_subject(target)
     return SubjectInfo(spec, target, expected="unknown", kind="user")
 

@@ -90,7 +90,7 @@ def engine(monkeypatch):
     (["fuzz", "--subject", "nope"], "unknown subject 'nope'; built-in subjects are uncached"),
     (["fuzz", "--subject", "no_such_module_xyz:Thing"], "cannot import module 'no_such_module_xyz'"),
     (["fuzz", "--subject", "swafuzz.builtin:NotThere"], "has no attribute 'NotThere'"),
-    (["fuzz", "--subject", "swafuzz.api:Truth"], "Truth.truth must be"),
+    (["fuzz", "--subject", "swafuzz.api:Truth"], "'swafuzz.api:Truth' is the class Truth, which is not a swafuzz"),
     (["fuzz", "--subject", "uncached", "--budget", "0"], "must be more than 0 seconds"),
     (["fuzz", "--subject", "uncached", "--budget", "soon"], "expected a number of seconds"),
     (["fuzz", "--subject", "uncached", "--max-examples", "0"], "must be at least 1"),
@@ -112,6 +112,31 @@ def test_usage_errors_exit_2_with_a_message(capsys, engine, tmp_path, argv, mess
     assert code == 2
     assert message in err
     assert engine.calls == []
+
+
+NOT_SUBJECTS = (
+    "from swafuzz.builtin import Uncached\n\n\n"
+    "class LooksLikeOne:\n"
+    "    def swa_write_location(self, batch, layer_id):\n"
+    "        return None\n\n\n"
+    "def a_function(spec):\n"
+    "    return Uncached(spec)\n\n\n"
+    "an_instance = Uncached.__new__(Uncached)\n"
+)
+
+
+@pytest.mark.parametrize("command", ["fuzz", "exhaustive"])
+@pytest.mark.parametrize("attr, what", [("LooksLikeOne", "the class LooksLikeOne"),
+                                        ("a_function", "an object of type function"),
+                                        ("an_instance", "an object of type Uncached")])
+def test_a_user_subject_that_is_no_subject_class_is_told_so_in_one_line_and_exits_2(
+        capsys, engine, tmp_path, monkeypatch, command, attr, what):
+    (tmp_path / "not_subjects.py").write_text(NOT_SUBJECTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_cli(capsys, command, "--subject", f"not_subjects:{attr}", "--report-dir", str(tmp_path))
+    assert code == 2 and engine.calls == [] and out == ""
+    assert err == (f"swafuzz {command}: error: 'not_subjects:{attr}' is {what}, which is not a swafuzz subject: "
+                   "give a subclass of swafuzz.api.Subject (swafuzz.Subject) or a SubjectInfo\n")
 
 
 def test_a_subject_of_an_unknown_api_version_exits_2_naming_the_versions_run(capsys, engine, tmp_path, monkeypatch):
