@@ -782,20 +782,52 @@ REPORT_DIR_LOCK = ".swafuzz-run"
 @contextlib.contextmanager
 def writing_reports_in(directory: Path) -> Iterator[None]:
     """This run alone writes reports in ``directory`` while it lasts: a second run started
-    into it meanwhile is refused (InputError) rather than mixing its reports with this one's."""
-    handle = os.open(directory / REPORT_DIR_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    into it meanwhile is refused (InputError) rather than mixing its reports with this one's.
+
+    The lock is the file :data:`REPORT_DIR_LOCK`, which goes when the run ends, however it
+    ends; one left by a process that was killed holds no lock and is taken over (the
+    supervisor removes it once it has reported the lost run)."""
+    path = directory / REPORT_DIR_LOCK
+    handle = _lock_report_dir(path)
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(handle, 32).decode(errors="replace").strip() or "?"
-            raise InputError(f"--report-dir {describe_path(directory)}: another swafuzz run (process {holder}) "
-                             "is writing its reports there; give this one another --report-dir") from None
         os.ftruncate(handle, 0)
         os.pwrite(handle, str(os.getpid()).encode(), 0)
         yield
     finally:
+        # removed while still locked, and only while the path is still this lock's file: a
+        # run that opened it meanwhile finds it gone once it has the lock, and takes the
+        # file at the path instead (see _lock_report_dir)
+        with contextlib.suppress(OSError):
+            if _is_the_file_at(path, handle):
+                os.unlink(path)
         os.close(handle)  # and with it the lock
+
+
+def _lock_report_dir(path: Path) -> int:
+    """A descriptor of the lock file at ``path``, locked by this process."""
+    while True:
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(handle, 32).decode(errors="replace").strip() or "?"
+            os.close(handle)
+            raise InputError(f"--report-dir {describe_path(path.parent)}: another swafuzz run (process {holder}) "
+                             "is writing its reports there; give this one another --report-dir") from None
+        except BaseException:
+            os.close(handle)
+            raise
+        if _is_the_file_at(path, handle):
+            return handle
+        os.close(handle)  # its run ended and removed it between the open and the lock
+
+
+def _is_the_file_at(path: Path, handle: int) -> bool:
+    try:
+        there, held = os.stat(path), os.fstat(handle)
+    except FileNotFoundError:
+        return False
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
 
 
 def earlier_reports(directory: Path) -> str | None:
@@ -810,6 +842,16 @@ def earlier_reports(directory: Path) -> str | None:
                 f"finished {printable(str(earlier['finished_at']))}")
     except (InputError, KeyError, TypeError):
         return "a run whose report.json cannot be read"
+
+
+def earlier_replay_files(directory: Path) -> int:
+    """How many replay files earlier runs left in ``directory``'s replays folder. A run writing
+    there keeps them all, whatever it replaces: each is a finding, which only a person may
+    delete; where one has the name of this run's own, this run's is numbered (``-2.json``)."""
+    try:
+        return sum(1 for path in (directory / "replays").glob("*.json") if path.is_file())
+    except OSError:
+        return 0
 
 
 def _prepare_report_dir(directory: Path) -> Path:

@@ -334,6 +334,13 @@ def _is_usage_error(exc: Exception) -> bool:
     return isinstance(exc, tuple(kinds))
 
 
+# what ``swafuzz subjects`` prints of each of its --json rows (swafuzz.registry.listing): the
+# short fields as columns, then each long one on a line of its own below the row
+SUBJECT_COLUMNS = (("NAME", "name"), ("KIND", "kind"), ("TRUTH", "truth"), ("EXPECTED", "expected"),
+                   ("REQUIRES", "requires"), ("DIVERGES ON", "diverges_on"))
+SUBJECT_LINES = (("design", "summary"), ("reached", "reached"))
+
+
 def _cmd_subjects(args: argparse.Namespace) -> int:
     if args.sglang_source or args.sglang_mode or args.sglang_switch or args.sglang_attr:
         from . import commands  # SGLang is asked for: binding it takes the heavy modules anyway
@@ -347,11 +354,22 @@ def _cmd_subjects(args: argparse.Namespace) -> int:
 
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    width = max(len(row["name"]) for row in rows)
-    print(f"{'NAME':<{width}}  TRUTH  EXPECTED    DIVERGES ON")
-    for row in rows:
-        print(f"{row['name']:<{width}}  {row['truth']:<5}  {row['expected']:<10}  "
-              f"{', '.join(row['diverges_on']) or '-'}")
+    cells = [[", ".join(value) if isinstance(value, list) else str(value) for value in
+              (row[key] for _, key in SUBJECT_COLUMNS)] for row in rows]
+    cells = [[text or "-" for text in line] for line in cells]
+    widths = [max(len(heading), *(len(line[i]) for line in cells))
+              for i, (heading, _) in enumerate(SUBJECT_COLUMNS)]
+
+    def aligned(texts: list[str]) -> str:
+        return "  ".join(text.ljust(width) for text, width in zip(texts, widths)).rstrip()
+
+    print(aligned([heading for heading, _ in SUBJECT_COLUMNS]))
+    for row, line in zip(rows, cells):
+        print(aligned(line))
+        for label, key in SUBJECT_LINES:
+            value = row.get(key)  # "reached": an SGLang target's call sites, said in a sentence
+            if value:
+                print(f"  {label}: {value['sentence'] if isinstance(value, dict) else value}")
     print("\nA user subject is given as module:attr (a Subject class or a SubjectInfo).")
     return EXIT_OK
 

@@ -18,7 +18,7 @@ from .reference import ScenarioError
 from .strategies.features import ALL_FEATURES
 
 from .boundary import describe_path, printable, writable_directory, writable_file
-from .campaign import Campaign, Finished, earlier_reports, stdout_to_stderr
+from .campaign import Campaign, Finished, earlier_replay_files, earlier_reports, stdout_to_stderr
 from .cli import GATE_BUDGET_S, UsageError
 from . import merge
 from .merge import ReportError
@@ -82,12 +82,25 @@ def _campaign(args: argparse.Namespace) -> Campaign:
                        ("--sanitize-streams", getattr(args, "sanitize_streams", False))):
         if used and not device.startswith("cuda"):
             raise UsageError(f"{flag} works on GPU streams: it needs --device cuda")
-    earlier = earlier_reports(args.report_dir)
-    if earlier is not None:
-        print(f"swafuzz {args.command}: note: {describe_path(args.report_dir)} holds the reports of an earlier "
-              f"run ({earlier}); this run replaces them (give another --report-dir to keep both)",
-              file=sys.stderr)
+    note = _earlier_runs_note(args.report_dir)
+    if note is not None:
+        print(f"swafuzz {args.command}: note: {note}", file=sys.stderr)
     return Campaign.open(args.command, args.subject, device, args.report_dir, args.database, args.json)
+
+
+def _earlier_runs_note(report_dir: Path) -> str | None:
+    """What a run into ``report_dir`` does with what earlier runs left there: it replaces
+    their reports and keeps their replay files, numbering its own where a name is taken."""
+    earlier, replay_files = earlier_reports(report_dir), earlier_replay_files(report_dir)
+    replays = describe_path(report_dir / "replays")
+    numbering = "numbering its own where one has its name (...-2.json)"
+    if earlier is not None:
+        kept = f" and keeps the replay files in {replays}, {numbering}" if replay_files else ""
+        return (f"{describe_path(report_dir)} holds the reports of an earlier run ({earlier}); this run replaces "
+                f"them{kept} (give another --report-dir to keep both runs' reports)")
+    if replay_files:
+        return f"{replays} holds replay files of earlier runs; this run keeps them, {numbering}"
+    return None
 
 
 def _print_finished(campaign: Campaign, finished: Finished, print_markdown: bool = False) -> int:

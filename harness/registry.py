@@ -254,15 +254,29 @@ def resolve_subject(spec: str, allow_import: bool = True,
             raise SubjectError(f"module {module_name!r} has no attribute {attr!r}")
         if load_subject(f"reading {show(attr)}", isinstance, target, SubjectInfo):
             return target
-        check_subject(target)
+        not_a_subject = load_subject(f"reading {show(attr)}", _not_a_subject, target)
+        if not_a_subject is None:
+            check_subject(target)
     except SubjectFailure as failure:
         raise SubjectError(f"subject {shown}: {failure.message}") from None
     except SubjectError as exc:
         raise SubjectError(f"subject {shown}: {exc}") from None
+    if not_a_subject is not None:
+        raise SubjectError(f"{shown} is {not_a_subject}, which is not a swafuzz subject: give a subclass of "
+                           "swafuzz.api.Subject (swafuzz.Subject) or a SubjectInfo")
     return SubjectInfo(spec, target, expected="unknown", kind="user")
 
 
 _MISSING = object()  # an attribute a module does not have
+
+
+def _not_a_subject(target: Any) -> str | None:
+    """What ``target`` is, where it is no Subject class (the subject's code may run here)."""
+    from .api import Subject
+
+    if isinstance(target, type) and issubclass(target, Subject):
+        return None
+    return f"the class {target.__qualname__}" if isinstance(target, type) else f"an object of type {type(target).__name__}"
 
 
 # Before swafuzz was installed under one import name its three packages were top-level;

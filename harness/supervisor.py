@@ -411,8 +411,11 @@ def _settings(args: Any) -> str:
 
 
 def _report(args: Any, divergence: Divergence, scenario: Any, replay_file: Path | None, heard: _Heard) -> int:
-    """Write the reports the child could not, and print them as the command does."""
+    """Write the reports the child could not, and print them as the command does. They are
+    written under the report directory's lock, as the child would have written them, which
+    also takes away the lock file the child left behind."""
     from .boundary import printable
+    from .campaign import writing_reports_in
     from .registry import BUILTIN_TABLE
     from .reports import REPORT_FILES, Report, write_reports
 
@@ -423,7 +426,10 @@ def _report(args: Any, divergence: Divergence, scenario: Any, replay_file: Path 
                     settings=settings, seed=getattr(args, "seed", None), device=args.device,
                     examples=heard.scenarios, elapsed_s=time.monotonic() - heard.started, divergence=divergence, scenario=scenario,
                     replay_file=str(replay_file) if replay_file else None, replays=False)
-    written = write_reports(report, Path(args.report_dir))
+    directory = Path(args.report_dir)
+    directory.mkdir(parents=True, exist_ok=True)  # a child lost at start-up had not made it
+    with writing_reports_in(directory):
+        written = write_reports(report, directory)
     if args.json:
         print(json.dumps({**report.to_dict(), "reports": {fmt: str(path) for fmt, path in written.items()}},
                          indent=2))

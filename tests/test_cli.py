@@ -28,6 +28,7 @@ from swafuzz import reports as reports_module
 from swafuzz import run_scenario
 from swafuzz.fuzz import FuzzResult, Progress
 from swafuzz.progress import ProgressLine, format_progress
+from swafuzz.boundary import InputError
 from swafuzz.builtin import Uncached
 from swafuzz.registry import BUILTIN_SUBJECTS, BUILTIN_TABLE, SubjectInfo
 from swafuzz.replay import Replay, load_replay, write_replay
@@ -89,7 +90,7 @@ def engine(monkeypatch):
     (["fuzz", "--subject", "nope"], "unknown subject 'nope'; built-in subjects are uncached"),
     (["fuzz", "--subject", "no_such_module_xyz:Thing"], "cannot import module 'no_such_module_xyz'"),
     (["fuzz", "--subject", "swafuzz.builtin:NotThere"], "has no attribute 'NotThere'"),
-    (["fuzz", "--subject", "swafuzz.api:Truth"], "Truth.truth must be"),
+    (["fuzz", "--subject", "swafuzz.api:Truth"], "'swafuzz.api:Truth' is the class Truth, which is not a swafuzz"),
     (["fuzz", "--subject", "uncached", "--budget", "0"], "must be more than 0 seconds"),
     (["fuzz", "--subject", "uncached", "--budget", "soon"], "expected a number of seconds"),
     (["fuzz", "--subject", "uncached", "--max-examples", "0"], "must be at least 1"),
@@ -111,6 +112,31 @@ def test_usage_errors_exit_2_with_a_message(capsys, engine, tmp_path, argv, mess
     assert code == 2
     assert message in err
     assert engine.calls == []
+
+
+NOT_SUBJECTS = (
+    "from swafuzz.builtin import Uncached\n\n\n"
+    "class LooksLikeOne:\n"
+    "    def swa_write_location(self, batch, layer_id):\n"
+    "        return None\n\n\n"
+    "def a_function(spec):\n"
+    "    return Uncached(spec)\n\n\n"
+    "an_instance = Uncached.__new__(Uncached)\n"
+)
+
+
+@pytest.mark.parametrize("command", ["fuzz", "exhaustive"])
+@pytest.mark.parametrize("attr, what", [("LooksLikeOne", "the class LooksLikeOne"),
+                                        ("a_function", "an object of type function"),
+                                        ("an_instance", "an object of type Uncached")])
+def test_a_user_subject_that_is_no_subject_class_is_told_so_in_one_line_and_exits_2(
+        capsys, engine, tmp_path, monkeypatch, command, attr, what):
+    (tmp_path / "not_subjects.py").write_text(NOT_SUBJECTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_cli(capsys, command, "--subject", f"not_subjects:{attr}", "--report-dir", str(tmp_path))
+    assert code == 2 and engine.calls == [] and out == ""
+    assert err == (f"swafuzz {command}: error: 'not_subjects:{attr}' is {what}, which is not a swafuzz subject: "
+                   "give a subclass of swafuzz.api.Subject (swafuzz.Subject) or a SubjectInfo\n")
 
 
 def test_a_subject_of_an_unknown_api_version_exits_2_naming_the_versions_run(capsys, engine, tmp_path, monkeypatch):
@@ -187,6 +213,48 @@ def test_subjects_json_is_a_list_of_subjects(capsys):
     assert [s["name"] for s in builtins] == [info.name for info in BUILTIN_SUBJECTS]
     assert {"name", "kind", "truth", "expected", "diverges_on", "summary"} <= set(data[0])
     assert {s["kind"] for s in data} <= {"builtin", "sglang"}
+
+
+def subject_blocks(out: str) -> dict[str, list[str]]:
+    """The text listing's lines by subject: its row, then the lines indented under it."""
+    blocks: dict[str, list[str]] = {}
+    for line in out.split("\n\n", 1)[0].splitlines()[1:]:
+        if line.startswith(" "):
+            blocks[list(blocks)[-1]].append(line.strip())
+        else:
+            blocks[line.split()[0]] = [line]
+    return blocks
+
+
+def test_subjects_text_says_every_field_that_json_lists(capsys):
+    rows = json.loads(run_cli(capsys, "subjects", "--json")[1])
+    code, out, _ = run_cli(capsys, "subjects")
+    assert code == 0
+    assert out.splitlines()[0].split() == ["NAME", "KIND", "TRUTH", "EXPECTED", "REQUIRES", "DIVERGES", "ON"]
+    blocks = subject_blocks(out)
+    assert list(blocks) == [row["name"] for row in rows]
+    for row in rows:
+        text = "\n".join(blocks[row["name"]])
+        assert {"name", "kind", "truth", "expected", "diverges_on", "requires", "summary"} >= set(row) - {"reached"}
+        for key in ("kind", "truth", "expected"):
+            assert row[key] in blocks[row["name"]][0].split(), (key, row)
+        for key in ("diverges_on", "requires"):
+            assert ", ".join(row[key]) in blocks[row["name"]][0], (key, row)
+        assert f"design: {row['summary']}" in text
+        if "reached" in row:
+            assert f"reached: {row['reached']['sentence']}" in text
+
+
+def test_subjects_text_says_where_an_sglang_target_is_reached(capsys, monkeypatch):
+    from swafuzz import registry
+
+    target = {**BUILTIN_TABLE[0].to_dict(), "name": "sglang:some-target", "kind": "sglang",
+              "reached": {"sentence": "Called from two places of the tree.", "sites": []}}
+    monkeypatch.setattr(registry, "subject_listing", lambda: [BUILTIN_TABLE[0].to_dict(), target])
+    code, out, _ = run_cli(capsys, "subjects")
+    assert code == 0
+    assert subject_blocks(out)["sglang:some-target"][1:] == [f"design: {target['summary']}",
+                                                              "reached: Called from two places of the tree."]
 
 
 def test_every_builtin_row_states_the_truth_requirements_and_summary_of_its_class():
@@ -371,12 +439,86 @@ def test_a_run_into_a_directory_another_run_is_writing_to_is_refused(capsys, eng
     assert run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))[0] == 0
 
 
+@pytest.mark.parametrize("command", ["fuzz", "exhaustive"])
+@pytest.mark.parametrize("example", [None, STALE_EXAMPLE], ids=["clean", "divergence"])
+def test_a_run_leaves_no_lock_file_in_its_report_folder(capsys, engine, tmp_path, command, example):
+    engine.example = example
+    code, _, _ = run_cli(capsys, command, "--subject", "pool-start-layer", "--report-dir", str(tmp_path))
+    assert code == (1 if example else 0)
+    assert (tmp_path / "report.json").exists()
+    assert not (tmp_path / campaign.REPORT_DIR_LOCK).exists()
+
+
+def test_a_run_that_ends_removes_only_its_own_lock_file(tmp_path):
+    lock = tmp_path / campaign.REPORT_DIR_LOCK
+    first, second = campaign.writing_reports_in(tmp_path), campaign.writing_reports_in(tmp_path)
+    first.__enter__()
+    lock.unlink()  # by hand, say: another run may take the directory now
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert lock.exists()  # the second run's, which still keeps a third one out
+    with pytest.raises(InputError, match="another swafuzz run"):
+        with campaign.writing_reports_in(tmp_path):
+            pass
+    second.__exit__(None, None, None)
+    assert not lock.exists()
+
+
+def test_a_run_that_locks_a_lock_file_removed_meanwhile_takes_the_one_there_now(tmp_path, monkeypatch):
+    lock = tmp_path / campaign.REPORT_DIR_LOCK
+    lock.write_text("12345")  # left by an earlier run, which is ending now
+    flock = campaign.fcntl.flock
+
+    def the_earlier_run_ends_first(handle, operation):
+        monkeypatch.setattr(campaign.fcntl, "flock", flock)
+        lock.unlink()  # after this run opened the file, before it locked it
+        flock(handle, operation)
+
+    monkeypatch.setattr(campaign.fcntl, "flock", the_earlier_run_ends_first)
+    with campaign.writing_reports_in(tmp_path):
+        assert lock.read_text() == str(os.getpid())
+        with pytest.raises(InputError, match=f"another swafuzz run \\(process {os.getpid()}\\)"):
+            with campaign.writing_reports_in(tmp_path):
+                pass
+
+
 def test_a_run_into_a_directory_holding_another_runs_reports_says_it_replaces_them(capsys, engine, tmp_path):
     run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))
     code, _, err = run_cli(capsys, "gate", "--subject", "uncached", "--report-dir", str(tmp_path))
     assert code == 0
     assert "holds the reports of an earlier run (fuzz of uncached, finished " in err
     assert "this run replaces them" in err
+
+
+def test_a_run_replacing_a_report_folders_reports_keeps_its_replay_files_and_says_so(capsys, engine, tmp_path):
+    engine.example = STALE_EXAMPLE
+    argv = ("fuzz", "--subject", "pool-start-layer", "--seed", "0", "--report-dir", str(tmp_path), "--json")
+    first = json.loads(run_cli(capsys, *argv)[1])["replay_file"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1
+    assert "this run replaces them and keeps the replay files in " + str(tmp_path / "replays") in err
+    assert "numbering its own where one has its name (...-2.json)" in err
+    second = json.loads(out)["replay_file"]
+    assert Path(first).name == "pool-start-layer-realistic-seed0.json"
+    assert Path(second).name == "pool-start-layer-realistic-seed0-2.json"
+    assert load_replay(first).scenario == load_replay(second).scenario == EXAMPLES[STALE_EXAMPLE]
+    assert json.loads((tmp_path / "report.json").read_text())["replay_file"] == second
+
+
+def test_a_run_into_a_folder_holding_only_earlier_replay_files_says_it_keeps_them(capsys, engine, tmp_path,
+                                                                                  replay_file):
+    engine.example = STALE_EXAMPLE
+    code, out, err = run_cli(capsys, "fuzz", "--subject", "pool-start-layer", "--seed", "0",
+                             "--report-dir", str(tmp_path), "--json")
+    assert code == 1 and replay_file.exists()
+    assert (f"{tmp_path / 'replays'} holds replay files of earlier runs; this run keeps them, numbering its own "
+            "where one has its name") in err
+    assert "replaces" not in err
+
+
+def test_a_run_into_a_fresh_report_folder_says_nothing_of_earlier_runs(capsys, engine, tmp_path):
+    code, _, err = run_cli(capsys, "fuzz", "--subject", "uncached", "--report-dir", str(tmp_path))
+    assert code == 0 and "note:" not in err
 
 
 def test_gate_passes_and_takes_a_budget(capsys, engine, tmp_path):

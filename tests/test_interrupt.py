@@ -17,6 +17,7 @@ import pytest
 
 from conftest import answering_subject, processes_answered, wait_until
 
+from swafuzz.campaign import REPORT_DIR_LOCK
 from swafuzz.replay import load_replay
 
 # subprocesses import this checkout, whichever one is installed
@@ -129,6 +130,20 @@ def test_a_divergence_found_before_the_signal_is_on_disk(tmp_path, signum):
                               env=environment(tmp_path), capture_output=True, text=True,
                               timeout=120)
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_run_stopped_by_a_signal_leaves_no_lock_file_in_its_report_folder(tmp_path, signum):
+    (tmp_path / "slow_subject.py").write_text(textwrap.dedent(SLOW_STALE_SUBJECT))
+    process = start_fuzz(tmp_path, "--subject", "slow_subject:SlowStale", "--budget", "600")
+    lock = tmp_path / "reports" / REPORT_DIR_LOCK
+    replays = tmp_path / "reports" / "replays"
+    # a replay file written while the lock is held: the run is in the middle of its search
+    wait_until(lambda: lock.exists() and any(replays.glob("*.json")), "the search recorded a divergence", process)
+    code, printed = stop(process, signum)
+    assert code == 1, printed
+    assert (tmp_path / "reports" / "report.json").exists()
+    assert not lock.exists()
 
 
 def test_a_run_over_workers_stops_them_all_and_reports(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import answering_subject, processes_answered, wait_until
 
+from swafuzz.campaign import REPORT_DIR_LOCK
 from swafuzz.replay import load_replay
 from swafuzz.strategies.examples import EXAMPLES
 
@@ -108,6 +109,14 @@ def test_a_subject_that_ends_or_stalls_its_process_is_a_replayable_divergence(tm
     replayed = swafuzz(tmp_path, "replay", str(replay_file), "--subject", subject)
     out, _ = replayed.communicate(timeout=300)
     assert replayed.returncode == 1 and "divergence still there" in out
+
+
+@pytest.mark.parametrize("extra", [(), ("--workers", "2")], ids=["one-process", "workers"])
+def test_a_run_whose_process_was_lost_leaves_no_lock_file_in_its_report_folder(tmp_path, extra):
+    code, report, _ = fuzzed(tmp_path, "hostile:KilledInACall", *extra)
+    assert code == 1 and report["diagnosis"]["kind"] == "killed"
+    assert (tmp_path / "reports" / "report.json").exists()
+    assert not (tmp_path / "reports" / REPORT_DIR_LOCK).exists()
 
 
 def test_a_subject_that_ends_a_worker_process_is_a_replayable_divergence(tmp_path):
