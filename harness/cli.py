@@ -26,13 +26,13 @@ from typing import Callable
 from . import __version__
 from .entry import entry  # noqa: F401 - the console script of installs made before swafuzz.entry
 from .names import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, SETTINGS_NAMES
-from .shard import Shard
+from .search.shard import Shard
 from .strategies.features import ALL_FEATURES
 from .strategies.profiles import PROFILES
 
 GATE_BUDGET_S = 120.0
 MUTANT_BUDGET_S = 20.0
-# the operators of swafuzz.mutate, named here so that --help answers without torch
+# the operators of swafuzz.tools.mutate, named here so that --help answers without torch
 MUTATION_OPERATORS = ("negate-guard", "drop-guard", "layer-bound", "drop-key-element", "drop-reset",
                       "ring-window", "off-by-one", "copy-prefix", "assign-instead-of-copy", "swap-arguments")
 
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.handler == "subjects":
             return _cmd_subjects(args)
         if getattr(args, "subject", None):
-            from .registry import unknown_subject
+            from .subjects.registry import unknown_subject
 
             unknown = unknown_subject(args.subject)
             if unknown is not None:
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # bad input from the user, besides UsageError: (module, class); a module not loaded raised none
-_USAGE_ERRORS = (("executor", "SubjectError"), ("boundary", "InputError"))
+_USAGE_ERRORS = (("run.executor", "SubjectError"), ("run.boundary", "InputError"))
 
 
 def _is_usage_error(exc: Exception) -> bool:
@@ -334,7 +334,7 @@ def _is_usage_error(exc: Exception) -> bool:
     return isinstance(exc, tuple(kinds))
 
 
-# what ``swafuzz subjects`` prints of each of its --json rows (swafuzz.registry.listing): the
+# what ``swafuzz subjects`` prints of each of its --json rows (swafuzz.subjects.registry.listing): the
 # short fields as columns, then each long one on a line of its own below the row
 SUBJECT_COLUMNS = (("NAME", "name"), ("KIND", "kind"), ("TRUTH", "truth"), ("EXPECTED", "expected"),
                    ("REQUIRES", "requires"), ("DIVERGES ON", "diverges_on"))
@@ -346,7 +346,7 @@ def _cmd_subjects(args: argparse.Namespace) -> int:
         from . import commands  # SGLang is asked for: binding it takes the heavy modules anyway
 
         commands.apply_sglang_options(args)
-    from .registry import subject_listing
+    from .subjects.registry import subject_listing
 
     rows = subject_listing()
     if args.json:
@@ -376,7 +376,7 @@ def _cmd_subjects(args: argparse.Namespace) -> int:
 
 def _cmd_bench(argv: list[str]) -> int:
     try:
-        from . import bench
+        from .tools import bench
     except ImportError as exc:
         print(f"swafuzz bench: error: the benchmark runner is not available: {exc}", file=sys.stderr)
         return EXIT_USAGE

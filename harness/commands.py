@@ -17,19 +17,19 @@ import torch
 from .reference import ScenarioError
 from .strategies.features import ALL_FEATURES
 
-from .boundary import describe_path, printable, writable_directory, writable_file
-from .campaign import Campaign, Finished, earlier_replay_files, earlier_reports, stdout_to_stderr
+from .run.boundary import describe_path, printable, writable_directory, writable_file
+from .search.campaign import Campaign, Finished, earlier_replay_files, earlier_reports, stdout_to_stderr
 from .cli import GATE_BUDGET_S, UsageError
-from . import merge
-from .merge import ReportError
+from .results import merge
+from .results.merge import ReportError
 from .names import EXIT_DIVERGENCE, EXIT_OK
-from .registry import resolve_subject
-from .replay import Replay, ReplayError, emit_pytest, load_replay, recorded_subject, run_replay, same_divergence
-from .reports import REPORT_FILES, Report
+from .subjects.registry import resolve_subject
+from .results.replay import Replay, ReplayError, emit_pytest, load_replay, recorded_subject, run_replay, same_divergence
+from .results.reports import REPORT_FILES, Report
 
 def apply_sglang_options(args: argparse.Namespace) -> None:
     # through the environment, so that worker processes bind the same code
-    from .sglang import ATTRS_ENV, MODE_ENV, SOURCE_ENV, SWITCHES_ENV, attribute_values, switch_overrides
+    from .subjects.sglang import ATTRS_ENV, MODE_ENV, SOURCE_ENV, SWITCHES_ENV, attribute_values, switch_overrides
 
     for value, name in ((getattr(args, "sglang_source", None), SOURCE_ENV),
                         (getattr(args, "sglang_mode", None), MODE_ENV)):
@@ -172,7 +172,7 @@ def gate(args: argparse.Namespace) -> int:
         if args.subject or not args.sglang_source:
             raise UsageError("--sglang-base gates every SGLang target of the --sglang-source tree: give "
                              "--sglang-source HEAD and no --subject")
-        from .pr_gate import main
+        from .tools.pr_gate import main
 
         return main(args.sglang_source, args.sglang_base, args.report_dir, args.budget, args.seed, args.max_examples)
     if not args.subject:
@@ -206,7 +206,7 @@ def replay(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         raise ReplayError(f"{describe_path(args.file)}: {exc}") from None
     if recorded.sglang_tree is not None and not args.subject:
-        from .sglang import tree_changes
+        from .subjects.sglang import tree_changes
 
         changed = tree_changes(recorded.subject, recorded.sglang_tree)
         if changed:
@@ -268,7 +268,7 @@ def merge_reports(args: argparse.Namespace) -> int:
 
 
 def mutate(args: argparse.Namespace) -> int:
-    from . import mutate as mutation
+    from .tools import mutate as mutation
 
     device = check_device(args.device)
     writable_directory(args.report_dir, "--report-dir")
@@ -294,7 +294,7 @@ def mutate(args: argparse.Namespace) -> int:
 
 
 def _print_mutation_summary(report: Any, written: list[Path]) -> None:
-    from . import mutate as mutation
+    from .tools import mutate as mutation
 
     print(report.headline())
     if report.baseline.status != mutation.PASSES:

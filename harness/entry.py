@@ -6,7 +6,7 @@ traceback:
 
 - before a run starts (start-up, option checks, a replay), the first signal ends the
   program: 130 for SIGINT, 143 for SIGTERM, nothing written;
-- while a run goes, the run's own watch (:class:`swafuzz.campaign.InterruptWatch`) stops it and
+- while a run goes, the run's own watch (:class:`swafuzz.search.campaign.InterruptWatch`) stops it and
   the reports say what it found: 1 when that is a divergence;
 - once the command has its result, signals are ignored: the exit code says what was found
   and written, whatever signal follows.
@@ -113,7 +113,7 @@ def entry() -> None:
         supervising = supervisor.wanted(sys.argv[1:]) and supervisor.CHANNEL_ENV not in os.environ
         if not supervising:
             supervisor.claim_channel()
-            from . import workers
+            from .search import workers
 
             workers.start_early(sys.argv[1:])  # its imports overlap this process's own
         if supervising:

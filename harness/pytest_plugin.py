@@ -6,12 +6,12 @@ Installed with swafuzz (entry point ``pytest11``) and inert until asked for, in 
   [--swafuzz-profile adversarial]`` adds one test per subject and profile;
 - in a test file, ``test_my_cache = fuzz_test("my_module:MyCache", profile="adversarial")``.
 
-Either way the test is an ordinary Hypothesis ``@given`` test (:func:`swafuzz.fuzz.scenario_test`):
+Either way the test is an ordinary Hypothesis ``@given`` test (:func:`swafuzz.search.fuzz.scenario_test`):
 pytest-xdist distributes it, ``--hypothesis-profile`` (``swafuzz-ci``, ``swafuzz-dev``, ...),
 ``--hypothesis-seed`` and ``--hypothesis-show-statistics`` apply to it, and HypoFuzz or any
 other runner of Hypothesis tests can fuzz it unchanged. A failure says the diagnosis sentence
 and the command that replays it, whose replay file is written where, and as, the CLI writes its own
-(:class:`swafuzz.campaign.DivergenceLog`).
+(:class:`swafuzz.search.campaign.DivergenceLog`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from .reference import Scenario
 
-    from .executor import RunResult
+    from .run.executor import RunResult
 
 # pytest loads this module in every session wherever swafuzz is installed: the fuzzing
 # machinery (torch and all) is imported only once swafuzz is asked for
@@ -57,9 +57,9 @@ def fuzz_test(subject: str, profile: str = "realistic", *, settings: hypothesis.
     import hypothesis
     from hypothesis import HealthCheck
 
-    from .campaign import DivergenceLog, campaign_torch_threads
-    from .fuzz import loaded_settings_profile, scenario_test
-    from .registry import resolve_subject
+    from .search.campaign import DivergenceLog, campaign_torch_threads
+    from .search.fuzz import loaded_settings_profile, scenario_test
+    from .subjects.registry import resolve_subject
 
     info = resolve_subject(subject)
     logs: list[DivergenceLog] = []  # one for the test: every failure of its search goes to one file
@@ -116,13 +116,13 @@ def pytest_configure(config: pytest.Config) -> None:
     _report_dir = config.getoption("swafuzz_report_dir") or config.rootpath / DEFAULT_REPORT_DIR
     hypothesis_profile = config.getoption("hypothesis_profile", None) or ""
     if hypothesis_profile.startswith(PROFILE_PREFIX):
-        import swafuzz.fuzz  # noqa: F401 - registers the swafuzz-* profiles
+        import swafuzz.search.fuzz  # noqa: F401 - registers the swafuzz-* profiles
     subjects = config.getoption("swafuzz_subject")
     if not subjects:
         return
     from .strategies.scenarios import PROFILES
 
-    from .registry import resolve_subject
+    from .subjects.registry import resolve_subject
 
     for profile in config.getoption("swafuzz_profile") or ():
         if profile not in PROFILES:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from .names import EXIT_DIVERGENCE, EXIT_INTERNAL
 
 if TYPE_CHECKING:
-    from .diagnosis import Divergence
+    from .run.diagnosis import Divergence
 
 CHANNEL_ENV = "SWAFUZZ_SUPERVISOR_FD"
 SWITCH_ENV = "SWAFUZZ_SUPERVISOR"
@@ -174,7 +174,7 @@ def _call_in_flight() -> int | None:
     # Never imported from here: the guard's imports reach torch, and an import the main
     # thread is in the middle of would hold this thread, silent, until it is done. Before
     # the guard is loaded no subject call can be in flight.
-    guard = sys.modules.get(f"{__package__}.guard")
+    guard = sys.modules.get(f"{__package__}.run.guard")
     call_in_flight = getattr(guard, "call_in_flight", None)
     return call_in_flight() if call_in_flight is not None else None
 
@@ -361,7 +361,7 @@ def _report_lost_run(args: Any, kind: str, how: str, heard: _Heard) -> int:
 
 def lost_run_divergence(kind: str, what_happened: str, ran_a_scenario: bool) -> Divergence:
     """The divergence of a process that ended (or was ended) while the subject ran in it."""
-    from .diagnosis import Divergence
+    from .run.diagnosis import Divergence
 
     where = "while running this scenario" if ran_a_scenario else "before it ran any scenario"
     harm = "stalls" if kind == HUNG else "takes down"
@@ -371,7 +371,7 @@ def lost_run_divergence(kind: str, what_happened: str, ran_a_scenario: bool) -> 
 
 
 def _replayed(args: Any, divergence: Divergence) -> int:
-    from .replay import load_replay
+    from .results.replay import load_replay
 
     recorded = load_replay(args.file)
     if recorded.divergence.kind == divergence.kind:
@@ -384,14 +384,14 @@ def _replayed(args: Any, divergence: Divergence) -> int:
 
 def _report_recorded(args: Any, replay_file: Path, heard: _Heard) -> int:
     """The reports of a run whose child recorded a divergence and then ended: its replay file's."""
-    from .replay import load_replay
+    from .results.replay import load_replay
 
     recorded = load_replay(replay_file)
     return _report(args, recorded.divergence, recorded.scenario, replay_file, heard)
 
 
 def _write_lost_run(args: Any, divergence: Divergence, scenario: Any, heard: _Heard) -> int:
-    from .campaign import DivergenceLog, stdout_to_stderr
+    from .search.campaign import DivergenceLog, stdout_to_stderr
 
     replay_file = None
     if scenario is not None:
@@ -414,10 +414,10 @@ def _report(args: Any, divergence: Divergence, scenario: Any, replay_file: Path 
     """Write the reports the child could not, and print them as the command does. They are
     written under the report directory's lock, as the child would have written them, which
     also takes away the lock file the child left behind."""
-    from .boundary import printable
-    from .campaign import writing_reports_in
-    from .registry import BUILTIN_TABLE
-    from .reports import REPORT_FILES, Report, write_reports
+    from .run.boundary import printable
+    from .search.campaign import writing_reports_in
+    from .subjects.registry import BUILTIN_TABLE
+    from .results.reports import REPORT_FILES, Report, write_reports
 
     row = next((row for row in BUILTIN_TABLE if row.name == args.subject), None)
     info = row.to_dict() if row is not None else {"name": args.subject, "kind": "user"}  # never imported here

@@ -85,7 +85,7 @@ ANSWERING_SUBJECT = textwrap.dedent('''
     import os
     from pathlib import Path
 
-    from swafuzz.builtin import Uncached
+    from swafuzz.subjects.builtin import Uncached
 
 
     class Answering(Uncached):
@@ -150,7 +150,7 @@ def _outcomes(junit: Path) -> dict[str, str]:
 def released_tree(version: str):
     """The installed SGLang package when it is ``version``, else the release's wheel, or why
     neither is there (a failed download is remembered: each try costs a round trip)."""
-    from swafuzz.sglang import locate
+    from swafuzz.subjects.sglang import locate
 
     installed = locate.installed()
     if installed is not None and installed.version == version:

@@ -1,7 +1,7 @@
 """The cold-process benchmark runs ``swafuzz fuzz --json`` as a user would and reads back
 what the report says, beside the process's own wall time."""
 
-from swafuzz.bench import bench_cold
+from swafuzz.tools.bench import bench_cold
 
 
 def test_cold_benchmark_reports_first_sight_within_elapsed_within_process_wall_time():

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from swafuzz import bench, peer
-from swafuzz.builtin import Uncached
+from swafuzz.tools import bench, peer
+from swafuzz.subjects.builtin import Uncached
 
 
 def test_a_ratio_under_its_floor_is_named_and_one_above_is_not(monkeypatch):
@@ -76,7 +76,7 @@ def test_each_peer_row_returns_its_bound_beside_its_ratio_on_a_correct_design():
 def test_the_peer_suite_measures_throughput_on_designs_that_never_diverge():
     import inspect
 
-    from swafuzz.registry import EQUIVALENT, resolve_subject
+    from swafuzz.subjects.registry import EQUIVALENT, resolve_subject
 
     subjects = inspect.signature(peer.bench_peer).parameters["subjects"].default
     assert subjects == ("uncached", "step-keyed-capture")

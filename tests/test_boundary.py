@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swafuzz import cli, run_scenario
-from swafuzz.boundary import MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_JSON_DEPTH, InputError, parse_json
-from swafuzz.registry import resolve_subject
-from swafuzz.replay import Replay, ReplayError, load_replay, write_replay
+from swafuzz.run.boundary import MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_JSON_DEPTH, InputError, parse_json
+from swafuzz.subjects.registry import resolve_subject
+from swafuzz.results.replay import Replay, ReplayError, load_replay, write_replay
 from swafuzz.reference import LIMITS, EngineState, Scenario, ScenarioError, replay_events
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.scenarios import ADVERSARIAL, scenarios
@@ -194,7 +194,7 @@ def test_a_recorded_sentence_cannot_write_escape_sequences_to_the_terminal(capsy
 TRIPWIRE = '''
 import pathlib
 pathlib.Path(__file__).with_name("imported").write_text("the module ran")
-from swafuzz.builtin import PoolStartLayer as Stale
+from swafuzz.subjects.builtin import PoolStartLayer as Stale
 '''
 
 
@@ -214,7 +214,7 @@ def test_a_replay_file_never_imports_the_module_it_names(capsys, tmp_path, tripw
     assert "names code to import" in err and f"--subject {subject!r}" in err
     assert not tripwire.exists()
     with pytest.raises(ReplayError, match="names code to import"):
-        from swafuzz.replay import run_replay
+        from swafuzz.results.replay import run_replay
 
         run_replay(load_replay(path))
     assert not tripwire.exists()
@@ -223,7 +223,7 @@ def test_a_replay_file_never_imports_the_module_it_names(capsys, tmp_path, tripw
 def test_a_release_a_replay_file_names_is_fetched_as_a_wheel_never_built(monkeypatch, tmp_path):
     # building a source distribution runs its setup code; `sglang:<target>@<version>` may
     # come from a file
-    from swafuzz.sglang import locate
+    from swafuzz.subjects.sglang import locate
 
     commands = []
 
@@ -245,7 +245,7 @@ def test_the_person_loads_user_code_with_subject_on_the_command_line(capsys, tmp
 
 
 def test_a_user_subject_is_found_in_the_working_directory(tmp_path, monkeypatch):
-    (tmp_path / "cwd_only_subject.py").write_text("from swafuzz.builtin import Uncached as Mine\n")
+    (tmp_path / "cwd_only_subject.py").write_text("from swafuzz.subjects.builtin import Uncached as Mine\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     try:

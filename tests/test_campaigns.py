@@ -12,13 +12,13 @@ import junitparser
 import pytest
 import torch
 
-from swafuzz import campaign
-from swafuzz import fuzz as fuzz_engine
+from swafuzz.search import campaign
+from swafuzz.search import fuzz as fuzz_engine
 from swafuzz.cli import main as swafuzz
-from swafuzz.fuzz import FuzzResult, Progress
-from swafuzz.progress import ProgressLine
-from swafuzz.registry import resolve_subject
-from swafuzz.shard import WHOLE, Shard, seed_lane
+from swafuzz.search.fuzz import FuzzResult, Progress
+from swafuzz.search.progress import ProgressLine
+from swafuzz.subjects.registry import resolve_subject
+from swafuzz.search.shard import WHOLE, Shard, seed_lane
 
 
 @pytest.mark.parametrize("total,workers", [(1, 1), (4, 1), (3, 2), (5, 3)])
@@ -123,7 +123,7 @@ def test_a_malformed_report_exits_2_with_one_line_and_writes_nothing(capsys, tmp
 _THREAD_COUNTING_SUBJECT = """
 import torch
 
-from swafuzz.builtin import Uncached
+from swafuzz.subjects.builtin import Uncached
 
 
 class OneThreadOnly(Uncached):

@@ -21,18 +21,19 @@ import pytest
 import torch
 
 import swafuzz
-from swafuzz import campaign, cli
-from swafuzz import fuzz as fuzz_engine
-from swafuzz import replay as replay_module
-from swafuzz import reports as reports_module
+from swafuzz.search import campaign
+from swafuzz import cli
+from swafuzz.search import fuzz as fuzz_engine
+from swafuzz.results import replay as replay_module
+from swafuzz.results import reports as reports_module
 from swafuzz import run_scenario
-from swafuzz.fuzz import FuzzResult, Progress
-from swafuzz.progress import ProgressLine, format_progress
-from swafuzz.boundary import InputError
-from swafuzz.builtin import Uncached
-from swafuzz.registry import BUILTIN_SUBJECTS, BUILTIN_TABLE, SubjectInfo
-from swafuzz.replay import Replay, load_replay, write_replay
-from swafuzz.shard import WHOLE, seed_lane
+from swafuzz.search.fuzz import FuzzResult, Progress
+from swafuzz.search.progress import ProgressLine, format_progress
+from swafuzz.run.boundary import InputError
+from swafuzz.subjects.builtin import Uncached
+from swafuzz.subjects.registry import BUILTIN_SUBJECTS, BUILTIN_TABLE, SubjectInfo
+from swafuzz.results.replay import Replay, load_replay, write_replay
+from swafuzz.search.shard import WHOLE, seed_lane
 from swafuzz.reference import Scenario
 from swafuzz.strategies.examples import EXAMPLES
 
@@ -89,7 +90,7 @@ def engine(monkeypatch):
     (["fuzz"], "--subject"),
     (["fuzz", "--subject", "nope"], "unknown subject 'nope'; built-in subjects are uncached"),
     (["fuzz", "--subject", "no_such_module_xyz:Thing"], "cannot import module 'no_such_module_xyz'"),
-    (["fuzz", "--subject", "swafuzz.builtin:NotThere"], "has no attribute 'NotThere'"),
+    (["fuzz", "--subject", "swafuzz.subjects.builtin:NotThere"], "has no attribute 'NotThere'"),
     (["fuzz", "--subject", "swafuzz.api:Truth"], "'swafuzz.api:Truth' is the class Truth, which is not a swafuzz"),
     (["fuzz", "--subject", "uncached", "--budget", "0"], "must be more than 0 seconds"),
     (["fuzz", "--subject", "uncached", "--budget", "soon"], "expected a number of seconds"),
@@ -115,7 +116,7 @@ def test_usage_errors_exit_2_with_a_message(capsys, engine, tmp_path, argv, mess
 
 
 NOT_SUBJECTS = (
-    "from swafuzz.builtin import Uncached\n\n\n"
+    "from swafuzz.subjects.builtin import Uncached\n\n\n"
     "class LooksLikeOne:\n"
     "    def swa_write_location(self, batch, layer_id):\n"
     "        return None\n\n\n"
@@ -141,7 +142,7 @@ def test_a_user_subject_that_is_no_subject_class_is_told_so_in_one_line_and_exit
 
 def test_a_subject_of_an_unknown_api_version_exits_2_naming_the_versions_run(capsys, engine, tmp_path, monkeypatch):
     (tmp_path / "future_subject.py").write_text(
-        "from swafuzz.builtin import Uncached\n\n\n"
+        "from swafuzz.subjects.builtin import Uncached\n\n\n"
         "class Future(Uncached):\n"
         "    api_version = 3\n"
     )
@@ -246,7 +247,7 @@ def test_subjects_text_says_every_field_that_json_lists(capsys):
 
 
 def test_subjects_text_says_where_an_sglang_target_is_reached(capsys, monkeypatch):
-    from swafuzz import registry
+    from swafuzz.subjects import registry
 
     target = {**BUILTIN_TABLE[0].to_dict(), "name": "sglang:some-target", "kind": "sglang",
               "reached": {"sentence": "Called from two places of the tree.", "sites": []}}
@@ -371,17 +372,17 @@ def test_unseeded_workers_write_one_replay_file_each(capsys, engine, tmp_path):
 
 def test_fuzz_accepts_a_user_subject_and_records_its_spec(capsys, engine, tmp_path):
     engine.example = STALE_EXAMPLE
-    code, out, _ = run_cli(capsys, "fuzz", "--subject", "swafuzz.builtin:PoolStartLayer",
+    code, out, _ = run_cli(capsys, "fuzz", "--subject", "swafuzz.subjects.builtin:PoolStartLayer",
                            "--report-dir", str(tmp_path), "--json")
     assert code == 1
     data = json.loads(out)
-    assert data["subject"] == "swafuzz.builtin:PoolStartLayer" and data["subject_info"]["kind"] == "user"
-    assert load_replay(data["replay_file"]).subject == "swafuzz.builtin:PoolStartLayer"
+    assert data["subject"] == "swafuzz.subjects.builtin:PoolStartLayer" and data["subject_info"]["kind"] == "user"
+    assert load_replay(data["replay_file"]).subject == "swafuzz.subjects.builtin:PoolStartLayer"
 
 
 def test_json_stdout_stays_one_object_when_the_subject_prints(capsys, tmp_path, monkeypatch):
     (tmp_path / "chatty_subject.py").write_text(
-        "from swafuzz.builtin import Uncached\n\n\n"
+        "from swafuzz.subjects.builtin import Uncached\n\n\n"
         "class Chatty(Uncached):\n"
         "    def swa_write_location(self, batch, layer_id):\n"
         "        print('debug: storing layer', layer_id)\n"
@@ -719,9 +720,9 @@ def test_workers_stop_at_the_first_divergence(capsys, tmp_path):
 
 def test_bench_hands_its_arguments_to_the_benchmark_runner(capsys, monkeypatch):
     seen = []
-    fake = types.ModuleType("swafuzz.bench")
+    fake = types.ModuleType("swafuzz.tools.bench")
     fake.main = lambda argv: seen.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "swafuzz.bench", fake)
+    monkeypatch.setitem(sys.modules, "swafuzz.tools.bench", fake)
     monkeypatch.setattr(swafuzz, "bench", fake, raising=False)
     assert cli.main(["bench", "--help", "--repeats", "3"]) == 0
     assert seen == [["--help", "--repeats", "3"]]

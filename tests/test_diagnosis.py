@@ -1,4 +1,4 @@
-"""Specification of the diagnosis (``swafuzz.diagnosis``): a wrong value is traced to where it
+"""Specification of the diagnosis (``swafuzz.run.diagnosis``): a wrong value is traced to where it
 came from whenever the run holds a source that reproduces it.
 
 Each test hand-writes a small subject with one known mistake and pins the sentence and the
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from swafuzz import Subject, Truth, run_scenario
-from swafuzz.builtin import Uncached, UncachedRing
-from swafuzz.diagnosis import STALE_SOURCES, History, Site, explain, explain_padding
+from swafuzz.subjects.builtin import Uncached, UncachedRing
+from swafuzz.run.diagnosis import STALE_SOURCES, History, Site, explain, explain_padding
 from swafuzz.reference import Scenario
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick

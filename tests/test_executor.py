@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from swafuzz import SUBJECT_API_VERSION, RunResult, Subject, SubjectError, Truth, run_scenario
-from swafuzz.builtin import PoolStartLayer, Uncached, UncachedRing
-from swafuzz.diagnosis import Divergence
-from swafuzz import executor
-from swafuzz.devices import HostTimeline
-from swafuzz.executor import check_subject
-from swafuzz.registry import resolve_subject
+from swafuzz.subjects.builtin import PoolStartLayer, Uncached, UncachedRing
+from swafuzz.run.diagnosis import Divergence
+from swafuzz.run import executor
+from swafuzz.run.devices import HostTimeline
+from swafuzz.run.executor import check_subject
+from swafuzz.subjects.registry import resolve_subject
 from swafuzz.reference import Scenario
 from swafuzz.strategies.examples import EXAMPLES
 
@@ -868,7 +868,7 @@ def test_a_divergence_inside_a_block_stops_the_run_where_forward_by_forward_plan
 def test_mapping_rows_synced_one_by_one_keep_a_correct_subject_right(subject, profile, monkeypatch):
     # step-keyed-capture keys its cache on the mapping's in-place version: a row written
     # without moving it would show as a stale answer
-    from swafuzz.fuzz import fuzz
+    from swafuzz.search.fuzz import fuzz
 
     monkeypatch.setattr(executor, "_ROWS_COPIED_WHOLE_BELOW", 0)
     result = fuzz(resolve_subject(subject), profile=profile, settings="ci", seed=3, max_examples=40)

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from swafuzz import Subject, Truth, run_scenario
-from swafuzz import fuzz as fuzz_engine
-from swafuzz.builtin import Uncached
-from swafuzz.executor import NotCheckable
-from swafuzz.fuzz import exhaustive, fuzz, pin_schedules
-from swafuzz.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT, SubjectInfo, resolve_subject
-from swafuzz.shard import WHOLE, seed_lane
+from swafuzz.search import fuzz as fuzz_engine
+from swafuzz.subjects.builtin import Uncached
+from swafuzz.run.executor import NotCheckable
+from swafuzz.search.fuzz import exhaustive, fuzz, pin_schedules
+from swafuzz.subjects.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT, SubjectInfo, resolve_subject
+from swafuzz.search.shard import WHOLE, seed_lane
 from swafuzz.reference import Scenario
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.exhaustive import enumerate_scenarios
@@ -324,8 +324,8 @@ def test_seeded_parallel_workers_do_not_repeat_each_other(monkeypatch):
 
 _CLOCK_PROBE = """
 import sys, time
-import swafuzz.fuzz as fuzz_module
-from swafuzz.registry import resolve_subject
+import swafuzz.search.fuzz as fuzz_module
+from swafuzz.subjects.registry import resolve_subject
 
 class Clock:
     def __getattr__(self, name):
@@ -350,8 +350,8 @@ def test_the_one_time_import_of_the_first_graph_capture_happens_before_the_clock
 
 _GC_PROBE = """
 import gc, time
-import swafuzz.fuzz as fuzz_module
-from swafuzz.registry import resolve_subject
+import swafuzz.search.fuzz as fuzz_module
+from swafuzz.subjects.registry import resolve_subject
 
 class Clock:
     started = False

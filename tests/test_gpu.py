@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from swafuzz import run_scenario
-from swafuzz.fuzz import fuzz
-from swafuzz.registry import BUILTIN_SUBJECTS, resolve_subject
+from swafuzz.search.fuzz import fuzz
+from swafuzz.subjects.registry import BUILTIN_SUBJECTS, resolve_subject
 from swafuzz.strategies.examples import EXAMPLES
 
 pytestmark = [
@@ -51,8 +51,8 @@ def test_unsynced_side_stream_read_diverges_once_the_producer_is_delayed():
 
 def test_stream_sanitizer_reports_the_unsynced_read_as_a_race():
     program = (
-        "from swafuzz.devices import enable_stream_sanitizer; enable_stream_sanitizer();"
-        "from harness import run_scenario; from swafuzz.registry import resolve_subject;"
+        "from swafuzz.run.devices import enable_stream_sanitizer; enable_stream_sanitizer();"
+        "from harness import run_scenario; from swafuzz.subjects.registry import resolve_subject;"
         "from swafuzz.strategies.examples import EXAMPLES;"
         "r = run_scenario(resolve_subject('stream-unsynced').subject, EXAMPLES['pipeline-stage'], device='cuda');"
         "print(r.divergence.kind if r.divergence else 'passed')"

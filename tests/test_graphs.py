@@ -1,4 +1,4 @@
-"""Specification of the CPU graph model (``swafuzz.graphs.RecordedGraph``).
+"""Specification of the CPU graph model (``swafuzz.run.graphs.RecordedGraph``).
 
 Like a CUDA graph: capture records tensor operations on the tensor objects they touched;
 replay re-runs them on those same objects (by address) and writes into the outputs made
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from swafuzz.graphs import GraphCaptureError, RecordedGraph, make_graph
+from swafuzz.run.graphs import GraphCaptureError, RecordedGraph, make_graph
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 

@@ -1,4 +1,4 @@
-"""Specification of ``swafuzz.guard.CallGuard``: subject calls that raise become failures,
+"""Specification of ``swafuzz.run.guard.CallGuard``: subject calls that raise become failures,
 calls that overrun their deadline are interrupted, and nothing of either leaks out of the
 call that caused it."""
 
@@ -13,9 +13,9 @@ import time
 import pytest
 from conftest import wait_until
 
-import swafuzz.guard as guard_module
+import swafuzz.run.guard as guard_module
 from swafuzz.entry import note_signal
-from swafuzz.guard import MAX_DETAIL_CHARS, MAX_MESSAGE_CHARS, CallGuard, SubjectFailure, SubjectTimeout
+from swafuzz.run.guard import MAX_DETAIL_CHARS, MAX_MESSAGE_CHARS, CallGuard, SubjectFailure, SubjectTimeout
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 

@@ -22,13 +22,14 @@ import pytest
 import torch
 
 from swafuzz import Subject, run_scenario
-from swafuzz import campaign, executor, guard
-from swafuzz.builtin import Uncached
-from swafuzz.diagnosis import MAX_STORED_VALUES
-from swafuzz.fuzz import fuzz
+from swafuzz.search import campaign
+from swafuzz.run import executor, guard
+from swafuzz.subjects.builtin import Uncached
+from swafuzz.run.diagnosis import MAX_STORED_VALUES
+from swafuzz.search.fuzz import fuzz
 from swafuzz.reference import Scenario
-from swafuzz.registry import resolve_subject
-from swafuzz.replay import Replay, load_replay, write_replay
+from swafuzz.subjects.registry import resolve_subject
+from swafuzz.results.replay import Replay, load_replay, write_replay
 from swafuzz.strategies.examples import EXAMPLES
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
@@ -549,7 +550,7 @@ def test_what_a_subject_module_leaves_of_torchs_state_as_it_is_imported_is_undon
     (tmp_path / "leaves_on_import.py").write_text(textwrap.dedent("""
         import torch
 
-        from swafuzz.builtin import Uncached
+        from swafuzz.subjects.builtin import Uncached
 
         torch.set_default_dtype(torch.float64)
         torch.set_grad_enabled(False)
@@ -610,7 +611,7 @@ def _swafuzz_fuzz(tmp_path, module: str, source: str, attr: str = "Subject") -> 
 
 
 _META = """
-    from swafuzz.builtin import Uncached
+    from swafuzz.subjects.builtin import Uncached
 
 
     class RaisesOn(type(Uncached)):
@@ -635,7 +636,7 @@ _META = """
     ("class Shouting(Exception):\n    def __str__(self):\n        raise KeyboardInterrupt\n\nraise Shouting()",
      "Shouting (its message could not be read: str() raised KeyboardInterrupt)"),
     ("""
-     from swafuzz.builtin import Uncached
+     from swafuzz.subjects.builtin import Uncached
 
 
      class Base(Uncached):
@@ -647,7 +648,7 @@ _META = """
          pass
      """, "KeyboardInterrupt"),
     ("""
-     from swafuzz.builtin import Uncached
+     from swafuzz.subjects.builtin import Uncached
 
 
      class Generic(Uncached):
@@ -672,7 +673,7 @@ _META = """
      Subject = Unshowable()
      """, "Unshowable"),
     ("""
-     from swafuzz.builtin import Uncached
+     from swafuzz.subjects.builtin import Uncached
 
 
      class Generic(Uncached):

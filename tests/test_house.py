@@ -30,7 +30,7 @@ PACKAGES = {"harness": "swafuzz", "reference": "swafuzz.reference", "strategies"
 BOTTOM = ("swafuzz.names", "swafuzz.errors", "swafuzz.process")
 # what is built on the core, never imported by it: the benchmarks, the mutation tester, the
 # pull-request gate, the version matrix, and the command line that drives them all
-TOOLS = ("swafuzz.bench", "swafuzz.peer", "swafuzz.mutate", "swafuzz.pr_gate", "swafuzz.sglang.matrix")
+TOOLS = ("swafuzz.tools.bench", "swafuzz.tools.peer", "swafuzz.tools.mutate", "swafuzz.tools.pr_gate", "swafuzz.tools.sglang_matrix")
 ABOVE_THE_TOOLS = ("swafuzz.commands", "swafuzz.cli", "swafuzz.entry", "swafuzz.supervisor", "swafuzz.__main__")
 
 

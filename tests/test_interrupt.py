@@ -17,8 +17,8 @@ import pytest
 
 from conftest import answering_subject, processes_answered, wait_until
 
-from swafuzz.campaign import REPORT_DIR_LOCK
-from swafuzz.replay import load_replay
+from swafuzz.search.campaign import REPORT_DIR_LOCK
+from swafuzz.results.replay import load_replay
 
 # subprocesses import this checkout, whichever one is installed
 
@@ -188,7 +188,7 @@ LINGERING_SUBJECT = '''
     import time
     from pathlib import Path
 
-    from swafuzz.builtin import PoolStartLayer as Stale
+    from swafuzz.subjects.builtin import PoolStartLayer as Stale
 
 
     def linger():

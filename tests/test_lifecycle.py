@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from swafuzz import Subject, Truth, run_scenario
-from swafuzz.arena import Arena
-from swafuzz.builtin import StepKeyed, StepKeyedCapture, StepKeyedCaptureRing, StepKeyedRing, Uncached
-from swafuzz.fuzz import fuzz
-from swafuzz.registry import DIVERGES, SubjectInfo
-from swafuzz.replay import Replay, emit_pytest, load_replay, run_replay, write_replay
+from swafuzz.run.arena import Arena
+from swafuzz.subjects.builtin import StepKeyed, StepKeyedCapture, StepKeyedCaptureRing, StepKeyedRing, Uncached
+from swafuzz.search.fuzz import fuzz
+from swafuzz.subjects.registry import DIVERGES, SubjectInfo
+from swafuzz.results.replay import Replay, emit_pytest, load_replay, run_replay, write_replay
 from swafuzz.reference import Scenario, ScenarioError
 from swafuzz.strategies.examples import EXAMPLES
 

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from swafuzz import Subject, Truth
-from swafuzz import builtin, mutate as mutation
+from swafuzz.subjects import builtin
+from swafuzz.tools import mutate as mutation
 from swafuzz.api import ModelSpec
 from swafuzz.cli import MUTATION_OPERATORS, main
-from swafuzz.mutate import (
+from swafuzz.tools.mutate import (
     EQUIVALENT, KILLED_STATUS, NEVER_READ, NOT_RUNNABLE, ORIGINAL_DIVERGES, PASSES, SURVIVED, derive_mutants,
     examine,
     mutant_class, mutate,
@@ -407,7 +408,7 @@ def test_a_mutant_that_hangs_past_every_alarm_is_ended_and_killed(monkeypatch):
 
 
 def test_the_mutants_benchmark_prints_and_returns_the_figures():
-    from swafuzz.bench import bench_mutants
+    from swafuzz.tools.bench import bench_mutants
 
     printed: list[str] = []
     figures = bench_mutants(subjects=("uncached",), targets=(), budget_s=1, out=printed.append)
@@ -460,7 +461,7 @@ def test_a_malformed_list_of_equivalent_mutants_is_a_usage_error(tmp_path):
 
 
 def test_the_builtin_list_of_equivalent_mutants_names_only_mutants_that_exist():
-    from swafuzz.registry import resolve_subject
+    from swafuzz.subjects.registry import resolve_subject
 
     lists = json.loads(mutation.BUILTIN_EQUIVALENTS.read_text())
     for subject, listed in lists.items():

@@ -12,20 +12,20 @@ import shutil
 import pytest
 from conftest import released_tree
 
-from swafuzz import mutate as mutation
+from swafuzz.tools import mutate as mutation
 from swafuzz.cli import main
-from swafuzz.executor import run_scenario
-from swafuzz.mutate import KILLED_STATUS, NOT_RUNNABLE, PASSES, derive_tree_mutants, examine, mutate
-from swafuzz.registry import resolve_subject
-from swafuzz.sglang import locate
-from swafuzz.sglang.targets import POOL_FILE, target
+from swafuzz.run.executor import run_scenario
+from swafuzz.tools.mutate import KILLED_STATUS, NOT_RUNNABLE, PASSES, derive_tree_mutants, examine, mutate
+from swafuzz.subjects.registry import resolve_subject
+from swafuzz.subjects.sglang import locate
+from swafuzz.subjects.sglang.targets import POOL_FILE, target
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES
 
 VERSION = "0.5.12.post1"  # the last release with the pool's inline cache, on by default
 POOL_TARGET = f"sglang:pool-fused-store@{VERSION}"
 # the pool cache is right where its release runs it: every stage's first layer stores SWA
-# keys, and no micro-batches interleave (harness/sglang/reachability.py: not reached)
+# keys, and no micro-batches interleave (harness/subjects/sglang/reachability.py: not reached)
 POOL_SCOPE = {"profiles": ("realistic",), "exclude": frozenset({FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES})}
 
 
@@ -131,8 +131,8 @@ def test_the_reviewed_equivalents_of_sglang_targets_name_only_mutants_that_exist
 
 @pytest.mark.quick
 def test_the_mutants_suite_searches_each_release_only_where_its_code_never_goes_unread():
-    from swafuzz.bench import MUTATED_TARGETS
-    from swafuzz.sglang.reachability import question
+    from swafuzz.tools.bench import MUTATED_TARGETS
+    from swafuzz.subjects.sglang.reachability import question
 
     for item in MUTATED_TARGETS:
         target(item.subject.partition("@")[0])  # a target that exists

@@ -25,7 +25,7 @@ PLUGIN = ("-p", "swafuzz.pytest_plugin", "-p", "no:cacheprovider")
 SHORT_PROFILE = """
 from hypothesis import settings
 
-import swafuzz.fuzz  # registers the swafuzz-* profiles
+import swafuzz.search.fuzz  # registers the swafuzz-* profiles
 
 settings.register_profile("short", settings.get_profile("swafuzz-ci"), max_examples=25)
 """
@@ -194,7 +194,7 @@ def test_a_failure_the_cli_saved_is_the_first_example_the_pytest_gate_runs(pytes
         from hypothesis import Phase, settings
         from hypothesis.database import DirectoryBasedExampleDatabase
 
-        import swafuzz.fuzz  # registers the swafuzz-* profiles
+        import swafuzz.search.fuzz  # registers the swafuzz-* profiles
 
         settings.register_profile("shared", settings.get_profile("swafuzz-dev"), phases=[Phase.reuse],
                                   database=DirectoryBasedExampleDatabase({str(database)!r}))
@@ -207,7 +207,7 @@ def test_a_failure_the_cli_saved_is_the_first_example_the_pytest_gate_runs(pytes
 def test_a_fuzzer_driving_fuzz_one_input_as_hypofuzz_does_finds_the_divergence(tmp_path):
     import random
 
-    from swafuzz.fuzz import Diverged
+    from swafuzz.search.fuzz import Diverged
     from swafuzz.pytest_plugin import fuzz_test
 
     test = fuzz_test("pool-start-layer", report_dir=tmp_path)

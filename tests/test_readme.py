@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from swafuzz.fuzz import fuzz
-from swafuzz.registry import SubjectInfo, subject_names
+from swafuzz.search.fuzz import fuzz
+from swafuzz.subjects.registry import SubjectInfo, subject_names
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

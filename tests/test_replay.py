@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from swafuzz import run_scenario
-from swafuzz.registry import resolve_subject
-from swafuzz.replay import (
+from swafuzz.subjects.registry import resolve_subject
+from swafuzz.results.replay import (
     FORMAT,
     SCHEMA_VERSION,
     Replay,
@@ -152,7 +152,7 @@ def test_same_divergence_compares_the_failure_and_its_store():
 
 USER_SUBJECT = '''
     """A user's subject living outside the harness."""
-    from swafuzz.builtin import PoolStartLayer
+    from swafuzz.subjects.builtin import PoolStartLayer
 
 
     class MyCachedPool(PoolStartLayer):

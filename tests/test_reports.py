@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from swafuzz import diagnosis as dx
+from swafuzz.run import diagnosis as dx
 from swafuzz import run_scenario
-from swafuzz.registry import resolve_subject
-from swafuzz.reports import (
+from swafuzz.subjects.registry import resolve_subject
+from swafuzz.results.reports import (
     ERROR,
     NOT_RUN,
     OK,

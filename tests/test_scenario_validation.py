@@ -11,7 +11,7 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from swafuzz import run_scenario
-from swafuzz.builtin import PoolStartLayer, Uncached
+from swafuzz.subjects.builtin import PoolStartLayer, Uncached
 from swafuzz.reference import SCENARIO_VERSION, EngineConfig, EngineState, Event, Scenario, ScenarioError
 from swafuzz.strategies.examples import EXAMPLES
 

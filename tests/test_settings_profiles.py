@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import Verbosity, settings
 
-from swafuzz.fuzz import SETTINGS_PROFILES, fuzz, settings_profile
-from swafuzz.registry import resolve_subject
+from swafuzz.search.fuzz import SETTINGS_PROFILES, fuzz, settings_profile
+from swafuzz.subjects.registry import resolve_subject
 
 
 def test_the_pytest_plugin_knows_the_profile_names_without_importing_the_engine():
-    from swafuzz import fuzz as engine
+    from swafuzz.search import fuzz as engine
     from swafuzz import pytest_plugin
 
     assert pytest_plugin.PROFILE_PREFIX == engine.PROFILE_PREFIX

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from conftest import released_tree
 
-import swafuzz.sglang as sglang
-from swafuzz.diagnosis import GRAPH_CAPTURE
-from swafuzz.executor import UnmodelledPath, check_subject, run_scenario
-from swafuzz.fuzz import fuzz
-from swafuzz.replay import load_replay
-from swafuzz.sglang import BindError, ImportModeUnavailable, locate
-from swafuzz.sglang.matrix import Finding, reachability, render, run_matrix
-from swafuzz.sglang.reachability import releases
-from swafuzz.sglang.targets import TARGETS, target
+import swafuzz.subjects.sglang as sglang
+from swafuzz.run.diagnosis import GRAPH_CAPTURE
+from swafuzz.run.executor import UnmodelledPath, check_subject, run_scenario
+from swafuzz.search.fuzz import fuzz
+from swafuzz.results.replay import load_replay
+from swafuzz.subjects.sglang import BindError, ImportModeUnavailable, locate
+from swafuzz.tools.sglang_matrix import Finding, reachability, render, run_matrix
+from swafuzz.subjects.sglang.reachability import releases
+from swafuzz.subjects.sglang.targets import TARGETS, target
 from swafuzz.reference import Scenario
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import GRAPH_REPLAY

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from swafuzz.api import ForwardMode
-from swafuzz.sglang import BindError, bind_target, callsites, locate
-from swafuzz.sglang.drivers import EngineEnvironment, StandInGap
-from swafuzz.sglang.switches import ENVIRON, parse_override, settings_of
-from swafuzz.sglang.targets import target
+from swafuzz.subjects.sglang import BindError, bind_target, callsites, locate
+from swafuzz.subjects.sglang.drivers import EngineEnvironment, StandInGap
+from swafuzz.subjects.sglang.switches import ENVIRON, parse_override, settings_of
+from swafuzz.subjects.sglang.targets import target
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 

@@ -1,4 +1,4 @@
-"""Where SGLang releases come from: the wheel cache, filled ahead by ``swafuzz.sglang.fetch``;
+"""Where SGLang releases come from: the wheel cache, filled ahead by ``swafuzz.subjects.sglang.fetch``;
 a machine (or the test suite) that sets ``SWAFUZZ_SGLANG_OFFLINE=1`` never downloads."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from swafuzz.sglang import fetch, locate
+from swafuzz.subjects.sglang import fetch, locate
 
 
 @pytest.fixture
@@ -67,4 +67,4 @@ def test_fetch_downloads_even_where_downloads_are_otherwise_off(cache, monkeypat
 
 def test_fetch_without_a_release_prints_its_usage_and_exits_2(capsys):
     assert fetch.main([]) == 2
-    assert "usage: python -m swafuzz.sglang.fetch VERSION..." in capsys.readouterr().err
+    assert "usage: python -m swafuzz.subjects.sglang.fetch VERSION..." in capsys.readouterr().err

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import SUITE_RELEASES, released_tree
 
-from swafuzz.sglang import locate, provenance
+from swafuzz.subjects.sglang import locate, provenance
 
 REPORT = provenance.REPO_ROOT / "reports" / "sglang-matrix.md"
 REGENERATE = "regenerate reports/sglang-matrix.md with `tox -e sglang-matrix`"
@@ -51,6 +51,7 @@ def test_any_change_to_a_deciding_source_changes_the_digest(tmp_path):
     for folder in (*provenance.DECIDING_PACKAGES, "harness"):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
     for module in provenance.DECIDING_MODULES:
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(provenance.REPO_ROOT / module, tmp_path / module)
     truth = tmp_path / "reference" / "truth.py"
     shutil.copy(provenance.REPO_ROOT / "reference" / "truth.py", truth)

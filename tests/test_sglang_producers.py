@@ -24,8 +24,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swafuzz.sglang import locate
-from swafuzz.sglang.producers import (
+from swafuzz.subjects.sglang import locate
+from swafuzz.subjects.sglang.producers import (
     ATTN_METADATA_FILES,
     CUDA_IN_GRAPH_INIT,
     CUDA_WINDOW_GETTER,
@@ -51,8 +51,8 @@ from swafuzz.sglang.producers import (
     check,
     idle,
 )
-from swafuzz.sglang.real_classes import attributes
-from swafuzz.sglang.targets import HIP_BACKEND_FILE
+from swafuzz.subjects.sglang.real_classes import attributes
+from swafuzz.subjects.sglang.targets import HIP_BACKEND_FILE
 from swafuzz.reference import (
     TruthError,
     draft_step_slots,

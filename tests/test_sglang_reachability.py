@@ -1,4 +1,4 @@
-"""The table of SGLang call paths (harness/sglang/reachability.py) against the releases.
+"""The table of SGLang call paths (harness/subjects/sglang/reachability.py) against the releases.
 
 Every route cites hops (``file:function``) and what each says or does not say; these tests
 read each release's wheel and fail when a cited function is gone, moved, or no longer says
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from swafuzz.sglang import locate
-from swafuzz.sglang.reachability import (
+from swafuzz.subjects.sglang import locate
+from swafuzz.subjects.sglang.reachability import (
     DRIVER_SWITCHES,
     MODEL,
     MODELLED_PATHS,
@@ -30,9 +30,9 @@ from swafuzz.sglang.reachability import (
     route_problems,
 )
 from swafuzz.api import ForwardMode
-from swafuzz.sglang import callsites
-from swafuzz.sglang.switches import SWITCHES, declared_default, parse_override, settings_of, switch
-from swafuzz.sglang.targets import target
+from swafuzz.subjects.sglang import callsites
+from swafuzz.subjects.sglang.switches import SWITCHES, declared_default, parse_override, settings_of, switch
+from swafuzz.subjects.sglang.targets import target
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 DEFAULT_TEST_VERSIONS = ("0.5.12", "0.5.19", "0.5.23")

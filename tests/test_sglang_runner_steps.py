@@ -18,10 +18,10 @@ import textwrap
 
 import pytest
 
-from swafuzz.sglang import locate
-from swafuzz.sglang.binding import BindError
-from swafuzz.sglang.real_classes import attributes
-from swafuzz.sglang.runner_steps import (
+from swafuzz.subjects.sglang import locate
+from swafuzz.subjects.sglang.binding import BindError
+from swafuzz.subjects.sglang.real_classes import attributes
+from swafuzz.subjects.sglang.runner_steps import (
     ATTN_METADATA,
     EARLY_VERIFY_INSTALL,
     GRAPH_REPLAY,
@@ -42,7 +42,7 @@ from swafuzz.sglang.runner_steps import (
     describe,
     function_releases,
 )
-from swafuzz.sglang.targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE
+from swafuzz.subjects.sglang.targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE
 
 TEST_VERSIONS_ENV = "SWAFUZZ_SGLANG_TEST_VERSIONS"
 REQUESTED = tuple(

@@ -17,10 +17,10 @@ import pytest
 from conftest import released_tree
 from hypothesis import HealthCheck, find, given, settings
 
-from swafuzz.diagnosis import EARLIER_FORWARD, EARLIER_STEP, GRAPH_CAPTURE, UNIFORM_REPEAT, Divergence
-from swafuzz.replay import Replay, ReplayError, load_replay, write_replay
-from swafuzz.sglang import locate, reachability
-from swafuzz.sglang.matrix import (
+from swafuzz.run.diagnosis import EARLIER_FORWARD, EARLIER_STEP, GRAPH_CAPTURE, UNIFORM_REPEAT, Divergence
+from swafuzz.results.replay import Replay, ReplayError, load_replay, write_replay
+from swafuzz.subjects.sglang import locate, reachability
+from swafuzz.tools.sglang_matrix import (
     EXAMPLES_COLUMN,
     Cell,
     Finding,
@@ -32,9 +32,9 @@ from swafuzz.sglang.matrix import (
     reachability as judge,
     render,
 )
-from swafuzz.sglang.configure import configured
-from swafuzz.sglang.runner_steps import Verdict
-from swafuzz.sglang.reachability import (
+from swafuzz.subjects.sglang.configure import configured
+from swafuzz.subjects.sglang.runner_steps import Verdict
+from swafuzz.subjects.sglang.reachability import (
     EVERY_SCENARIO,
     PROBLEMS,
     Question,
@@ -43,8 +43,8 @@ from swafuzz.sglang.reachability import (
     excluded_features,
     question,
 )
-from swafuzz.sglang.switches import parse_override, settings_for
-from swafuzz.sglang.targets import target
+from swafuzz.subjects.sglang.switches import parse_override, settings_for
+from swafuzz.subjects.sglang.targets import target
 from swafuzz.reference import Scenario
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import GRAPH_REPLAY, features_of
@@ -141,8 +141,8 @@ def test_a_restriction_names_only_known_features():
 def test_a_release_named_on_the_command_line_is_fuzzed_realistically_as_it_runs_by_default():
     if "0.5.17" not in locate.cached_releases():
         pytest.skip("needs the sglang 0.5.17 wheel in the cache")
-    import swafuzz.sglang as sglang
-    from swafuzz.fuzz import fuzz
+    import swafuzz.subjects.sglang as sglang
+    from swafuzz.search.fuzz import fuzz
 
     info = sglang.resolve("sglang:unified-metadata-merge@0.5.17")
     assert info.subject.realistic_exclusions == {GRAPH_REPLAY}
@@ -165,7 +165,7 @@ def _pool_cache_run(overrides: dict[str, bool] | None = None):
         tree = locate.wheel("0.5.12")
     except locate.SglangUnavailable as exc:
         pytest.skip(f"no sglang 0.5.12 wheel: {exc}")
-    from swafuzz.executor import run_scenario
+    from swafuzz.run.executor import run_scenario
 
     item = target("pool-fused-store")
     subject = configured(item.info(tree, "source"), item, tree, settings_for("0.5.12", overrides)).subject
@@ -251,7 +251,7 @@ def _pool_cache_replay(tmp_path: Path, engine_switches: dict[str, bool] | None) 
 @pytest.fixture
 def no_switches_in_environment(monkeypatch):
     # the command line hands switches to workers through the environment; restore it after
-    from swafuzz.sglang import SWITCHES_ENV
+    from swafuzz.subjects.sglang import SWITCHES_ENV
 
     monkeypatch.delenv(SWITCHES_ENV, raising=False)
 
@@ -519,7 +519,7 @@ def test_the_producer_batches_cover_decode_verify_ragged_extend_and_prefill():
 def test_the_matrix_finds_the_assign_listed_rows_only_with_in_graph_prep_off_and_records_the_setting(tmp_path):
     if "0.5.17" not in locate.cached_releases():
         pytest.skip("needs the sglang 0.5.17 wheel in the cache")
-    from swafuzz.sglang.matrix import SWITCHED_COLUMN, run_matrix
+    from swafuzz.tools.sglang_matrix import SWITCHED_COLUMN, run_matrix
 
     matrix = run_matrix(["0.5.17"], max_examples=150, replay_dir=tmp_path)
     (merge,) = [c for c in matrix.cells if c.target.name == "unified-metadata-merge"]
@@ -543,9 +543,9 @@ class DeepseekV4HipRadixBackend:
 
 
 def test_a_producer_that_assumes_equal_counts_is_named_wrong_at_its_first_ragged_batch(tmp_path: Path):
-    from swafuzz.sglang.matrix import check_producers
-    from swafuzz.sglang.producers import PREFILL_EXPANSION, VERIFY_EXPANSION
-    from swafuzz.sglang.targets import HIP_BACKEND_FILE
+    from swafuzz.tools.sglang_matrix import check_producers
+    from swafuzz.subjects.sglang.producers import PREFILL_EXPANSION, VERIFY_EXPANSION
+    from swafuzz.subjects.sglang.targets import HIP_BACKEND_FILE
 
     file = tmp_path / HIP_BACKEND_FILE
     file.parent.mkdir(parents=True)

@@ -16,12 +16,12 @@ import pytest
 from conftest import released_tree
 
 from swafuzz.api import ForwardMode
-from swafuzz.executor import run_scenario
-from swafuzz.fuzz import fuzz
-from swafuzz.sglang import BindError, bind_target, callsites, locate
-from swafuzz.sglang.drivers import RING_GETTER_MODES
-from swafuzz.sglang.switches import ENVIRON
-from swafuzz.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
+from swafuzz.run.executor import run_scenario
+from swafuzz.search.fuzz import fuzz
+from swafuzz.subjects.sglang import BindError, bind_target, callsites, locate
+from swafuzz.subjects.sglang.drivers import RING_GETTER_MODES
+from swafuzz.subjects.sglang.switches import ENVIRON
+from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, RAGGED_EXTEND
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from swafuzz.database import SharedDatabase, open_database, redacted
+from swafuzz.search.database import SharedDatabase, open_database, redacted
 
 REDIS_SERVER = shutil.which("redis-server")
 redis = pytest.importorskip("redis", reason="the redis package is part of the test extra: pip install -e '.[test]'")
@@ -82,7 +82,7 @@ WAITING_SUBJECT = """
     import time
     from pathlib import Path
 
-    from swafuzz.builtin import PoolStartLayer
+    from swafuzz.subjects.builtin import PoolStartLayer
 
 
     class WaitsThenStale(PoolStartLayer):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 
 from swafuzz import run_scenario
-from swafuzz.builtin import Uncached
+from swafuzz.subjects.builtin import Uncached
 from swafuzz.reference import EngineState, live_rows
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.exhaustive import enumerate_scenarios

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from swafuzz import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, Subject, SubjectError, Truth, run_scenario
-from swafuzz.builtin import PoolStartLayer, Uncached, UncachedRing
-from swafuzz.executor import check_subject
+from swafuzz.subjects.builtin import PoolStartLayer, Uncached, UncachedRing
+from swafuzz.run.executor import check_subject
 from swafuzz.reference import Scenario
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick

@@ -1,6 +1,6 @@
 """What every built-in subject does on every hand-written example, stated once as a table.
 
-Like an OpInfo table: the rows are ``swafuzz.registry.BUILTIN_SUBJECTS``, the columns are
+Like an OpInfo table: the rows are ``swafuzz.subjects.registry.BUILTIN_SUBJECTS``, the columns are
 ``swafuzz.strategies.examples.EXAMPLES``, and each cell is the verdict the design must get when the
 scenario is *run*. A cell left out means the subject passes that example. Every cell follows
 from the domain brief's description of the design (section 2) and the bug class the example
@@ -14,10 +14,12 @@ from functools import lru_cache
 
 import pytest
 
-from swafuzz import executor, run_scenario
-from swafuzz.diagnosis import STALE_SOURCES
-from swafuzz.executor import NotCheckable
-from swafuzz.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT
+from swafuzz.run import executor
+
+from swafuzz import run_scenario
+from swafuzz.run.diagnosis import STALE_SOURCES
+from swafuzz.run.executor import NotCheckable
+from swafuzz.subjects.registry import BUILTIN_SUBJECTS, DIVERGES, EQUIVALENT
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import features_of
 

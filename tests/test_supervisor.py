@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from conftest import answering_subject, processes_answered, wait_until
 
-from swafuzz.campaign import REPORT_DIR_LOCK
-from swafuzz.replay import load_replay
+from swafuzz.search.campaign import REPORT_DIR_LOCK
+from swafuzz.results.replay import load_replay
 from swafuzz.strategies.examples import EXAMPLES
 
 HOSTILE = textwrap.dedent('''
     import os, signal, threading, time
 
-    from swafuzz.builtin import Uncached
+    from swafuzz.subjects.builtin import Uncached
 
 
     class ExitsInACall(Uncached):

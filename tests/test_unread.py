@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from swafuzz.unread import Unread, attributes_read
+from swafuzz.run.unread import Unread, attributes_read
 
 pytestmark = pytest.mark.quick
 

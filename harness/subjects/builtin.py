@@ -1,0 +1,283 @@
+"""Built-in subjects: faithful models of the cached designs, plus correct baselines.
+
+Each class models one design from the domain brief, bugs included; none of them knows
+which scenarios break it. The table of names and verdicts is in :mod:`swafuzz.subjects.registry`.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from ..api import ForwardBatch, Subject, Truth, tokens_request_slots
+
+
+def _translate(mapping: torch.Tensor, out_cache_loc: torch.Tensor) -> torch.Tensor:
+    return mapping[out_cache_loc].to(torch.int32)
+
+
+def _ring_rows(req_slot_per_token: torch.Tensor, positions: torch.Tensor, ring: int) -> torch.Tensor:
+    return (req_slot_per_token.to(torch.int64) * ring + positions.to(torch.int64) % ring).to(torch.int32)
+
+
+# ---- correct baselines ---------------------------------------------------------------------
+
+
+class Uncached(Subject):
+    """Translates ``out_cache_loc`` in every layer: the behaviour before any caching."""
+
+    truth = Truth.POOL
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        return _translate(self.mapping, batch.out_cache_loc)
+
+
+class UncachedRing(Subject):
+    """Computes ring rows in every layer, expanding request slots by each one's tokens."""
+
+    truth = Truth.RING
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        return _ring_rows(tokens_request_slots(batch), batch.positions, self.spec.ring)
+
+
+class StepKeyed(Subject):
+    """A cache keyed on the forward, kept per micro-batch: right in eager forwards, stale
+    under graphs.
+
+    The cached rows live on the micro-batch's backend (never shared between micro-batches)
+    and are reused only while the key matches: the same forward, the same draft step, and
+    for pool translation the same mapping object at the same in-place version (torch bumps
+    ``_version`` on every in-place write). Holding the mapping object keeps its id from
+    being reused by a newly registered tensor. Graph capture runs the forward eagerly on
+    the same batch before capturing it, so the captured layers find the warm-up's rows
+    cached and the graph never recomputes them.
+    """
+
+    truth = Truth.POOL
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        key = self._key(batch)
+        cache = batch.backend.__dict__.get("step_keyed")
+        if cache is not None and cache.key == key and cache.mapping is self.mapping:
+            return cache.rows
+        rows = self._compute(batch)
+        batch.backend.step_keyed = SimpleNamespace(key=key, mapping=self.mapping, rows=rows)
+        return rows
+
+    def _key(self, batch: ForwardBatch) -> tuple:
+        return (batch.forward_id, batch.draft_step, self.mapping._version)
+
+    def _compute(self, batch: ForwardBatch) -> torch.Tensor:
+        return _translate(self.mapping, batch.out_cache_loc)
+
+
+class StepKeyedCapture(StepKeyed):
+    """The forward-keyed cache, also keyed on whether the call is being captured: correct.
+
+    ``batch.in_graph`` is what ``torch.cuda.is_current_stream_capturing()`` tells real code:
+    the captured run misses the warm-up's entry and records the computation, so every replay
+    recomputes. As cheap as :class:`StepKeyed`."""
+
+    def _key(self, batch: ForwardBatch) -> tuple:
+        # written out rather than extending the base key: this runs in every layer
+        return (batch.forward_id, batch.draft_step, self.mapping._version, batch.in_graph)
+
+
+class _RingRows:
+    """The unified-ring quantity for the step-keyed designs; the mapping part of the key
+    never changes, since ring rows do not read the mapping."""
+
+    truth = Truth.RING
+
+    def register_mapping(self, mapping: torch.Tensor) -> None:
+        if self.mapping is None:
+            self.mapping = torch.empty(0)
+
+    def _compute(self, batch: ForwardBatch) -> torch.Tensor:
+        return _ring_rows(tokens_request_slots(batch), batch.positions, self.spec.ring)
+
+
+class StepKeyedRing(_RingRows, StepKeyed):
+    """The forward-keyed cache for the unified ring: stale under graphs, like StepKeyed."""
+
+
+class StepKeyedCaptureRing(_RingRows, StepKeyedCapture):
+    """The capture-aware forward-keyed cache for the unified ring: correct."""
+
+
+# ---- pool-level cache (seed 000 and its variants) ------------------------------------------
+
+
+class PoolStartLayer(Subject):
+    """Seed 000: the pool translates at ``start_layer`` (or when empty) and caches.
+
+    ``register_mapping`` clears the cache; every micro-batch shares the one pool.
+    """
+
+    truth = Truth.POOL
+    clears_on_register = True
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.cached_loc: torch.Tensor | None = None
+
+    def refresh_layer(self) -> int:
+        # the seed's check, by design; a pool that knows its layers would refresh at
+        # ``self.spec.first_swa_layer``, which hybrid stages need
+        return self.spec.start_layer
+
+    def register_mapping(self, mapping: torch.Tensor) -> None:
+        super().register_mapping(mapping)
+        if self.clears_on_register:
+            self.cached_loc = None
+
+    def invalidate_loc_cache(self) -> None:
+        self.cached_loc = None
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        if layer_id == self.refresh_layer() or self.cached_loc is None:
+            self.cached_loc = _translate(self.mapping, batch.out_cache_loc)
+        return self.cached_loc
+
+
+class PoolLayer0(PoolStartLayer):
+    """A fork of seed 000 that refreshes at layer 0, whatever stage it runs."""
+
+    def refresh_layer(self) -> int:
+        return 0
+
+
+class PoolNoInvalidate(PoolStartLayer):
+    """Release 0.5.12: the inline cache survives ``register_mapping``."""
+
+    clears_on_register = False
+
+
+# ---- metadata-level caches (seed 002 and successors) ---------------------------------------
+
+
+class UnifiedMetadata(Subject):
+    """Seed 002: decode metadata carries the ring rows; the getter trusts them when the
+    forward is not idle and the length matches, else recomputes with a uniform
+    ``repeat_interleave`` of request slots."""
+
+    truth = Truth.RING
+    bypass_multistep_draft = False
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        batch.backend.forward_metadata = self._build_metadata(batch)
+
+    def _build_metadata(self, batch: ForwardBatch) -> SimpleNamespace:
+        rows = None
+        if batch.mode.is_decode_or_idle():
+            # decode: one token per request, so request slots line up with positions
+            n = batch.req_pool_indices.shape[0]
+            rows = _ring_rows(batch.req_pool_indices[:n], batch.positions, self.spec.ring)
+        return SimpleNamespace(unified_swa_loc=rows)
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        metadata = getattr(batch.backend, "forward_metadata", None)
+        cached = metadata.unified_swa_loc if metadata is not None else None
+        multistep_draft = batch.mode.is_decode_or_idle() and batch.num_draft_steps > 1
+        if (
+            cached is not None
+            and not batch.mode.is_idle()
+            and cached.shape[0] == batch.positions.shape[0]
+            and not (self.bypass_multistep_draft and multistep_draft)
+        ):
+            return cached
+        req_slot = batch.req_pool_indices.to(torch.int64)
+        if req_slot.shape[0] != batch.positions.shape[0]:
+            req_slot = req_slot.repeat_interleave(batch.positions.shape[0] // req_slot.shape[0])
+        return _ring_rows(req_slot, batch.positions, self.spec.ring)
+
+
+class UnifiedMetadataMtpBypass(UnifiedMetadata):
+    """The later fix: multi-step draft decode always recomputes."""
+
+    bypass_multistep_draft = True
+
+
+class SwaOutShapeGuard(Subject):
+    """The translated-loc metadata cache: metadata init translates ``out_cache_loc``; the
+    getter trusts it when the forward is not idle and the length matches. Under graphs the
+    translation is a captured operation of the forward itself, so replay recomputes it."""
+
+    truth = Truth.POOL
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        batch.backend.forward_metadata = SimpleNamespace(swa_out_cache_loc=None)
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        pass
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        batch.backend.forward_metadata = SimpleNamespace(
+            swa_out_cache_loc=_translate(self.mapping, batch.out_cache_loc)
+        )
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        metadata = getattr(batch.backend, "forward_metadata", None)
+        cached = metadata.swa_out_cache_loc if metadata is not None else None
+        if (
+            cached is not None
+            and not batch.mode.is_idle()
+            and cached.shape[0] == batch.out_cache_loc.shape[0]
+        ):
+            return cached
+        return _translate(self.mapping, batch.out_cache_loc)
+
+
+class _UnifiedGraphMerge(UnifiedMetadataMtpBypass):
+    """Graph support for the unified metadata: capture keeps one metadata object per batch
+    size; before each replay fresh metadata is built eagerly and merged into it."""
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        metadata = self._build_metadata(batch)
+        captured = batch.backend.__dict__.setdefault("graph_metadata", {})
+        captured[batch.num_tokens] = metadata
+        batch.backend.forward_metadata = metadata
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        captured = batch.backend.graph_metadata[batch.num_tokens]
+        self._merge(captured, self._build_metadata(batch))
+        batch.backend.forward_metadata = captured
+
+    def _merge(self, captured: SimpleNamespace, fresh: SimpleNamespace) -> None:
+        raise NotImplementedError
+
+
+class UnifiedGraphAssign(_UnifiedGraphMerge):
+    """Releases 0.5.14-0.5.19: the ring rows are in the merge's assign list (re-pointed)."""
+
+    def _merge(self, captured: SimpleNamespace, fresh: SimpleNamespace) -> None:
+        captured.unified_swa_loc = fresh.unified_swa_loc
+
+
+class UnifiedGraphCopy(_UnifiedGraphMerge):
+    """Release 0.5.20: the ring rows are in the copy list (written in place)."""
+
+    def _merge(self, captured: SimpleNamespace, fresh: SimpleNamespace) -> None:
+        captured.unified_swa_loc.copy_(fresh.unified_swa_loc)
+
+
+# ---- stream ordering (GPU only) -------------------------------------------------------------
+
+
+class StreamUnsynced(Subject):
+    """Translates once per forward on the engine's side stream, overlapping other preparation,
+    and hands the result to every layer without making the layer's stream wait for it."""
+
+    truth = Truth.POOL
+    requires = frozenset({"gpu_streams"})
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        side = batch.side_stream
+        side.wait_stream(torch.cuda.current_stream(side.device))
+        with torch.cuda.stream(side):
+            batch.backend.swa_rows = _translate(self.mapping, batch.out_cache_loc)
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        return batch.backend.swa_rows

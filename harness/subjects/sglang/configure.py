@@ -1,0 +1,38 @@
+"""A bound target as its tree runs it under given engine switch settings.
+
+Its driver follows the switches it reads (:data:`.reachability.DRIVER_SWITCHES`), the bound
+code reads the same settings through its ``envs`` (:class:`.drivers.EngineEnvironment`), and
+the subject carries
+
+- ``target_modes``: the forward modes in which the tree's own code calls the target under
+  those settings (:mod:`.callsites`; None where that reading is unconfirmed: every mode the
+  driver models); in the others the engine stores through another path, which is not the
+  code under test, and the driver answers for it;
+- ``call_sites``: that reading, which the reports print beside the verdict;
+- ``realistic_exclusions``: the lifecycle features the tree never takes under those
+  settings (:data:`.reachability.MODELLED_PATHS`), which the realistic profile then never
+  draws for it (:func:`swafuzz.search.fuzz.scenario_test`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from ..registry import SubjectInfo
+from . import callsites
+from .locate import SourceTree
+from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features
+from .switches import SwitchSettings
+from .targets import Target
+
+
+def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: SwitchSettings) -> SubjectInfo:
+    """``info`` (bound from ``tree``) with its subject following ``switches``. A target none
+    of whose lifecycle the settings allow (:data:`EVERY_SCENARIO`) is the caller's to refuse."""
+    reading = callsites.read(tree, target.called_as, switches)
+    attributes: dict[str, object] = dict(driver_attributes(target.name, switches))
+    attributes["realistic_exclusions"] = excluded_features(target.name, switches) - {EVERY_SCENARIO}
+    attributes["target_modes"] = reading.modes
+    attributes["call_sites"] = reading
+    subject = type(info.subject.__name__, (info.subject,), attributes)
+    subject.environment.settings = switches
+    return dataclasses.replace(info, subject=subject)

@@ -1,0 +1,587 @@
+"""Subjects that drive bound SGLang code through the engine lifecycle.
+
+The SGLang functions run on stand-ins: objects that hold only the attributes the functions
+read, the way SGLang's own unit tests call these methods. Three drivers cover the targets:
+
+- :class:`PoolStoreSubject`: the memory pool's SWA store functions with their inline cache.
+  The subject instance is the pool (every micro-batch shares it); the key store records the
+  location it was given, and that location is the subject's answer.
+- :class:`TranslatedLocSubject`: a backend's ``get_swa_out_cache_loc``, fed per-forward
+  metadata by a producer that follows SGLang's metadata-init rules.
+- :class:`RingSubject` and :class:`RingMergeSubject`: ``get_unified_swa_loc`` with ring-row
+  metadata, and with the real merge of that metadata before graph replay.
+
+Backends (the metadata holders) live on ``batch.backend``, one per role and draft step, as
+SGLang keeps one backend per model and one per step of a multi-step draft.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from ...api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
+from ...run.executor import ModelGap
+from .binding import Binding
+
+
+class StandInGap(ModelGap, AttributeError):
+    """Bound SGLang code read something that swafuzz's stand-ins do not model. An
+    AttributeError, so that SGLang's own ``getattr(obj, name, default)`` reads behave as on
+    an object without the attribute; a :class:`ModelGap`, so that a run that meets it ends
+    as a gap of swafuzz, never as a divergence of the code."""
+
+
+class StandIn:
+    """An object that carries the attributes its role models, and those the bound tree's
+    own code gives the class (``tree_defaults``: made on first read, fresh per object)."""
+
+    role: ClassVar[str]
+    attributes: ClassVar[frozenset[str]]
+    tree_defaults: ClassVar[dict[str, Callable[[], Any]]] = {}
+
+    def __init__(self, **values: Any) -> None:
+        if set(values) != self.attributes:
+            raise TypeError(
+                f"stand-in {self.role} takes {sorted(self.attributes)}, got {sorted(values)}"
+            )
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str) -> Any:
+        make = type(self).tree_defaults.get(name)
+        if make is not None:
+            value = self.__dict__[name] = make()
+            return value
+        raise StandInGap(
+            f"SGLang code read {name!r} from the stand-in {self.role}, which swafuzz does not model"
+        )
+
+
+class PoolStandIn(StandIn):
+    role = "pool"
+    attributes = frozenset({
+        "full_to_swa_index_mapping", "start_layer", "_stage_start", "cached_loc",
+        "_should_cache_swa", "swa_kv_pool", "request_window", "swa_req_ring_size",
+        "unified_swa_ring_size", "unified_swa_window", "unified_swa_pages",
+    })
+
+
+class BackendStandIn(StandIn):
+    role = "backend"
+    attributes = frozenset({
+        "forward_metadata", "token_to_kv_pool", "pre_kv_store_hook", "topk", "mtp_enabled",
+        "speculative_num_steps", "speculative_step_id",
+        # the ring producer's fp8 speculative-draft branch (0.5.23), never taken: bf16 ring
+        "is_dspark", "_fp8_decode_num_heads", "_fp8_verify_epi",
+    })
+
+
+class ForwardMetadata(StandIn):
+    """The backend's per-forward metadata (SGLang's ``DSV4Metadata``)."""
+
+    role = "forward metadata"
+    attributes = frozenset({"core_attn_metadata", "late_layer_tail"})
+
+
+class CoreMetadata(StandIn):
+    """The core attention metadata (SGLang's ``DSV4AttnMetadata``): one object per forward,
+    which the producer of the ring rows writes and every layer's getter reads. It models the
+    forward's locations, its ring metadata, the tokens' positions, and the attention lengths
+    and pages (empty: no attention runs); the tree's own field defaults give the rest."""
+
+    role = "attention metadata"
+    attributes = frozenset({
+        "swa_out_cache_loc", "unified", "positions_casual", "swa_topk_lengths", "c128_topk_lengths_raw",
+        "c4_sparse_topk_lengths_raw", "c128_page_indices", "c4_sparse_page_indices",
+    })
+
+    @classmethod
+    def of(cls, positions: torch.Tensor, swa_out_cache_loc: torch.Tensor | None = None, unified: Any = None):
+        n = positions.shape[0]
+        lengths = torch.zeros(n, dtype=torch.int32, device=positions.device)
+        pages = torch.empty((n, 0), dtype=torch.int32, device=positions.device)
+        return cls(
+            swa_out_cache_loc=swa_out_cache_loc, unified=unified, positions_casual=positions,
+            swa_topk_lengths=lengths, c128_topk_lengths_raw=lengths, c4_sparse_topk_lengths_raw=lengths,
+            c128_page_indices=pages, c4_sparse_page_indices=pages,
+        )
+
+
+class UnifiedStandIn(StandIn):
+    role = "unified metadata"
+    attributes = frozenset({"swa_loc"})
+
+
+class BatchStandIn(StandIn):
+    role = "forward batch"
+    attributes = frozenset({"forward_mode", "positions", "out_cache_loc", "req_pool_indices", "batch_size"})
+
+
+STAND_IN_ATTRIBUTES = {cls.role: cls.attributes for cls in (PoolStandIn, BackendStandIn)}
+
+
+class SglangMode:
+    """SGLang's forward-mode predicates over swafuzz's modes."""
+
+    def __init__(self, mode: ForwardMode):
+        self.mode = mode
+
+    def is_idle(self) -> bool:
+        return self.mode.is_idle()
+
+    def is_decode(self) -> bool:
+        return self.mode.is_decode()
+
+    def is_decode_or_idle(self) -> bool:
+        return self.mode.is_decode_or_idle()
+
+    def is_target_verify(self) -> bool:
+        return self.mode is ForwardMode.TARGET_VERIFY
+
+    def is_extend(self) -> bool:
+        return self.mode in (ForwardMode.EXTEND, ForwardMode.DRAFT_EXTEND, ForwardMode.TARGET_VERIFY)
+
+    def is_draft_extend(self) -> bool:
+        return self.mode is ForwardMode.DRAFT_EXTEND
+
+
+class SwaKeyStore:
+    """Stands in for the SWA key pool: remembers the location of the latest store.
+
+    ``kv_buffer[layer]`` is the store itself, so a kernel handed a layer's buffer records
+    into it too.
+    """
+
+    page_size = 1
+
+    def __init__(self) -> None:
+        self.last_loc: torch.Tensor | None = None
+        self.kv_buffer = self
+
+    def __getitem__(self, local_layer: int) -> "SwaKeyStore":
+        return self
+
+    def set_key_buffer_fused(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor) -> None:
+        self.last_loc = loc
+
+
+def fused_k_norm_rope_flashmla(*, out_loc: torch.Tensor, kvcache: SwaKeyStore, **_: Any) -> None:
+    """Stands in for the fused norm-RoPE-store kernel: records where it would write."""
+    kvcache.last_loc = out_loc
+
+
+def join_in_graph_metadata_prep() -> None:
+    """Stands in for the wait on metadata prepared on a side stream (there is none here)."""
+
+
+class KernelModule:
+    """Stands in for one of SGLang's kernel modules: the calls it models, and a gap (never
+    a finding) for any other name the code uses from it."""
+
+    def __init__(self, name: str, **calls: Callable[..., Any]) -> None:
+        self._name, self._calls = name, calls
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._calls:
+            return self._calls[name]
+        raise StandInGap(f"SGLang code used {self._name}.{name}, which swafuzz does not model")
+
+
+def _no_decode_streams(**_: Any) -> tuple[None, ...]:
+    # the attention index streams are read by attention kernels, not by any store
+    return (None,) * 6
+
+
+class EngineEnvironment:
+    """Stands in for SGLang's ``envs``: ``envs.NAME.get()`` is the run's value of NAME, the
+    value the run's switches set (:class:`.switches.SwitchSettings`, given when the subject
+    is configured), else the default the tree's environ.py declares."""
+
+    def __init__(self) -> None:
+        self.settings = None
+
+    def __getattr__(self, name: str) -> "_EnvironmentVariable":
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _EnvironmentVariable(self, name)
+
+
+class _EnvironmentVariable:
+    def __init__(self, environment: EngineEnvironment, name: str):
+        self.environment, self.name = environment, name
+
+    def get(self) -> Any:
+        try:
+            return self.environment.settings.environment_value(self.name)
+        except (AttributeError, KeyError):
+            raise StandInGap(
+                f"SGLang code read envs.{self.name}, which the tree's environ.py does not declare with a "
+                f"default swafuzz can read: set it with --sglang-switch {self.name}=0|1 if it is a boolean"
+            ) from None
+
+    def is_set(self) -> bool:
+        return self.name in self.environment.settings.to_dict()
+
+    def __getattr__(self, attribute: str) -> Any:
+        raise StandInGap(f"SGLang code used envs.{self.name}.{attribute}, which swafuzz does not model")
+
+
+# the global names bound SGLang code gets in place of SGLang's own
+STAND_INS: dict[str, Any] = {
+    "DSV4Metadata": ForwardMetadata,
+    "fused_k_norm_rope_flashmla": fused_k_norm_rope_flashmla,
+    "join_in_graph_metadata_prep": join_in_graph_metadata_prep,
+    # the unified-KV ring producer's gates and kernels: the ring is on, bf16, ungrouped
+    "is_unified_kv_triton": lambda: True,
+    "is_unified_kv_fp8": lambda: False,
+    "_grouped_asm_enabled": lambda: False,
+    "_GROUPED_ASM_MIN_REQS": 0,
+    "_GROUPED_ASM_BLOCK_Q": 0,
+    # unified_kv_kernels' modules; grouped verify attention is off (_grouped_asm_enabled)
+    "runtime": KernelModule("runtime", build_decode_streams=_no_decode_streams),
+    "grouped_verify_streams": KernelModule("grouped_verify_streams"),
+    # the producer builds metadata only when none is attached; the drivers always attach one
+    "UnifiedKvMetadata": lambda: UnifiedStandIn(swa_loc=None),
+}
+# names the module-level helpers use, from the standard library
+STANDARD_NAMES: dict[str, Any] = {"fields": dataclasses.fields, "functools": functools, "warnings": warnings}
+
+# The modes in which SGLang's DeepSeek-V4 model may read get_unified_swa_loc in some release:
+# its unified-KV store takes the ring rows from the getter on the decode arm
+# (is_decode_or_idle) and, in 0.5.23 with the fp8 ring, for target-verify; prefill and extend
+# rows are stored by the backend. A configured subject is given the modes its own tree calls
+# the getter in (swafuzz.subjects.sglang.callsites); where that reading is unconfirmed, the merge's
+# driver keeps to these, and the getter's own driver calls it in every mode.
+RING_GETTER_MODES = frozenset({
+    ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY,
+})
+
+POOL_CLASS = "DeepSeekV4TokenToKVPool"
+METADATA_CLASS = "DSV4Metadata"
+CORE_METADATA_CLASS = "DSV4AttnMetadata"
+UNIFIED_METADATA_CLASS = "UnifiedKvMetadata"
+_EMPTY = torch.empty(0)
+
+
+class SglangSubject(Subject):
+    """Runs bound SGLang code; subclasses made per target and source set ``binding``."""
+
+    binding: ClassVar[Binding]
+    backend_class_name: ClassVar[str | None] = None
+    # SGLANG_OPT_CACHE_SWA_TRANSLATION: the pool's cache is on (as the releases that read
+    # the switch default it) unless a run sets the switch off
+    cache_swa_translation: ClassVar[bool] = True
+    # lifecycle features the realistic profile does not draw for this release (swafuzz.subjects.sglang.configure)
+    realistic_exclusions: ClassVar[frozenset[str]] = frozenset()
+    # the forward modes in which the tree calls the target, read from its call sites
+    # (swafuzz.subjects.sglang.configure); None: those the driver models, modelled_modes
+    target_modes: ClassVar[frozenset[ForwardMode] | None] = None
+    modelled_modes: ClassVar[frozenset[ForwardMode]] = frozenset(ForwardMode)
+    call_sites: ClassVar[Any] = None  # the reading target_modes comes from (callsites.Reading)
+    environment: ClassVar[EngineEnvironment]  # what the bound code's envs reads (Target.subject)
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        pool_code = self.binding.classes.get(POOL_CLASS)
+        pool_class = pool_code.build(PoolStandIn) if pool_code else PoolStandIn
+        self.pool = pool_class(
+            full_to_swa_index_mapping=None, start_layer=spec.start_layer,
+            _stage_start=spec.start_layer, cached_loc=None,
+            _should_cache_swa=self.cache_swa_translation,
+            swa_kv_pool=SwaKeyStore(), request_window=None, swa_req_ring_size=None,
+            unified_swa_ring_size=spec.ring, unified_swa_window=spec.sliding_window, unified_swa_pages=0,
+        )
+        if self.backend_class_name is not None:
+            self.backend_class = self.binding.classes[self.backend_class_name].build(BackendStandIn)
+        # the tree's own metadata records where it declares them: a field a tree adds is there
+        self.metadata_class = self._record(METADATA_CLASS, ForwardMetadata)
+        self.core_class = self._record(CORE_METADATA_CLASS, CoreMetadata)
+
+    def _record(self, name: str, stand_in: type[StandIn]) -> type[StandIn]:
+        bound = self.binding.classes.get(name)
+        return bound.on_stand_in(stand_in) if bound is not None else stand_in
+
+    def register_mapping(self, mapping: torch.Tensor) -> None:
+        super().register_mapping(mapping)
+        if hasattr(type(self.pool), "register_mapping"):
+            self.pool.register_mapping(mapping)
+
+    def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        modes = self.modelled_modes if self.target_modes is None else self.target_modes
+        if batch.mode not in modes:
+            return self._stored_elsewhere(batch)
+        return self._target_location(batch, layer_id)
+
+    def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _stored_elsewhere(self, batch: ForwardBatch) -> torch.Tensor:
+        """The rows of a forward whose mode the tree stores through another path than the
+        target (the backend's own store): the truth, so that findings are the target's."""
+        if self.truth is Truth.RING:
+            ring = self.pool.unified_swa_ring_size
+            slots = tokens_request_slots(batch).to(torch.int64)
+            return (slots * ring + batch.positions.to(torch.int64) % ring).to(torch.int32)
+        return self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32)
+
+    def forward_batch(self, batch: ForwardBatch) -> BatchStandIn:
+        return BatchStandIn(
+            forward_mode=SglangMode(batch.mode), positions=batch.positions,
+            out_cache_loc=batch.out_cache_loc, req_pool_indices=batch.req_pool_indices,
+            batch_size=int(batch.req_pool_indices.shape[0]),
+        )
+
+
+# ---- pool-level cache ----------------------------------------------------------------------
+
+
+def _fused_store_arguments(batch: ForwardBatch) -> dict[str, Any]:
+    return {"cache_k": _EMPTY}
+
+
+def _norm_rope_store_arguments(batch: ForwardBatch) -> dict[str, Any]:
+    return {"kv": _EMPTY, "kv_weight": _EMPTY, "eps": 1e-6, "freqs_cis": _EMPTY, "positions": batch.positions}
+
+
+STORE_ARGUMENTS = {
+    "set_swa_key_buffer_radix_fused": _fused_store_arguments,
+    "set_swa_key_buffer_radix_fused_norm_rope": _norm_rope_store_arguments,
+}
+
+
+class PoolStoreSubject(SglangSubject):
+    """A pool store function is called for every SWA layer with the forward's full-pool
+    locations; the location it hands the key store is its answer."""
+
+    truth = Truth.POOL
+    store: ClassVar[str]
+
+    def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        key_store = self.pool.swa_kv_pool
+        key_store.last_loc = None
+        getattr(self.pool, self.store)(
+            layer_id=layer_id, raw_loc=batch.out_cache_loc, **STORE_ARGUMENTS[self.store](batch)
+        )
+        if key_store.last_loc is None:
+            raise RuntimeError(f"{self.store} stored no keys")
+        return key_store.last_loc
+
+
+# ---- metadata-level caches -----------------------------------------------------------------
+
+
+@dataclass
+class _BackendSlot:
+    """What the engine keeps per micro-batch: one backend per role and draft step."""
+
+    backends: dict[tuple[str, int], Any] = field(default_factory=dict)
+    built_for: dict[tuple[str, int], int] = field(default_factory=dict)  # forward id of the metadata
+    initialised_forward: int | None = None
+    captured: dict[int, ForwardMetadata] = field(default_factory=dict)  # graph batch size -> metadata
+
+
+def _role(mode: ForwardMode) -> str:
+    # SGLang runs multi-step draft decode and draft extend on backends of their own
+    if mode is ForwardMode.DRAFT_DECODE:
+        return "draft decode"
+    if mode is ForwardMode.DRAFT_EXTEND:
+        return "draft extend"
+    return "model"
+
+
+class _MetadataSubject(SglangSubject):
+    """Shared lifecycle of the backend getters: metadata built per forward by a producer,
+    read by the real getter in every layer."""
+
+    getter: ClassVar[str]
+
+    def _slot(self, batch: ForwardBatch) -> _BackendSlot:
+        return batch.backend.__dict__.setdefault("sglang", _BackendSlot())
+
+    def _backend(self, batch: ForwardBatch, step: int):
+        slot = self._slot(batch)
+        key = (_role(batch.mode), step)
+        backend = slot.backends.get(key)
+        if backend is None:
+            backend = slot.backends[key] = self.backend_class(
+                forward_metadata=None, token_to_kv_pool=self.pool, pre_kv_store_hook=None,
+                topk=1 if self.spec.speculative else 0, mtp_enabled=self.spec.speculative,
+                speculative_num_steps=0, speculative_step_id=step,
+                is_dspark=False, _fp8_decode_num_heads=None, _fp8_verify_epi=None,
+            )
+        if batch.mode is ForwardMode.DRAFT_DECODE:
+            backend.speculative_num_steps = batch.num_draft_steps
+        return backend
+
+    def _skips_init(self, batch: ForwardBatch) -> bool:
+        # SGLang's init_forward_metadata returns at once for idle forwards under MTP
+        return self._backend(batch, 0).mtp_enabled and batch.mode.is_idle()
+
+    def _metadata(self, batch: ForwardBatch, swa_out_cache_loc=None, unified=None) -> ForwardMetadata:
+        return self._wrap(self.core_class.of(batch.positions, swa_out_cache_loc, unified))
+
+    def _wrap(self, core: CoreMetadata) -> ForwardMetadata:
+        return self.metadata_class(core_attn_metadata=core, late_layer_tail=None)
+
+    def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        backend = self._backend(batch, batch.draft_step)
+        self._before_store(batch, backend)
+        return getattr(backend, self.getter)(self.forward_batch(batch))
+
+    def _before_store(self, batch: ForwardBatch, backend) -> None:
+        pass
+
+
+class TranslatedLocSubject(_MetadataSubject):
+    """``get_swa_out_cache_loc``: metadata holds ``out_cache_loc`` translated by the pool.
+
+    The producer follows SGLang's rules: eager init translates the forward's locations
+    (every mode; idle under MTP is skipped); each step of a multi-step draft has its own
+    backend holding that step's locations, built when the step's locations are known;
+    under graphs the translation is recorded inside the captured graph, so each replay
+    recomputes it from the static buffers and replay prep leaves it alone.
+    """
+
+    truth = Truth.POOL
+    getter = "get_swa_out_cache_loc"
+
+    def _translated(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc).to(torch.int32)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self._skips_init(batch):
+            return
+        slot = self._slot(batch)
+        slot.initialised_forward = batch.forward_id
+        self._build_step(batch, 0)
+
+    def _build_step(self, batch: ForwardBatch, step: int) -> None:
+        backend = self._backend(batch, step)
+        backend.forward_metadata = self._metadata(batch, swa_out_cache_loc=self._translated(batch))
+        self._slot(batch).built_for[(_role(batch.mode), step)] = batch.forward_id
+
+    def _before_store(self, batch: ForwardBatch, backend) -> None:
+        slot = self._slot(batch)
+        key = (_role(batch.mode), batch.draft_step)
+        if (
+            batch.draft_step > 0
+            and slot.initialised_forward == batch.forward_id
+            and slot.built_for.get(key) != batch.forward_id
+        ):
+            self._build_step(batch, batch.draft_step)
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        self._backend(batch, 0).forward_metadata = self._metadata(batch)
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        # init_forward_metadata_in_graph: warm-ups run it eagerly, the capture records it
+        metadata = self._backend(batch, 0).forward_metadata
+        metadata.core_attn_metadata.swa_out_cache_loc = self._translated(batch)
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        # replay prep re-points swa_out_cache_loc (an assign-listed field), but the captured
+        # layers read the tensor the recorded in-graph init writes: nothing to do here
+        pass
+
+
+class RingSubject(_MetadataSubject):
+    """``get_unified_swa_loc``: decode metadata holds the ring rows.
+
+    The rows are SGLang's own: decode (and idle) metadata runs the release's
+    ``_attach_unified_kv_decode_streams`` on the forward's request slots and positions;
+    other modes leave the rows unset; idle under MTP is skipped. Every step of a multi-step
+    draft gets metadata built once, from the positions at init. Before a graph replay fresh
+    metadata is built and merged into the captured one; this subject copies the rows in
+    place so that only the getter is under test (see :class:`RingMergeSubject`).
+    """
+
+    truth = Truth.RING
+    getter = "get_unified_swa_loc"
+
+    def _unified(self) -> Any:
+        return UnifiedStandIn(swa_loc=None)
+
+    def _build(self, batch: ForwardBatch) -> ForwardMetadata:
+        # the producer writes into the metadata the getter reads, as in SGLang: a field
+        # a tree adds to it reaches the getter
+        core = self.core_class.of(batch.positions, unified=self._unified())
+        if batch.mode.is_decode_or_idle():
+            # decode passes one request slot per token, as SGLang's decode metadata does
+            state_slot = batch.req_pool_indices[: batch.positions.shape[0]]
+            self._backend(batch, 0)._attach_unified_kv_decode_streams(core, state_slot)
+        elif batch.mode is ForwardMode.TARGET_VERIFY and self.target_modes and batch.mode in self.target_modes:
+            # where verify stores through the getter (0.5.23's fp8 ring), its metadata gets
+            # the decode streams over the per-token request slots (req_pool_indices_repeated)
+            self._backend(batch, 0)._attach_unified_kv_decode_streams(core, tokens_request_slots(batch))
+        return self._wrap(core)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self._skips_init(batch):
+            return
+        steps = batch.num_draft_steps if batch.mode is ForwardMode.DRAFT_DECODE else 1
+        for step in range(steps):
+            self._backend(batch, step).forward_metadata = self._build(batch)
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        metadata = self._build(batch)
+        self._slot(batch).captured[batch.num_tokens] = metadata
+        self._backend(batch, 0).forward_metadata = metadata
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        # replay prep builds metadata for idle too (request slots and positions zeroed)
+        captured = self._slot(batch).captured[batch.num_tokens]
+        fresh = self._build(batch)
+        self._merge(captured.core_attn_metadata.unified, fresh.core_attn_metadata.unified)
+        _copy_written(captured.core_attn_metadata, fresh.core_attn_metadata)
+        self._backend(batch, 0).forward_metadata = captured
+
+    def _merge(self, captured: Any, fresh: Any) -> None:
+        if captured.swa_loc is not None and fresh.swa_loc is not None:
+            captured.swa_loc.copy_(fresh.swa_loc)
+        else:
+            captured.swa_loc = fresh.swa_loc
+
+
+def _copy_written(captured: CoreMetadata, fresh: CoreMetadata) -> None:
+    """Bring into the captured metadata what the producer wrote beyond the modelled fields
+    (a field a tree adds), in place where the tensor fits, so that the getter reads it."""
+    for name, value in vars(fresh).items():
+        if name in CoreMetadata.attributes:
+            continue
+        old = vars(captured).get(name)
+        if isinstance(old, torch.Tensor) and isinstance(value, torch.Tensor) and old.shape == value.shape \
+                and old.dtype == value.dtype:
+            old.copy_(value)
+        else:
+            setattr(captured, name, value)
+
+
+class RingMergeSubject(RingSubject):
+    """:class:`RingSubject` whose ring metadata is SGLang's ``UnifiedKvMetadata`` and whose
+    pre-replay merge is its real ``copy_`` (fields in the copy list are written in place,
+    fields in the assign list are re-pointed).
+
+    Only stores that the tree's model routes through the getter read the merged metadata;
+    the others are answered with per-token ring rows, as the backend's own store writes
+    them, so that findings are about the merge.
+    """
+
+    modelled_modes = RING_GETTER_MODES
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.unified_class = self.binding.classes[UNIFIED_METADATA_CLASS].build(SimpleNamespace)
+
+    def _unified(self) -> Any:
+        return self.unified_class()
+
+    def _merge(self, captured: Any, fresh: Any) -> None:
+        captured.copy_(fresh)

@@ -1,0 +1,1172 @@
+"""SGLang's producers of the rows its SWA stores write, checked row by row against the truth.
+
+A producer is SGLang code that turns a forward's live inputs into rows a store writes or
+reads its write target from: the target-verify and prefill state slots
+(``expand_extend_with_same_length``, ``expand_prefill_casually``,
+``_attach_unified_kv_prefill_meta``), the HIP decode and target-verify ring rows
+(``_attach_unified_kv_decode_streams``: ``swa_loc``, ``verify_store_state_slot``), the
+0.5.21+ request window (``window_layout``, ``RequestWindow.activate_idle``, ``commit`` and
+``row_loc``, the backends' ``get_swa_out_cache_loc`` over it), the late-layer tail
+(``late_layer_tail_layout``), multi-step draft decode (``per_step_draft_out_cache_loc`` and
+the backends' ``init_forward_metadata_in_graph``, which refreshes each step's rows
+inside the graph), the CUDA graph buffer of translated locations
+(``_fill_cuda_graph_swa_out_cache_loc``) and the 0.5.23 draft SWA ring
+(``get_draft_swa_ring_size``, ``_dspark_swa_ring_out_cache_loc``).
+
+:data:`PRODUCERS` is the table: one row per producer, with how to bind it from a release
+and how to run it on a :class:`Batch`. :func:`bind_producers` binds every row a release has
+and says why each other is absent; :func:`check` runs one on a batch and names every row
+that differs from :mod:`swafuzz.reference.truth` (empty when all match). SGLang's own code runs
+as the release has it, SGLang's records (``WindowLayout``, ``UnifiedKvMetadata``) are
+rebuilt from the release's field lists, and stand-ins remain only for what the scheduler
+and the allocator hand in (batch tensors, pools, metadata holders); each names the SGLang
+class it replaces, so a test holds its attributes to that class's in every release.
+"""
+from __future__ import annotations
+
+import ast
+import types
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+
+from ...reference.truth import (
+    DUMMY_SLOT,
+    draft_step_slots,
+    late_layer_tail_tokens,
+    prefill_rows,
+    request_window_rows,
+    ring_rows,
+    ring_size,
+    token_state_slots,
+    translate_pool,
+    whole_page_ring,
+)
+
+from ...api import ForwardMode
+from .binding import Binding, BindError, ClassCode, FunctionCode, bind
+from .drivers import STAND_INS, STANDARD_NAMES, CoreMetadata, SglangMode, StandIn, StandInGap
+from .locate import SourceTree
+from .real_classes import RealClass, attributes
+from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE, POOL_FILE
+
+VERIFY_EXPANSION = "expand_extend_with_same_length"
+PREFILL_EXPANSION = "expand_prefill_casually"
+PREFILL_ROWS = "_attach_unified_kv_prefill_meta"
+WINDOW_LAYOUT = "window_layout"
+WINDOW_IDLE = "RequestWindow.activate_idle"
+WINDOW_COMMIT = "RequestWindow.commit"
+WINDOW_ROW = "RequestWindow.row_loc"
+DECODE_STREAMS = "_attach_unified_kv_decode_streams"
+LATE_LAYER_TAIL = "late_layer_tail_layout"
+DRAFT_STEP_LOCS = "per_step_draft_out_cache_loc"
+IN_GRAPH_INIT = "init_forward_metadata_in_graph"
+CUDA_IN_GRAPH_INIT = f"{CUDA_BACKEND}.{IN_GRAPH_INIT}"
+HIP_IN_GRAPH_INIT = f"{HIP_BACKEND}.{IN_GRAPH_INIT}"
+CUDA_WINDOW_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc"
+HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
+GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
+DRAFT_RING_SIZE = "get_draft_swa_ring_size"
+DRAFT_RING_ROWS = "_dspark_swa_ring_out_cache_loc"
+PREFILL_FIELDS = ("state_slot", "chunk_start", "cu_q", "final_pos")
+UNIFIED_RECORD = "UnifiedKvMetadata"  # the per-forward record of unified-KV rows
+
+WINDOW_FILE = "sglang/srt/mem_cache/dsv41_request_window.py"
+KV_LAYOUT_FILE = "sglang/kernels/ops/attention/dsv4/kv_layout.py"
+MEMORY_POOL_FILE = "sglang/srt/mem_cache/memory_pool.py"
+UTILS_FILE = "sglang/srt/utils/common.py"
+EAGLE_UTILS_FILE = "sglang/srt/speculative/eagle_utils.py"
+DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metadata.py"
+# where late_layer_tail_layout lives: 0.5.23, then 0.5.21-0.5.22
+ATTN_METADATA_FILES = ("sglang/kernels/ops/attention/dsv4/attn_metadata_kernels.py",
+                       "sglang/kernels/ops/attention/dsv4_attn_metadata_kernels.py")
+# the request window's shape in the checks: DeepSeek-V4's 128-token window, a verify of up
+# to three draft tokens past it, and two-row pages (so the capacity is rounded up)
+SLIDING_WINDOW = 128
+DRAFT_TOKENS = 3
+WINDOW_PAGE = 2
+MIN_REQ_SLOTS = 16
+
+
+# ---- stand-ins: what the scheduler and the allocator hand SGLang's code --------------------
+
+
+class ExpansionBackend(StandIn):
+    role = "expansion backend"
+    attributes = frozenset({"cuda_int32_kwargs"})
+
+
+class PrefillRowsBackend(StandIn):
+    role = "prefill-rows backend"
+    attributes = frozenset({"cuda_int32_kwargs", "token_to_kv_pool"})
+
+
+class RingPool(StandIn):
+    role = "unified pool"
+    attributes = frozenset({"unified_swa_window"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class DecodeStreamsBackend(StandIn):
+    role = "decode-streams backend"
+    attributes = frozenset({"token_to_kv_pool"})
+
+
+class DsparkDecodeStreamsBackend(DecodeStreamsBackend):
+    """A backend that may build DSpark's grouped fp8 verify streams (0.5.23; it is not a
+    DSpark backend here, so it never does)."""
+
+    attributes = DecodeStreamsBackend.attributes | {"is_dspark", "_fp8_decode_num_heads", "_fp8_verify_epi"}
+
+
+class UnifiedRingPool(StandIn):
+    role = "unified ring pool"
+    attributes = frozenset({"unified_swa_window", "unified_swa_ring_size", "unified_swa_pages"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class PrefillCoreMetadata(StandIn):
+    """The attention metadata the prefill rows are attached to."""
+
+    role = "attention metadata"
+    attributes = frozenset({"unified", "positions_casual"})
+
+
+class StoreBatch(StandIn):
+    """What a store reads of the forward batch: its mode and its full-pool locations."""
+
+    role = "forward batch"
+    attributes = frozenset({"forward_mode", "out_cache_loc"})
+    replaces = (RealClass("sglang/srt/model_executor/forward_batch_info.py", "ForwardBatch"),)
+
+
+class WindowBackend(StandIn):
+    role = "request-window backend"
+    attributes = frozenset({"forward_metadata", "token_to_kv_pool"})
+
+
+class HookedWindowBackend(WindowBackend):
+    """A backend whose stores first run a hook (0.5.23's CUDA backend; none is set here)."""
+
+    attributes = WindowBackend.attributes | {"pre_kv_store_hook"}
+
+
+class RequestWindowPool(StandIn):
+    role = "request-window pool"
+    attributes = frozenset({"request_window"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class StoreMetadata(StandIn):
+    role = "forward metadata"
+    attributes = frozenset({"core_attn_metadata", "late_layer_tail"})
+
+
+class WindowCoreMetadata(StandIn):
+    role = "attention metadata"
+    attributes = frozenset({"request_window_layout"})
+
+
+class GraphBackend(StandIn):
+    role = "graph-buffer backend"
+    attributes = frozenset({"cuda_graph_swa_out_cache_loc", "token_to_kv_pool"})
+
+
+class TranslatingPool(StandIn):
+    role = "translating pool"
+    attributes = frozenset({"full_to_swa_index_mapping"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class DraftRingBackend(StandIn):
+    role = "draft-ring backend"
+    attributes = frozenset({"token_to_kv_pool"})
+
+
+class DraftRingPool(StandIn):
+    role = "draft-ring pool"
+    attributes = frozenset({"swa_req_ring_size"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class PackedRowFormat(StandIn):
+    """The byte sizes of one packed key row (SGLang's ``KVLayout.V4``: 576 data bytes and
+    8 scale bytes); the row copies address pages with them."""
+
+    role = "packed row format"
+    attributes = frozenset({"data_bytes", "scale_bytes"})
+    replaces = (RealClass(KV_LAYOUT_FILE, "KVLayout"),)
+
+
+V4_ROWS = PackedRowFormat(data_bytes=576, scale_bytes=8)
+
+
+class PagedRows(StandIn):
+    """A paged key pool as the request window's ``pool_factory`` makes it: per layer a byte
+    buffer of ``size`` rows, ``page_size`` rows a page, data bytes then scale bytes."""
+
+    role = "paged key pool"
+    attributes = frozenset({"kv_buffer", "size", "kv_layout"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4SingleKVPool"), RealClass(MEMORY_POOL_FILE, "KVCache"))
+
+    @classmethod
+    def factory(cls, page_size: int) -> Callable[[int, int], "PagedRows"]:
+        def make(size: int, layers: int) -> PagedRows:
+            pages = -(-size // page_size)
+            width = page_size * (V4_ROWS.data_bytes + V4_ROWS.scale_bytes)
+            return cls(kv_buffer=[torch.zeros(pages, width, dtype=torch.uint8) for _ in range(layers)],
+                       size=size, kv_layout=V4_ROWS)
+        return make
+
+
+def _cuda_only(name: str) -> Callable[..., Any]:
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise StandInGap(f"SGLang code took its CUDA-only path ({name}); swafuzz runs the torch path")
+    return refuse
+
+
+def _unified_kv_on() -> bool:
+    """Stands in for SGLang's unified-KV gate: the rows are built only when it is on."""
+    return True
+
+
+# Global names the producers use that are not SGLang code under test: typing names, the
+# unified-KV gate, the invariant reporting and capture probes of the request window (the
+# runner is never capturing here), and the CUDA kernels of paths the CPU never takes.
+PRODUCER_STAND_INS: dict[str, Any] = {
+    **STANDARD_NAMES, **STAND_INS, "DSV4Metadata": StoreMetadata,
+    "is_unified_kv_triton": _unified_kv_on,
+    "F": torch.nn.functional, "List": list, "Optional": None, "Tuple": tuple,
+    "KVLayout": types.SimpleNamespace(V4=V4_ROWS),
+    "get_is_capture_mode": lambda: False,
+    "_is_hip": False,
+    "InvariantCheckLevel": types.SimpleNamespace(WARN=1), "resolve_level": lambda: 0,
+    "expect": _cuda_only("expect"), "_WINDOW_GROUPS_FIT": None, "_SWA_HISTORY_PRESENT": None,
+    "build_window_layout": _cuda_only("build_window_layout"),
+    # host-to-device staging: nothing is pinned on a CPU run
+    "is_pin_memory_available": lambda device=None: False,
+}
+
+
+# ---- the batch ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The live inputs of one forward: request ``r`` (slot ``req_pool_indices[r]``) had
+    ``extend_prefix_lens[r]`` tokens and adds ``extend_seq_lens[r]`` (target-verify has
+    equal counts, decode one each). ``padding`` rows follow the live ones (a graph pads the
+    batch to a captured size); a batch of padding rows only is idle. ``previous`` is the
+    forward whose metadata the backend still holds when this one skips metadata init."""
+
+    req_pool_indices: torch.Tensor  # int64 [requests]
+    extend_prefix_lens: torch.Tensor  # int64 [requests]
+    extend_seq_lens: torch.Tensor  # int64 [requests]
+    padding: int = 0
+    previous: "Batch | None" = None
+
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        return self.extend_prefix_lens + self.extend_seq_lens
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.extend_seq_lens.sum())
+
+    @property
+    def rows(self) -> int:
+        return self.num_tokens + self.padding
+
+    @property
+    def is_idle(self) -> bool:
+        return self.num_tokens == 0
+
+    @property
+    def token_slots(self) -> torch.Tensor:
+        return token_state_slots(self.req_pool_indices, self.extend_seq_lens)
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """The position of every live token: its request's prefix plus its place after it."""
+        return torch.cat([
+            torch.arange(int(p), int(p) + int(c), dtype=torch.int64)
+            for p, c in zip(self.extend_prefix_lens, self.extend_seq_lens)
+        ] or [torch.empty(0, dtype=torch.int64)])
+
+    def token_request_index(self) -> list[int]:
+        """Which request (its place in the batch) each live token belongs to."""
+        return [r for r, count in enumerate(self.extend_seq_lens.tolist()) for _ in range(count)]
+
+    @property
+    def num_req_slots(self) -> int:
+        return max([MIN_REQ_SLOTS, *(int(s) + 1 for s in self.req_pool_indices)])
+
+
+def idle(rows: int, previous: Batch | None = None) -> Batch:
+    """An idle forward of ``rows`` padding rows (a data-parallel rank with no requests)."""
+    empty = torch.empty(0, dtype=torch.int64)
+    return Batch(empty, empty, empty, padding=rows, previous=previous)
+
+
+# ---- the table ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandInUse:
+    """A stand-in a producer runs on and the SGLang classes whose attributes it must have."""
+
+    stand_in: type[StandIn]
+    replaces: tuple[RealClass, ...]
+
+
+@dataclass
+class Producer:
+    """One producer bound from one release."""
+
+    backend: str  # the class it belongs to, or its module for a module-level function
+    method: str
+    function: Any
+    info: "ProducerInfo" = field(repr=False, default=None)
+    binding: Binding | None = field(repr=False, default=None)
+    stand_ins: tuple[StandInUse, ...] = ()
+    parts: dict[str, Any] = field(repr=False, default_factory=dict)  # SGLang code it runs with
+
+    @property
+    def name(self) -> str:
+        return self.info.name if self.info is not None else self.method
+
+
+@dataclass(frozen=True)
+class ProducerInfo:
+    """A row of :data:`PRODUCERS`: how to bind the producer and how to check it.
+
+    ``bind`` raises :class:`BindError` naming what a release lacks; ``run`` returns the
+    rows that differ from the truth (given the unified ring's window), and ``applies`` says
+    which batches the producer is fed in SGLang (the others are not checked)."""
+
+    name: str
+    summary: str
+    bind: Callable[[SourceTree, str], Producer]
+    run: Callable[[Producer, Batch, int], list[str]]
+    applies: Callable[[Batch], bool] = lambda batch: not batch.is_idle and batch.padding == 0
+
+
+def _bind_method(
+    tree: SourceTree, mode: str, method: str, sites: tuple[tuple[str, str], ...],
+    owner_stand_ins: tuple[type[StandIn], ...], *, extra: tuple[ClassCode | FunctionCode, ...] = (),
+    uses: str | None = None, more_stand_ins: tuple[StandInUse, ...] = (),
+    site_stand_ins: tuple[tuple[type[StandIn], str], ...] = (), records: tuple[str, ...] = (),
+    names: dict[str, Any] | None = None,
+) -> Producer:
+    """``method`` from the first of ``sites`` (file, class) that has it, run on the first of
+    ``owner_stand_ins`` that carries what the release's code reads of the class.
+
+    ``uses`` is a name the code must read for the producer to be there; ``site_stand_ins``
+    pair a stand-in with the class of the site's file it replaces; ``records`` are SGLang
+    dataclasses of that file the code builds, rebuilt from the release's field lists;
+    ``names`` are further global names the code gets."""
+    reasons = []
+    for path, owner in sites:
+        try:
+            stand_ins = {**PRODUCER_STAND_INS, **(names or {}), **_records(tree, mode, path, records)}
+            binding, owner_stand_in = _bind_on_fitting_stand_in(
+                tree, mode, (*extra, ClassCode(path, owner, (method,))), stand_ins, owner_stand_ins)
+        except BindError as exc:
+            reasons.append(str(exc))
+            continue
+        function = binding.classes[owner].methods[method]
+        if uses is not None and uses not in function.__code__.co_names:
+            reasons.append(f"{binding.label}: {owner}.{method} does not read {uses}")
+            continue
+        uses_here = tuple(StandInUse(stand_in, (RealClass(path, name),)) for stand_in, name in site_stand_ins)
+        return Producer(owner, method, function, binding=binding,
+                        stand_ins=(StandInUse(owner_stand_in, (RealClass(path, owner),)), *uses_here, *more_stand_ins))
+    raise BindError("; ".join(reasons))
+
+
+def _bind_on_fitting_stand_in(
+    tree: SourceTree, mode: str, code: tuple[ClassCode | FunctionCode, ...], stand_ins: dict[str, Any],
+    owner_stand_ins: tuple[type[StandIn], ...],
+) -> tuple[Binding, type[StandIn]]:
+    *helpers, owned = code
+    for owner_stand_in in owner_stand_ins:
+        role_code = (*helpers, replace(owned, role=owner_stand_in.role))
+        try:
+            attributes_by_role = {owner_stand_in.role: owner_stand_in.attributes}
+            return bind(tree, role_code, stand_ins, attributes_by_role, mode), owner_stand_in
+        except BindError as exc:
+            failure = exc
+            if "does not provide" not in str(exc):
+                break  # the method itself is missing or unbindable: no richer stand-in helps
+    raise failure
+
+
+def _records(tree: SourceTree, mode: str, path: str, names: tuple[str, ...]) -> dict[str, type]:
+    if not names:
+        return {}
+    code = tuple(ClassCode(path, name, dataclass_fields=True) for name in names)
+    binding = bind(tree, code, PRODUCER_STAND_INS, {}, mode)
+    return {name: binding.classes[name].build(object) for name in names}
+
+
+def bind_producers(tree: SourceTree, mode: str = "source") -> tuple[list[Producer], dict[str, str]]:
+    """The producers ``tree`` has, in table order, and why each other is absent."""
+    found: list[Producer] = []
+    absent: dict[str, str] = {}
+    for info in PRODUCERS:
+        try:
+            producer = info.bind(tree, mode)
+        except BindError as exc:
+            absent[info.name] = str(exc)
+            continue
+        found.append(replace(producer, info=info))
+    return found, absent
+
+
+def check(producer: Producer, batch: Batch, window: int = 128) -> list[str]:
+    """Every row ``producer`` gets wrong on ``batch`` (empty when all match the truth), with
+    ``window`` the unified ring's sliding window. A producer SGLang never feeds such a batch
+    returns no mismatch; one that raises is a mismatch of its own, named with the exception."""
+    if not producer.info.applies(batch):
+        return []
+    try:
+        return producer.info.run(producer, batch, window)
+    except StandInGap:
+        raise  # swafuzz does not model what the code read: a gap of the harness, not a finding
+    except Exception as exc:  # noqa: BLE001 - any failure of SGLang's code is a finding
+        return [f"{producer.name} raised {type(exc).__name__}: {exc}"]
+
+
+def _owner(producer: Producer, **offered: Any) -> StandIn:
+    """The stand-in for the producer's own class, carrying those of ``offered`` that the
+    release's code reads (the stand-in it was bound on), with the methods the producer
+    reaches and the attribute values the class's own code gives."""
+    stand_in = producer.stand_ins[0].stand_in
+    owner = producer.binding.classes[producer.backend].build(stand_in)
+    return owner(**{name: offered[name] for name in stand_in.attributes})
+
+
+def _differences(name: str, got: Any, want: torch.Tensor) -> list[str]:
+    if not isinstance(got, torch.Tensor):
+        return [f"{name}: got {type(got).__name__}, want {want.tolist()}"]
+    got = got.to(device="cpu", dtype=torch.int64).reshape(-1)
+    if got.shape != want.shape or not torch.equal(got, want.to(torch.int64)):
+        return [f"{name}: got {got.tolist()}, want {want.tolist()}"]
+    return []
+
+
+# ---- target-verify and prefill state slots --------------------------------------------------
+
+
+_BACKEND_SITES = ((HIP_BACKEND_FILE, HIP_BACKEND), (CUDA_BACKEND_FILE, CUDA_BACKEND))
+_INT32_ON_CPU = {"dtype": torch.int32, "device": "cpu"}
+
+
+def _bind_expansion(method: str) -> Callable[[SourceTree, str], Producer]:
+    def bind_one(tree: SourceTree, mode: str) -> Producer:
+        return _bind_method(tree, mode, method, _BACKEND_SITES, (ExpansionBackend,),
+                            names=_prefill_expansion_kernel(tree, mode))
+    return bind_one
+
+
+class CpuDispatch:
+    """Stands in for one of SGLang's kernel dispatchers (``ExpandPrefillCausally``), whose
+    ``execute`` runs its Triton kernel on CUDA tensors and its torch implementation
+    otherwise: here always the release's own torch implementation."""
+
+    def __init__(self, torch_implementation: Callable[..., Any]):
+        self.torch_implementation = torch_implementation
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        return self.torch_implementation(*args, **kwargs)
+
+
+def _prefill_expansion_kernel(tree: SourceTree, mode: str) -> dict[str, Any]:
+    """``ExpandPrefillCausally`` over the release's ``expand_prefill_causally`` (the CUDA
+    backend expands prefill batches through it from 0.5.18), where the release has it."""
+    for path in ATTN_METADATA_FILES:
+        text = tree.read(path)
+        if text is not None and "def expand_prefill_causally(" in text:
+            records = _records(tree, mode, path, ("ExpandPrefillCausallyResult",))
+            binding = bind(tree, (FunctionCode(path, "expand_prefill_causally"),),
+                           {**PRODUCER_STAND_INS, **records}, {}, mode)
+            return {"ExpandPrefillCausally": CpuDispatch(binding.functions["expand_prefill_causally"])}
+    return {}
+
+
+def _run_verify_expansion(producer: Producer, batch: Batch, _: int) -> list[str]:
+    counts = {int(c) for c in batch.extend_seq_lens}
+    if len(counts) != 1:
+        return []  # SGLang expands only target-verify batches, whose counts are equal, this way
+    _, repeated = producer.function(
+        ExpansionBackend(cuda_int32_kwargs=_INT32_ON_CPU), bs=len(batch.req_pool_indices), qo_len=counts.pop(),
+        seq_lens=batch.seq_lens.to(torch.int32), req_pool_indices=batch.req_pool_indices,
+    )
+    return _differences("req_pool_indices_repeated", repeated, batch.token_slots)
+
+
+def _run_prefill_expansion(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """Each token's request slot, through the host-list path and, where the release has it
+    (``extend_start_loc``), the vectorized path."""
+    arguments = {
+        "num_tokens": batch.num_tokens, "seq_lens": [int(s) for s in batch.seq_lens],
+        "extend_seq_lens": [int(c) for c in batch.extend_seq_lens], "req_pool_indices": batch.req_pool_indices,
+        "padded_num_tokens": None, "seq_lens_tensor": batch.seq_lens, "extend_seq_lens_tensor": batch.extend_seq_lens,
+    }
+    taken = _parameters(producer.function)
+    variants = {"req_pool_indices_repeated": {}}
+    if "extend_start_loc" in taken:
+        starts = torch.cumsum(batch.extend_seq_lens, 0) - batch.extend_seq_lens
+        variants["req_pool_indices_repeated (vectorized)"] = {"extend_start_loc": starts}
+    problems = []
+    for label, more in variants.items():
+        offered = {**arguments, **more}
+        _, repeated = producer.function(ExpansionBackend(cuda_int32_kwargs=_INT32_ON_CPU),
+                                        **{k: v for k, v in offered.items() if k in taken})
+        problems += _differences(label, repeated, batch.token_slots)
+    return problems
+
+
+def _bind_prefill_rows(tree: SourceTree, mode: str) -> Producer:
+    return _bind_method(
+        tree, mode, PREFILL_ROWS, _BACKEND_SITES, (PrefillRowsBackend,), records=(UNIFIED_RECORD,),
+        site_stand_ins=((PrefillCoreMetadata, "DSV4AttnMetadata"),),
+        more_stand_ins=(StandInUse(RingPool, RingPool.replaces),),
+    )
+
+
+def _run_prefill_rows(producer: Producer, batch: Batch, window: int) -> list[str]:
+    backend = PrefillRowsBackend(cuda_int32_kwargs=_INT32_ON_CPU, token_to_kv_pool=RingPool(unified_swa_window=window))
+    core = PrefillCoreMetadata(unified=None, positions_casual=torch.zeros(batch.num_tokens))
+    offered = {"core": core, "req_pool_indices": batch.req_pool_indices, "seq_lens": batch.seq_lens,
+               "extend_seq_lens": batch.extend_seq_lens, "num_tokens": batch.num_tokens,
+               "req_pool_indices_repeated": batch.token_slots}
+    # releases differ in which of these the producer takes (num_tokens from 0.5.18)
+    producer.function(backend, **{k: v for k, v in offered.items() if k in _parameters(producer.function)})
+    truth = prefill_rows(batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens)
+    problems = []
+    for name in PREFILL_FIELDS:
+        problems += _differences(f"pf_{name}", getattr(core.unified, f"pf_{name}", None), getattr(truth, name))
+    return problems
+
+
+def _parameters(function: types.FunctionType) -> tuple[str, ...]:
+    code = function.__code__
+    return code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+
+
+# ---- decode and target-verify ring rows (HIP, 0.5.14+) ---------------------------------------
+
+
+def _bind_decode_streams(tree: SourceTree, mode: str) -> Producer:
+    return _bind_method(
+        tree, mode, DECODE_STREAMS, ((HIP_BACKEND_FILE, HIP_BACKEND),),
+        (DecodeStreamsBackend, DsparkDecodeStreamsBackend), records=(UNIFIED_RECORD,),
+        site_stand_ins=((CoreMetadata, "DSV4AttnMetadata"),),
+        more_stand_ins=(StandInUse(UnifiedRingPool, UnifiedRingPool.replaces),),
+    )
+
+
+def _one_row_per_request_or_verify(batch: Batch) -> bool:
+    return not batch.is_idle and batch.padding == 0 and len({int(c) for c in batch.extend_seq_lens}) == 1
+
+
+def _run_decode_streams(producer: Producer, batch: Batch, window: int) -> list[str]:
+    """The ring rows of a decode (one token per request) or a target-verify (``n`` draft
+    tokens per request, ring ``window + n - 1``) and the verify store's state slots."""
+    draft = int(batch.extend_seq_lens[0])
+    slot_parameter = _parameters(producer.function)[2]
+    if draft > 1 and slot_parameter == "req_pool_indices":
+        return []  # before 0.5.18 only decode builds these rows (one slot per request)
+    ring = ring_size(window, speculative=draft > 1, num_draft_tokens=draft)
+    pool = UnifiedRingPool(unified_swa_window=window, unified_swa_ring_size=ring, unified_swa_pages=0)
+    backend = _owner(producer, token_to_kv_pool=pool, is_dspark=False, _fp8_decode_num_heads=None,
+                     _fp8_verify_epi=None)
+    core = CoreMetadata.of(batch.positions)
+    arguments = {"num_draft": draft} if "num_draft" in _parameters(producer.function) else {}
+    producer.function(backend, core, batch.token_slots, **arguments)
+    want = ring_rows(batch.token_slots, batch.positions, ring, batch.num_req_slots)
+    rows = core.unified.swa_loc
+    problems = _differences("swa_loc", rows, want.to(torch.int64)) + _dtype("swa_loc", rows)
+    if "verify_store_state_slot" in producer.function.__code__.co_names:
+        problems += _differences("verify_store_state_slot", core.unified.verify_store_state_slot, batch.token_slots)
+    return problems
+
+
+# ---- the request window (0.5.21+) -----------------------------------------------------------
+
+
+def _window_layout_code(tree: SourceTree, mode: str) -> tuple[Binding, Any]:
+    """SGLang's ``window_layout`` and its helper, building SGLang's ``WindowLayout`` record
+    (rebuilt from the release's field list)."""
+    record = bind(tree, (ClassCode(WINDOW_FILE, "WindowLayout", dataclass_fields=True),), PRODUCER_STAND_INS, {}, mode)
+    layout_class = record.classes["WindowLayout"].build(object)
+    binding = bind(
+        tree, (FunctionCode(WINDOW_FILE, "_capturing"), FunctionCode(WINDOW_FILE, "_first_row_offsets"),
+               FunctionCode(WINDOW_FILE, WINDOW_LAYOUT)),
+        {**PRODUCER_STAND_INS, "WindowLayout": layout_class}, {}, mode,
+    )
+    return binding, binding.functions[WINDOW_LAYOUT]
+
+
+def _bind_window_layout(tree: SourceTree, mode: str) -> Producer:
+    binding, function = _window_layout_code(tree, mode)
+    return Producer("dsv41_request_window", WINDOW_LAYOUT, function, binding=binding)
+
+
+WINDOW_METHODS = ("__init__", "_ensure_workspace", "activate")
+
+
+def _bind_request_window(
+    methods: tuple[str, ...], extra: tuple[FunctionCode, ...] = (),
+) -> Callable[[SourceTree, str], tuple[type, Binding, Any]]:
+    """SGLang's ``RequestWindow`` with ``methods`` besides its constructor and activation
+    (and the helpers they call), and the release's ``window_layout``."""
+    def bind_window(tree: SourceTree, mode: str) -> tuple[type, Binding, Any]:
+        layout_binding, layout_function = _window_layout_code(tree, mode)
+        real = attributes(tree, (RealClass(WINDOW_FILE, "RequestWindow"),))
+        binding = bind(
+            tree, (*extra,
+                   ClassCode(WINDOW_FILE, "RequestWindow", (*WINDOW_METHODS, *methods), role="request window")),
+            {**PRODUCER_STAND_INS, **layout_binding.functions}, {"request window": real}, mode,
+        )
+        return binding.classes["RequestWindow"].build(object), binding, layout_function
+    return bind_window
+
+
+_PAGED_ROWS_USE = StandInUse(PagedRows, PagedRows.replaces)
+_ROW_FORMAT_USE = StandInUse(PackedRowFormat, PackedRowFormat.replaces)
+
+
+def _bind_window_method(
+    method: str, extra: tuple[str, ...] = (), helpers: tuple[str, ...] = (),
+) -> Callable[[SourceTree, str], Producer]:
+    binder = _bind_request_window((*extra, method), tuple(FunctionCode(WINDOW_FILE, h) for h in helpers))
+
+    def bind_one(tree: SourceTree, mode: str) -> Producer:
+        window_class, binding, layout_function = binder(tree, mode)
+        return Producer("RequestWindow", method, window_class, binding=binding,
+                        stand_ins=(_PAGED_ROWS_USE, _ROW_FORMAT_USE), parts={WINDOW_LAYOUT: layout_function})
+    return bind_one
+
+
+def _new_window(window_class: type, batch: Batch) -> tuple[Any, int]:
+    """SGLang's ``RequestWindow`` as the pool makes it (capacity: the window plus the draft
+    tokens), and the capacity the truth gives it."""
+    window = window_class(PagedRows.factory(WINDOW_PAGE), num_slots=batch.num_req_slots, layers=1,
+                          page_size=WINDOW_PAGE, capacity=SLIDING_WINDOW + DRAFT_TOKENS)
+    return window, whole_page_ring(SLIDING_WINDOW, DRAFT_TOKENS, WINDOW_PAGE)
+
+
+def _layout(layout_function: Any, batch: Batch, capacity: int, zero_row: int, per_request: bool = True) -> Any:
+    """The layout SGLang's metadata builder makes for ``batch`` (``make_core_attn_metadata``
+    passes the token slots and positions, the window's zero row and capacity, one history
+    group per request where the caller knows the requests, else one per row, and the padded
+    row count under a prefill graph)."""
+    taken = _parameters(layout_function)
+    groups = len(batch.req_pool_indices) if per_request else None
+    arguments: dict[str, Any] = {"capacity": capacity, "num_groups": groups}
+    if "zero_row" in taken:
+        arguments["zero_row"] = zero_row
+    if batch.padding:
+        arguments["padded_rows"] = batch.rows
+    return layout_function(batch.token_slots, batch.positions, **arguments)
+
+
+def _window_truth(layout_function: Any, batch: Batch, capacity: int, per_request: bool = True):
+    return request_window_rows(
+        batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens,
+        window=layout_function.__kwdefaults__["window"], capacity=capacity,
+        history_groups=len(batch.req_pool_indices) if per_request and not batch.is_idle else None,
+        padding=batch.padding,
+    )
+
+
+def _run_window_layout(producer: Producer, batch: Batch, _: int) -> list[str]:
+    if batch.padding and "padded_rows" not in _parameters(producer.function):
+        return []  # this release never pads a layout (0.5.23 pads under a prefill graph)
+    capacity = whole_page_ring(SLIDING_WINDOW, DRAFT_TOKENS, WINDOW_PAGE)
+    live = batch.num_tokens
+    problems = []
+    for per_request, groups in ((True, "a history group per request"), (False, "a history group per row")):
+        layout = _layout(producer.function, batch, capacity, batch.num_req_slots * capacity, per_request)
+        truth = _window_truth(producer.function, batch, capacity, per_request)
+        commits = torch.cat([truth.commit_row >= 0, torch.zeros(batch.padding, dtype=torch.bool)])
+        problems += [f"{problem} ({groups})" for problem in (
+            _differences("write_loc", layout.write_loc, truth.write_loc.to(torch.int64))
+            + _differences("req", layout.req[:live], batch.token_slots)
+            + _differences("pos", layout.pos[:live], batch.positions)
+            + _differences("commit_mask", layout.commit_mask, commits.to(torch.int64))
+            + _dtype("write_loc", layout.write_loc)
+        )]
+    return problems
+
+
+def _dtype(name: str, rows: torch.Tensor) -> list[str]:
+    return [] if rows.dtype == torch.int32 else [f"{name}: dtype {rows.dtype}, want torch.int32"]
+
+
+def _run_window_idle(producer: Producer, batch: Batch, _: int) -> list[str]:
+    window, capacity = _new_window(producer.function, batch)
+    rows = window.activate_idle(batch.rows)
+    truth = _window_truth(producer.parts[WINDOW_LAYOUT], batch, capacity)
+    problems = _differences("idle write_loc", rows, truth.write_loc.to(torch.int64)) + _dtype("idle write_loc", rows)
+    if window.layout is None or not torch.equal(window.layout.write_loc, rows):
+        problems.append("activate_idle left another layout active than the rows it returned")
+    return problems + _capacity(window, capacity)
+
+
+def _run_window_row(producer: Producer, batch: Batch, _: int) -> list[str]:
+    window, capacity = _new_window(producer.function, batch)
+    rows = window.row_loc(batch.token_slots, batch.positions)
+    want = ring_rows(batch.token_slots, batch.positions, capacity, batch.num_req_slots)
+    return _differences("row_loc", rows, want.to(torch.int64)) + _capacity(window, capacity)
+
+
+def _capacity(window: Any, capacity: int) -> list[str]:
+    if window.capacity != capacity:
+        return [f"capacity: got {window.capacity}, want {capacity} (window plus draft tokens, whole pages)"]
+    return []
+
+
+def _data_bytes(rows: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the data bytes of ``rows`` sit in a paged byte buffer, as (page, byte) indices:
+    a page holds its rows' data bytes first, then their scale bytes."""
+    width = V4_ROWS.data_bytes
+    rows = rows.to(torch.int64)
+    return (rows // page_size)[:, None], (rows % page_size)[:, None] * width + torch.arange(width)
+
+
+def _run_window_commit(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """Stages every query row's key in the workspace as the store does (a byte pattern
+    naming the row), commits layer 0, and reads the ring back: each committed row must hold
+    its key and its position tag, and no other ring row may change."""
+    window, capacity = _new_window(producer.function, batch)
+    layout = _layout(producer.parts[WINDOW_LAYOUT], batch, window.capacity, zero_row=window.rows)
+    window.activate(layout)
+    window.initialize_dummy_history()
+    workspace = window.buffer(0)
+    live = batch.num_tokens
+    marks = (torch.arange(live, dtype=torch.int64) % 255 + 1).to(torch.uint8)
+    workspace[_data_bytes(layout.write_loc[:live], WINDOW_PAGE)] = marks[:, None]
+    tags_before = window.tags[0, : window.rows].clone()
+    window.commit(0)
+    truth = _window_truth(producer.parts[WINDOW_LAYOUT], batch, capacity)
+    committed = truth.commit_row >= 0
+    ring_rows_hit = truth.commit_row[committed]
+    problems = _capacity(window, capacity)
+    problems += _differences("committed tags", window.tags[0, ring_rows_hit], batch.positions[committed])
+    stored = window.state.kv_buffer[0][_data_bytes(ring_rows_hit, WINDOW_PAGE)]
+    if not torch.equal(stored, marks[committed][:, None].expand_as(stored)):
+        got = stored[:, 0].tolist()
+        want = marks[committed].tolist()
+        problems.append(f"committed keys: ring rows {ring_rows_hit.tolist()} hold {got}, want {want}")
+    untouched = torch.ones(window.rows, dtype=torch.bool)
+    untouched[ring_rows_hit] = False
+    changed = (window.tags[0, : window.rows] != tags_before) & untouched
+    if bool(changed.any()):
+        problems.append(f"ring rows {changed.nonzero().flatten().tolist()} changed, which no row commits to")
+    return problems
+
+
+# ---- the backends' store target under the request window ------------------------------------
+
+
+def _bind_window_getter(path: str, owner: str) -> Callable[[SourceTree, str], Producer]:
+    window_binder = _bind_request_window(("activate_idle",))
+    plain_window_binder = _bind_request_window(())
+
+    def bind_one(tree: SourceTree, mode: str) -> Producer:
+        producer = _bind_method(
+            tree, mode, "get_swa_out_cache_loc", ((path, owner),), (WindowBackend, HookedWindowBackend),
+            uses="request_window",
+            site_stand_ins=((StoreMetadata, "DSV4Metadata"), (WindowCoreMetadata, "DSV4AttnMetadata")),
+            more_stand_ins=(
+                StandInUse(RequestWindowPool, RequestWindowPool.replaces), StandInUse(StoreBatch, StoreBatch.replaces),
+                _PAGED_ROWS_USE, _ROW_FORMAT_USE,
+            ),
+        )
+        try:
+            window_class, _, layout_function = window_binder(tree, mode)
+        except BindError:
+            # releases before 0.5.23 have no activate_idle; their getter never calls it
+            window_class, _, layout_function = plain_window_binder(tree, mode)
+        producer.parts.update({"RequestWindow": window_class, WINDOW_LAYOUT: layout_function})
+        return producer
+    return bind_one
+
+
+def _store_batch(batch: Batch) -> StoreBatch:
+    mode = ForwardMode.IDLE if batch.is_idle else ForwardMode.EXTEND
+    return StoreBatch(forward_mode=SglangMode(mode), out_cache_loc=torch.zeros(batch.rows, dtype=torch.int64))
+
+
+def _run_window_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The backend's store target for ``batch``: live forwards build their metadata first
+    (as ``init_forward_metadata`` does); idle forwards skip it, keeping ``previous``'s."""
+    layout_function = producer.parts[WINDOW_LAYOUT]
+    if not batch.is_idle and batch.padding and "padded_rows" not in _parameters(layout_function):
+        return []  # this release never pads a layout
+    built_for = batch.previous if batch.is_idle else batch
+    window, capacity = _new_window(producer.parts["RequestWindow"], built_for or batch)
+    metadata = None
+    if built_for is not None:
+        layout = _layout(layout_function, built_for, window.capacity, zero_row=window.rows)
+        core = WindowCoreMetadata(request_window_layout=layout)
+        metadata = StoreMetadata(core_attn_metadata=core, late_layer_tail=None)
+    backend = _owner(producer, forward_metadata=metadata, token_to_kv_pool=RequestWindowPool(request_window=window),
+                     pre_kv_store_hook=None)
+    rows = producer.function(backend, _store_batch(batch))
+    truth = _window_truth(layout_function, batch, capacity)
+    problems = _differences("store write_loc", rows, truth.write_loc.to(torch.int64))
+    if window.layout is None or not torch.equal(window.layout.write_loc.to(torch.int64), rows.to(torch.int64)):
+        problems.append("the active request-window layout is not the one whose rows the store got")
+    return problems
+
+
+def _live_or_idle_after_live(batch: Batch) -> bool:
+    return not batch.is_idle or batch.previous is not None
+
+
+# ---- the graph buffer of translated locations (CUDA, 0.5.18+) -------------------------------
+
+
+_POOL_TRANSLATION = ClassCode(
+    POOL_FILE, "DeepSeekV4TokenToKVPool", ("register_mapping", "translate_loc_from_full_to_swa"),
+    role=TranslatingPool.role,
+)
+
+
+def _bind_graph_buffer(tree: SourceTree, mode: str) -> Producer:
+    producer = _bind_method(
+        tree, mode, GRAPH_LOC_BUFFER, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (GraphBackend,),
+        more_stand_ins=(StandInUse(TranslatingPool, TranslatingPool.replaces),),
+    )
+    pool_binding = bind(tree, (_POOL_TRANSLATION,), PRODUCER_STAND_INS,
+                        {TranslatingPool.role: TranslatingPool.attributes}, mode)
+    producer.parts["DeepSeekV4TokenToKVPool"] = pool_binding.classes["DeepSeekV4TokenToKVPool"].build(TranslatingPool)
+    return producer
+
+
+def _locations(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-pool locations for the live tokens (padding rows at the dummy slot) and a mapping
+    that gives each a distinct SWA slot, both drawn from the batch itself."""
+    live = batch.num_tokens
+    seed = int(batch.extend_seq_lens.sum()) * 31 + int(batch.extend_prefix_lens.sum())
+    generator = torch.Generator().manual_seed(seed)
+    full = torch.randperm(4 * live + 8, generator=generator)[:live] + 1
+    mapping = torch.zeros(4 * live + 9, dtype=torch.int64)
+    mapping[full] = torch.randperm(2 * live + 4, generator=generator)[:live] + 1
+    return torch.cat([full, torch.zeros(batch.padding, dtype=torch.int64)]), mapping
+
+
+def _run_graph_buffer(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The buffer the graph's stores read: the live locations translated, every row past
+    them (the captured size's padding) at the dummy slot."""
+    out_cache_loc, mapping = _locations(batch)
+    pool = producer.parts["DeepSeekV4TokenToKVPool"](full_to_swa_index_mapping=None)
+    pool.register_mapping(mapping)
+    captured_rows = batch.rows + 3
+    buffer = torch.full((captured_rows,), -7, dtype=torch.int32)  # stale rows of an earlier replay
+    backend = GraphBackend(cuda_graph_swa_out_cache_loc=buffer, token_to_kv_pool=pool)
+    rows = producer.function(backend, out_cache_loc)
+    want = translate_pool(mapping, out_cache_loc)
+    problems = _differences("swa_out_cache_loc", rows, want.to(torch.int64))
+    if rows is not None and rows.data_ptr() != buffer.data_ptr():
+        problems.append("swa_out_cache_loc is not a view of the graph buffer (captured stores read it by address)")
+    problems += _differences("graph buffer past the batch", buffer[batch.rows:],
+                             torch.full((captured_rows - batch.rows,), DUMMY_SLOT, dtype=torch.int64))
+    return problems + _dtype("swa_out_cache_loc", rows)
+
+
+# ---- the draft SWA ring (0.5.23) --------------------------------------------------------------
+
+
+def _bind_draft_ring_size(tree: SourceTree, mode: str) -> Producer:
+    binding = bind(tree, (FunctionCode(UTILS_FILE, "ceil_div"), FunctionCode(POOL_FILE, DRAFT_RING_SIZE)),
+                   PRODUCER_STAND_INS, {}, mode)
+    return Producer("deepseek_v4_memory_pool", DRAFT_RING_SIZE, binding.functions[DRAFT_RING_SIZE], binding=binding)
+
+
+def _ring_shape(batch: Batch) -> tuple[int, int]:
+    """Draft tokens and page size drawn from the batch, so that drawn batches vary both."""
+    return int(batch.extend_seq_lens.sum()) % 8, (1, 2, 64, 256)[len(batch.req_pool_indices) % 4]
+
+
+def _run_draft_ring_size(producer: Producer, batch: Batch, _: int) -> list[str]:
+    draft, page = _ring_shape(batch)
+    got = producer.function(SLIDING_WINDOW, draft, page)
+    want = whole_page_ring(SLIDING_WINDOW, draft, page)
+    if got == want:
+        return []
+    return [f"draft ring size for {draft} draft tokens, {page}-row pages: got {got}, want {want}"]
+
+
+def _bind_draft_ring_rows(tree: SourceTree, mode: str) -> Producer:
+    return _bind_method(
+        tree, mode, DRAFT_RING_ROWS, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (DraftRingBackend,),
+        extra=(FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),),
+        more_stand_ins=(StandInUse(DraftRingPool, DraftRingPool.replaces),),
+    )
+
+
+def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The rows a draft block writes: token ``i`` sits at position ``seq_lens_casual[i] - 1``
+    of its request, in its slot's ring."""
+    draft, page = _ring_shape(batch)
+    ring = whole_page_ring(SLIDING_WINDOW, draft, page)
+    backend = DraftRingBackend(token_to_kv_pool=DraftRingPool(swa_req_ring_size=ring))
+    positions = batch.positions
+    rows = producer.function(backend, seq_lens_casual=(positions + 1).to(torch.int32),
+                             req_pool_indices_repeated=batch.token_slots)
+    want = ring_rows(batch.token_slots, positions, ring, batch.num_req_slots)
+    return _differences("draft ring rows", rows, want.to(torch.int64)) + _dtype("draft ring rows", rows)
+
+
+# ---- the late-layer tail (0.5.21+) ------------------------------------------------------------
+
+
+def _bind_late_layer_tail(tree: SourceTree, mode: str) -> Producer:
+    reasons = []
+    for path in ATTN_METADATA_FILES:
+        text = tree.read(path)
+        if text is None:
+            reasons.append(f"{tree.label} has no file {path}")
+            continue
+        # the helpers it calls, where this release has them
+        helpers = [FunctionCode(UTILS_FILE, "async_h2d")] if "async_h2d" in text else []
+        helpers += [FunctionCode(path, name) for name in ("late_layer_tail_lens", "_whole_extend_tail_layout")
+                    if f"def {name}(" in text]
+        try:
+            binding = bind(tree, (*helpers, FunctionCode(path, LATE_LAYER_TAIL)), PRODUCER_STAND_INS, {}, mode)
+        except BindError as exc:
+            reasons.append(str(exc))
+            continue
+        return Producer(path.rsplit("/", 1)[-1].removesuffix(".py"), LATE_LAYER_TAIL,
+                        binding.functions[LATE_LAYER_TAIL], binding=binding)
+    raise BindError("; ".join(reasons))
+
+
+def _run_late_layer_tail(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The extend rows the late layers store, plainly and (where the release keeps whole
+    extends for requests that read their prompt rows) with the first request whole."""
+    counts = [int(c) for c in batch.extend_seq_lens]
+    variants: list[list[bool] | None] = [None]
+    if "whole_extend" in _parameters(producer.function):
+        variants.append([r == 0 for r in range(len(counts))])
+    problems = []
+    for whole in variants:
+        arguments = {} if whole is None else {"whole_extend": whole}
+        rows, tail_lens, _floor = producer.function(
+            extend_lens_cpu=counts, seq_lens_cpu=[int(s) for s in batch.seq_lens], tail_len=SLIDING_WINDOW,
+            device=torch.device("cpu"), **arguments,
+        )
+        want = late_layer_tail_tokens(batch.extend_seq_lens, SLIDING_WINDOW, whole)
+        label = "tail rows" if whole is None else "tail rows (first request whole)"
+        problems += _differences(label, rows, want)
+        kept = torch.bincount(torch.tensor(batch.token_request_index())[want], minlength=len(counts))
+        problems += _differences(f"{label} per request", torch.tensor(tail_lens), kept)
+    return problems
+
+
+# ---- multi-step draft decode: each step's slots (0.5.13+) ----------------------------------------
+
+
+def _bind_draft_step_locations(tree: SourceTree, mode: str) -> Producer:
+    binding = bind(tree, (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS),), PRODUCER_STAND_INS, {}, mode)
+    return Producer("eagle_utils", DRAFT_STEP_LOCS, binding.functions[DRAFT_STEP_LOCS], binding=binding)
+
+
+def _run_draft_step_locations(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """A draft of ``topk`` branches and ``steps`` steps per request, its slots handed out as
+    the EAGLE allocator does (request, branch, step); each step must get its own slots."""
+    requests = len(batch.req_pool_indices)
+    topk, steps = 1 + batch.num_tokens % 2, 1 + int(batch.extend_seq_lens.max()) % 4
+    generator = torch.Generator().manual_seed(batch.num_tokens)
+    drafted = requests * topk * steps
+    allocated = (torch.randperm(4 * drafted, generator=generator)[:drafted] + 1).reshape(requests, topk, steps)
+    rows = producer.function(allocated.reshape(-1), requests, topk, steps)
+    want = draft_step_slots(allocated)
+    if tuple(rows.shape) != tuple(want.shape):
+        return [f"draft step slots: shape {tuple(rows.shape)}, want {tuple(want.shape)} (a row per step)"]
+    return _differences(f"draft step slots ({topk} branches, {steps} steps)", rows, want.reshape(-1))
+
+
+# ---- the CUDA backend's in-graph metadata step (0.5.18+) ------------------------------------------
+
+
+class NotModelled:
+    """The value of an attribute or name the bound code reads only on a path these checks
+    never take (a raw-metadata upgrade, the low-ratio indexer, DSpark); any use of it says
+    so instead of answering."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise StandInGap(f"SGLang code used {self.name}, on a path swafuzz does not model")
+
+    __call__ = __bool__ = __iter__ = _refuse
+
+    def __getattr__(self, attribute: str) -> Any:
+        self._refuse()
+
+
+class InGraphMetadata(StandIn):
+    """Full (not raw) forward metadata, as the in-graph step finds it after replay prep."""
+
+    role = "forward metadata"
+    attributes = frozenset({"core_attn_metadata"})
+
+
+class LowRatioInGraphMetadata(InGraphMetadata):
+    """The same where the step also refreshes the low-ratio indexers (0.5.21+; none here)."""
+
+    attributes = InGraphMetadata.attributes | {"core_metadata"}
+
+
+class InGraphCore(StandIn):
+    role = "attention metadata"
+    attributes = frozenset({"swa_out_cache_loc"})
+
+
+class LowRatioInGraphCore(InGraphCore):
+    attributes = InGraphCore.attributes | {"low_ratios"}
+
+
+class InGraphBatch(StandIn):
+    role = "forward batch"
+    attributes = frozenset({"forward_mode", "out_cache_loc", "batch_size"})
+    replaces = (RealClass("sglang/srt/model_executor/forward_batch_info.py", "ForwardBatch"),)
+
+
+def _reads(function: types.FunctionType, *chain: str) -> frozenset[str]:
+    """The attributes the bound ``function`` reads from ``self.<chain>``."""
+    node = function.swafuzz_source
+    prefix = ".".join(("self", *chain))
+    return frozenset(
+        n.attr for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and ast.unparse(n.value) == prefix
+    )
+
+
+# methods the in-graph step calls on its own class where the release has them
+IN_GRAPH_HELPERS = ("_fp4_workspaces_enabled",)
+
+
+def _bind_in_graph_init(path: str, owner: str) -> Callable[[SourceTree, str], Producer]:
+    def bind_one(tree: SourceTree, mode: str) -> Producer:
+        """The in-graph step bound on stand-ins carrying exactly what the release's code
+        reads of the backend and its pool (paths never taken get :class:`NotModelled`)."""
+        names: dict[str, Any] = {name: NotModelled(name) for name in (
+            "skip_low_ratio_indexer", "fill_all_compressed_indices", "token_req_indices", "_replan_topk_in_graph",
+            "prepare_fp4_k_write_metadata", "prepare_fp4_decode_workspace")}
+        names["DSV4Metadata"] = InGraphMetadata  # what its isinstance check recognises as full metadata
+        records = _records(tree, mode, path, ("DSV4RawVerifyMetadata", "DSV4RawDecodeMetadata"))
+        text = tree.read(path) or ""
+        helpers = tuple(name for name in IN_GRAPH_HELPERS if f"def {name}(" in text)
+        code = (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS), ClassCode(path, owner, (IN_GRAPH_INIT, *helpers)))
+        binding = bind(tree, code, {**PRODUCER_STAND_INS, **names, **records}, {}, mode)
+        bound = binding.classes[owner]
+        function = bound.methods[IN_GRAPH_INIT]
+        read = frozenset().union(*(_reads(method) for method in bound.methods.values())) - set(bound.methods)
+        backend = type("InGraphBackend", (StandIn,), {"role": "in-graph backend", "attributes": read})
+        pool = type("InGraphPool", (TranslatingPool,), {
+            "role": "in-graph pool", "replaces": TranslatingPool.replaces,
+            "attributes": (TranslatingPool.attributes
+                           | (_reads(function, "token_to_kv_pool") - set(_POOL_TRANSLATION.methods))),
+        })
+        pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=pool.role),), PRODUCER_STAND_INS,
+                            {pool.role: pool.attributes}, mode)
+        low_ratios = "core_metadata" in function.__code__.co_names
+        metadata = LowRatioInGraphMetadata if low_ratios else InGraphMetadata
+        core = LowRatioInGraphCore if low_ratios else InGraphCore
+        return Producer(owner, IN_GRAPH_INIT, function, binding=binding, stand_ins=(
+            StandInUse(backend, (RealClass(path, owner),)), StandInUse(pool, pool.replaces),
+            StandInUse(InGraphBatch, InGraphBatch.replaces),
+            StandInUse(metadata, (RealClass(path, "DSV4Metadata"),)),
+            StandInUse(core, (RealClass(path, "DSV4AttnMetadata"),)),
+        ), parts={"backend": bound.build(backend), "metadata": metadata, "core": core,
+                  "pool": pool_binding.classes["DeepSeekV4TokenToKVPool"].build(pool)})
+    return bind_one
+
+
+def _run_in_graph_init(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """Each step of a multi-step draft decode (one step: a plain decode) refreshes the rows
+    its stores read from the live ``out_cache_loc``: they must be its own step's slots,
+    translated."""
+    requests = len(batch.req_pool_indices)
+    topk, steps = 1 + batch.num_tokens % 2, 1 + int(batch.extend_seq_lens.max()) % 4
+    if steps == 1:
+        topk = 1
+    drafted = requests * topk * steps
+    generator = torch.Generator().manual_seed(batch.num_tokens * 7 + requests)
+    allocated = (torch.randperm(4 * drafted, generator=generator)[:drafted] + 1).reshape(requests, topk, steps)
+    mapping = torch.zeros(4 * drafted + 1, dtype=torch.int64)
+    mapping[allocated.reshape(-1)] = torch.randperm(2 * drafted, generator=generator)[:drafted] + 1
+    pool_class = producer.parts["pool"]
+    pool = pool_class(**{name: None for name in pool_class.attributes})
+    pool.register_mapping(mapping)
+    mode = ForwardMode.DRAFT_DECODE if steps > 1 else ForwardMode.DECODE
+    forward_batch = InGraphBatch(forward_mode=SglangMode(mode), out_cache_loc=allocated.reshape(-1),
+                                 batch_size=requests)
+    want_by_step = draft_step_slots(allocated)
+    problems = []
+    core_class, metadata_class = producer.parts["core"], producer.parts["metadata"]
+    for step in range(steps):
+        core_values = {"swa_out_cache_loc": None, "low_ratios": ()}  # no low-ratio indexer runs
+        core = core_class(**{name: core_values[name] for name in core_class.attributes})
+        metadata = metadata_class(**{name: core for name in metadata_class.attributes})
+        backend_class = producer.parts["backend"]
+        offered = {"forward_metadata": metadata, "token_to_kv_pool": pool, "topk": topk if steps > 1 else 0,
+                   "speculative_num_steps": steps if steps > 1 else 0, "speculative_step_id": step,
+                   "is_dspark_draft": False, "_early_verify_metadata_ids": set(),
+                   "enable_deepseek_v4_fp4_indexer": False}
+        backend = backend_class(**{name: offered.get(name, NotModelled(f"self.{name}"))
+                                   for name in backend_class.attributes})
+        producer.function(backend, forward_batch)
+        want = translate_pool(mapping, want_by_step[step])
+        label = f"step {step} of {steps} swa_out_cache_loc" if steps > 1 else "swa_out_cache_loc"
+        problems += _differences(label, core.swa_out_cache_loc, want.to(torch.int64))
+    return problems
+
+
+PRODUCERS: tuple[ProducerInfo, ...] = (
+    ProducerInfo(VERIFY_EXPANSION, "target-verify state slot per token (req_pool_indices_repeated)",
+                 _bind_expansion(VERIFY_EXPANSION), _run_verify_expansion),
+    ProducerInfo(PREFILL_EXPANSION, "prefill state slot per token (req_pool_indices_repeated)",
+                 _bind_expansion(PREFILL_EXPANSION), _run_prefill_expansion),
+    ProducerInfo(PREFILL_ROWS, "unified-KV prefill rows pf_state_slot, pf_chunk_start, pf_cu_q, pf_final_pos",
+                 _bind_prefill_rows, _run_prefill_rows),
+    ProducerInfo(DECODE_STREAMS, "HIP decode and target-verify ring rows (swa_loc, verify_store_state_slot)",
+                 _bind_decode_streams, _run_decode_streams, _one_row_per_request_or_verify),
+    ProducerInfo(WINDOW_LAYOUT, "request-window layout: workspace write_loc, req, pos, commit_mask",
+                 _bind_window_layout, _run_window_layout, lambda batch: not batch.is_idle),
+    ProducerInfo(WINDOW_IDLE, "request-window rows of an idle forward",
+                 _bind_window_method("activate_idle"), _run_window_idle, lambda batch: batch.is_idle),
+    ProducerInfo(WINDOW_COMMIT, "request-window commit of the workspace rows to the request rings",
+                 _bind_window_method("commit", extra=("initialize_dummy_history", "_history_src", "buffer"),
+                                     helpers=("copy_packed_tokens",)),
+                 _run_window_commit, lambda batch: not batch.is_idle and batch.padding == 0),
+    ProducerInfo(WINDOW_ROW, "request-window ring row of a request slot and position",
+                 _bind_window_method("row_loc"), _run_window_row),
+    ProducerInfo(CUDA_WINDOW_GETTER, "CUDA backend store target under the request window",
+                 _bind_window_getter(CUDA_BACKEND_FILE, CUDA_BACKEND), _run_window_getter, _live_or_idle_after_live),
+    ProducerInfo(HIP_WINDOW_GETTER, "HIP backend store target under the request window",
+                 _bind_window_getter(HIP_BACKEND_FILE, HIP_BACKEND), _run_window_getter, _live_or_idle_after_live),
+    ProducerInfo(LATE_LAYER_TAIL, "extend rows the late layers store under decoder SWA bounded replay",
+                 _bind_late_layer_tail, _run_late_layer_tail),
+    ProducerInfo(DRAFT_STEP_LOCS, "full-pool slots each step of a multi-step draft decode writes",
+                 _bind_draft_step_locations, _run_draft_step_locations),
+    ProducerInfo(CUDA_IN_GRAPH_INIT, "CUDA in-graph refresh of the rows each draft step's stores read",
+                 _bind_in_graph_init(CUDA_BACKEND_FILE, CUDA_BACKEND), _run_in_graph_init),
+    ProducerInfo(HIP_IN_GRAPH_INIT, "HIP in-graph refresh of the rows each draft step's stores read",
+                 _bind_in_graph_init(HIP_BACKEND_FILE, HIP_BACKEND), _run_in_graph_init),
+    ProducerInfo(GRAPH_LOC_BUFFER, "CUDA graph buffer of translated out_cache_loc",
+                 _bind_graph_buffer, _run_graph_buffer, lambda batch: not batch.is_idle),
+    ProducerInfo(DRAFT_RING_SIZE, "rows per request slot of the draft SWA ring",
+                 _bind_draft_ring_size, _run_draft_ring_size),
+    ProducerInfo(DRAFT_RING_ROWS, "draft SWA ring rows a draft block writes",
+                 _bind_draft_ring_rows, _run_draft_ring_rows),
+)

@@ -1,0 +1,180 @@
+"""The table of SGLang targets: what code each binds, which releases have it, how it runs.
+
+Release ranges were read off the published wheels (0.5.10 to 0.5.23); ``last`` is None
+where the newest release checked still has the target. Binding never trusts the range: it
+looks for the code itself, so a checkout of any branch binds whatever it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..registry import SubjectInfo
+from .binding import Binding, BindError, ClassCode, FunctionCode, bind
+from .drivers import (
+    CORE_METADATA_CLASS,
+    METADATA_CLASS,
+    POOL_CLASS,
+    STAND_IN_ATTRIBUTES,
+    STAND_INS,
+    STANDARD_NAMES,
+    UNIFIED_METADATA_CLASS,
+    EngineEnvironment,
+    PoolStoreSubject,
+    RingMergeSubject,
+    RingSubject,
+    SglangSubject,
+    TranslatedLocSubject,
+)
+from .locate import SourceTree
+
+POOL_FILE = "sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+CUDA_BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend.py"
+HIP_BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py"
+METADATA_FILE = "sglang/srt/layers/attention/dsv4/metadata.py"
+CUDA_BACKEND = "DeepseekV4AttnBackend"
+HIP_BACKEND = "DeepseekV4HipRadixBackend"
+
+# the ring getter and the producer of the rows it caches (decode metadata)
+RING_METHODS = ("get_unified_swa_loc", "_attach_unified_kv_decode_streams")
+
+# the drivers call register_mapping where the pool defines it; every method the entry
+# methods reach (a helper the store calls) is bound with them
+_POOL_TRANSLATION = ClassCode(POOL_FILE, POOL_CLASS, ("translate_loc_from_full_to_swa",), role="pool",
+                              if_defined=("register_mapping",))
+
+
+def _pool_store(store: str) -> ClassCode:
+    # raw_loc: the store translates full-pool locations itself (0.5.13 moved that out)
+    return ClassCode(POOL_FILE, POOL_CLASS, (store,), role="pool", parameters={store: "raw_loc"},
+                     if_defined=("register_mapping",))
+
+
+def _metadata_records(path: str) -> tuple[ClassCode, ...]:
+    """The backend file's metadata dataclasses, whose declared fields (and defaults) the
+    drivers' metadata objects carry, where the tree has them."""
+    return tuple(ClassCode(path, name, dataclass_fields=True, required=False)
+                 for name in (METADATA_CLASS, CORE_METADATA_CLASS))
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    summary: str
+    driver: type[SglangSubject]
+    code: tuple[ClassCode | FunctionCode, ...]
+    first: str
+    last: str | None = None
+    driver_settings: tuple[tuple[str, object], ...] = ()
+    called_as: tuple[str, ...] = ()  # the entry methods the engine's code calls (swafuzz.subjects.sglang.callsites)
+
+    @property
+    def subject_name(self) -> str:
+        return f"sglang:{self.name}"
+
+    def bind(self, tree: SourceTree, mode: str = "source", supplied: Mapping[str, Any] | None = None,
+             environment: EngineEnvironment | None = None) -> Binding:
+        """``supplied``: values for names the tree's code reads that swafuzz cannot derive;
+        ``environment``: what the code's ``envs`` reads (a fresh one by default)."""
+        stand_ins = {**STANDARD_NAMES, **STAND_INS, "envs": environment or EngineEnvironment()}
+        return bind(tree, self.code, stand_ins, STAND_IN_ATTRIBUTES, mode, supplied)
+
+    def subject(self, binding: Binding, environment: EngineEnvironment) -> type[SglangSubject]:
+        version = (binding.version or "source").replace(".", "_")
+        class_name = f"Sglang_{self.name.replace('-', '_')}_{version}_{binding.mode}"
+        return type(class_name, (self.driver,), {
+            "binding": binding, "environment": environment, "__doc__": f"{self.summary} ({binding.label}).",
+            **dict(self.driver_settings),
+        })
+
+    def info(self, tree: SourceTree, mode: str = "source", name: str | None = None,
+             supplied: Mapping[str, Any] | None = None) -> SubjectInfo:
+        """The target bound from ``tree``, not yet configured (:mod:`.configure`)."""
+        environment = EngineEnvironment()
+        binding = self.bind(tree, mode, supplied, environment)
+        return SubjectInfo(
+            name or self.subject_name, self.subject(binding, environment), expected="unknown", kind="sglang",
+            summary=f"{self.summary} ({binding.label})",
+        )
+
+    def releases(self) -> str:
+        return f"{self.first}+" if self.last is None else (
+            self.first if self.first == self.last else f"{self.first}-{self.last}"
+        )
+
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "pool-fused-store",
+        "DeepSeek-V4 pool set_swa_key_buffer_radix_fused with its inline translation cache",
+        PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused"),),
+        first="0.5.12", last="0.5.12.post1",
+        driver_settings=(("store", "set_swa_key_buffer_radix_fused"),),
+        called_as=("set_swa_key_buffer_radix_fused",),
+    ),
+    Target(
+        "pool-norm-rope-store",
+        "DeepSeek-V4 pool set_swa_key_buffer_radix_fused_norm_rope with its inline translation cache",
+        PoolStoreSubject, (_pool_store("set_swa_key_buffer_radix_fused_norm_rope"),),
+        first="0.5.12", last="0.5.12.post1",
+        driver_settings=(("store", "set_swa_key_buffer_radix_fused_norm_rope"),),
+        called_as=("set_swa_key_buffer_radix_fused_norm_rope",),
+    ),
+    Target(
+        "cuda-swa-out-cache-loc",
+        "CUDA DeepSeek-V4 backend get_swa_out_cache_loc over per-forward translated locations",
+        TranslatedLocSubject,
+        (_POOL_TRANSLATION, ClassCode(CUDA_BACKEND_FILE, CUDA_BACKEND, ("get_swa_out_cache_loc",), role="backend"),
+         *_metadata_records(CUDA_BACKEND_FILE)),
+        first="0.5.13",
+        driver_settings=(("backend_class_name", CUDA_BACKEND),),
+        called_as=("get_swa_out_cache_loc",),
+    ),
+    Target(
+        "hip-swa-out-cache-loc",
+        "HIP DeepSeek-V4 backend get_swa_out_cache_loc over per-forward translated locations",
+        TranslatedLocSubject,
+        (_POOL_TRANSLATION, ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, ("get_swa_out_cache_loc",), role="backend"),
+         *_metadata_records(HIP_BACKEND_FILE)),
+        first="0.5.13",
+        driver_settings=(("backend_class_name", HIP_BACKEND),),
+        called_as=("get_swa_out_cache_loc",),
+    ),
+    Target(
+        "hip-unified-swa-loc",
+        "HIP DeepSeek-V4 backend get_unified_swa_loc over per-forward ring rows",
+        RingSubject,
+        (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"), *_metadata_records(HIP_BACKEND_FILE)),
+        first="0.5.14",
+        driver_settings=(("backend_class_name", HIP_BACKEND),),
+        called_as=("get_unified_swa_loc",),
+    ),
+    Target(
+        "unified-metadata-merge",
+        "UnifiedKvMetadata.copy_ (the ring-row merge before graph replay) read by get_unified_swa_loc",
+        RingMergeSubject,
+        (
+            ClassCode(HIP_BACKEND_FILE, UNIFIED_METADATA_CLASS, ("copy_",), dataclass_fields=True),
+            FunctionCode(METADATA_FILE, "copy_metadata"),
+            ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"),
+            *_metadata_records(HIP_BACKEND_FILE),
+        ),
+        first="0.5.14",
+        driver_settings=(("backend_class_name", HIP_BACKEND),),
+        called_as=("get_unified_swa_loc",),
+    ),
+)
+
+_BY_NAME = {target.name: target for target in TARGETS}
+
+
+def target(name: str) -> Target:
+    """A target by its name, with or without the ``sglang:`` prefix."""
+    bare = name.removeprefix("sglang:")
+    if bare not in _BY_NAME:
+        raise BindError(
+            f"unknown SGLang target {name!r}; targets are "
+            + ", ".join(t.subject_name for t in TARGETS)
+        )
+    return _BY_NAME[bare]

@@ -1,0 +1,248 @@
+"""The pull-request gate: every SGLang target a tree has, on that tree and on its base.
+
+``swafuzz gate --sglang-source HEAD --sglang-base BASE`` runs the merge gate (``swafuzz
+gate``, each run supervised in its own process) for every target HEAD's code has, on HEAD
+and on BASE (a release, ``0.5.23``, or another tree) with the same seed and budget, and
+gives each target one verdict:
+
+- *diverges only in HEAD*: the pull request brings the divergence; this fails the gate;
+- *diverges in BASE too*: there before the pull request; reported, it does not fail;
+- *fixed in HEAD*: BASE diverges, HEAD does not;
+- *clean*: neither diverges within the budget;
+- *not in HEAD*: HEAD's code lacks the target's entry methods (nothing to gate);
+- *not checked*: swafuzz cannot run HEAD's code for the target (the message says what to
+  supply); the gate then exits 2, as it cannot vouch for the code.
+
+The table goes to stdout and ``pr-gate.md``, a JUnit file to ``pr-gate.xml``, both in the
+report directory; each run keeps its own reports below it.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..names import EXIT_DIVERGENCE, EXIT_OK, EXIT_USAGE
+from ..results.reports import write_atomically
+from ..supervisor import CHANNEL_ENV
+from ..subjects.sglang import BindError, SOURCE_ENV, TARGETS, Target, bind_target, locate
+from ..subjects.sglang.binding import ClassCode
+
+PR_GATE_BUDGET_S = 20.0  # per target and tree
+DIVERGES, CLEAN, ABSENT, GAP = "diverges", "clean", "absent", "not checked"
+FAILS = "diverges only in HEAD"
+VERDICTS = (FAILS, "diverges in BASE too", "fixed in HEAD", "clean", "not in HEAD", "not checked")
+# beyond its budget a run still shrinks, replays its finding and writes its reports
+RUN_GRACE_S = 300.0
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One side of the gate: a checkout (``path``) or a release (``version``)."""
+
+    label: str
+    path: str | None = None
+    version: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, label: str) -> "Tree":
+        if re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", text):
+            return cls(f"{label} (sglang {text})", version=text)
+        try:
+            locate.checkout(text)
+        except locate.SglangUnavailable as exc:
+            raise BindError(f"{label} {text!r}: {exc}; give a checkout or a release such as 0.5.23") from None
+        return cls(f"{label} ({text})", path=str(Path(text).expanduser().resolve()))
+
+    def source(self) -> locate.SourceTree:
+        return locate.wheel(self.version) if self.version else locate.checkout(self.path)
+
+    def subject(self, item: Target) -> str:
+        return f"{item.subject_name}@{self.version}" if self.version else item.subject_name
+
+    def options(self) -> list[str]:
+        return [] if self.version else ["--sglang-source", self.path]
+
+
+@dataclass(frozen=True)
+class Side:
+    outcome: str  # DIVERGES, CLEAN, ABSENT or GAP
+    detail: str = ""  # the divergence's sentence, or why it was not run
+    reproduce: str | None = None
+    reached: str | None = None  # where the tree calls the target (the run's subject_info.reached)
+
+
+def has_target(item: Target, tree: locate.SourceTree) -> bool:
+    """Whether ``tree``'s code defines the entry methods of ``item``, taking the parameters
+    the target relies on (read, not bound)."""
+    for code in item.code:
+        if not isinstance(code, ClassCode) or not code.required:
+            continue
+        text = tree.read(code.path)
+        if text is None:
+            return False
+        found = next((n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == code.name), None)
+        if found is None:
+            return False
+        defined = {n.name: n for n in found.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if not set(code.methods) <= set(defined):
+            return False
+        for method, parameter in code.parameters.items():
+            arguments = defined[method].args
+            if parameter not in {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}:
+                return False  # another function under the old name (0.5.13 moved the translation out)
+    return True
+
+
+def _bind_gap(item: Target, tree: Tree) -> str | None:
+    try:
+        bind_target(item, tree.source(), "source")
+    except BindError as exc:
+        return str(exc)
+    return None
+
+
+def run_side(item: Target, tree: Tree, budget_s: float, seed: int, report_dir: Path,
+             max_examples: int | None = None) -> Side:
+    """The merge gate for ``item`` on ``tree``, in a process of its own."""
+    source = tree.source()
+    if not has_target(item, source):
+        return Side(ABSENT, f"{source.label} has no {item.subject_name}")
+    gap = _bind_gap(item, tree)
+    if gap is not None:
+        return Side(GAP, gap)
+    command = [sys.executable, "-m", "swafuzz", "gate", "--subject", tree.subject(item), *tree.options(),
+               "--sglang-mode", "source", "--budget", f"{budget_s:g}", "--seed", str(seed),
+               "--report-dir", str(report_dir), "--json",
+               *(["--max-examples", str(max_examples)] if max_examples else [])]
+    # the tree is given on the command line; each run is supervised by its own supervisor
+    environment = {k: v for k, v in os.environ.items() if k not in (SOURCE_ENV, CHANNEL_ENV)}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + RUN_GRACE_S,
+                              env=environment)
+    except subprocess.TimeoutExpired:
+        return Side(GAP, f"the gate's run did not end within {budget_s + RUN_GRACE_S:g} s")
+    if done.returncode in (EXIT_OK, EXIT_DIVERGENCE):
+        try:
+            report = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            return Side(GAP, f"the gate's run printed no report: {done.stderr.strip()[-400:]}")
+        reached = report.get("subject_info", {}).get("reached", {}).get("sentence")
+        if done.returncode == EXIT_OK:
+            return Side(CLEAN, f"{report['examples']} scenarios", reached=reached)
+        return Side(DIVERGES, report["diagnosis"]["sentence"], report.get("replay_command"), reached)
+    message = " ".join(done.stderr.split()) or f"exit {done.returncode}"
+    return Side(GAP, message[-600:])
+
+
+def verdict(head: Side, base: Side) -> str:
+    if head.outcome == ABSENT:
+        return "not in HEAD"
+    if head.outcome == GAP:
+        return "not checked"
+    if head.outcome == DIVERGES:
+        return "diverges in BASE too" if base.outcome == DIVERGES else FAILS
+    return "fixed in HEAD" if base.outcome == DIVERGES else "clean"
+
+
+@dataclass(frozen=True)
+class Row:
+    target: Target
+    head: Side
+    base: Side
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.head, self.base)
+
+
+def run_pr_gate(head: Tree, base: Tree, report_dir: Path, budget_s: float = PR_GATE_BUDGET_S,
+                seed: int = 0, max_examples: int | None = None) -> list[Row]:
+    """Every target on both trees, two runs at a time."""
+    jobs = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for item in TARGETS:
+            for side, tree in (("head", head), ("base", base)):
+                jobs[item.name, side] = pool.submit(run_side, item, tree, budget_s, seed,
+                                                    report_dir / side / item.name, max_examples)
+    return [Row(item, jobs[item.name, "head"].result(), jobs[item.name, "base"].result()) for item in TARGETS]
+
+
+def _cell(side: Side) -> str:
+    text = {DIVERGES: "diverges", CLEAN: "clean", ABSENT: "-", GAP: "not checked"}[side.outcome]
+    if side.outcome == DIVERGES and side.reproduce:
+        text += f" (`{side.reproduce}`)"
+    return text
+
+
+def markdown(rows: list[Row], head: Tree, base: Tree) -> str:
+    lines = [f"# swafuzz pull-request gate: {head.label} against {base.label}", "",
+             "| target | verdict | HEAD | BASE |", "|---|---|---|---|"]
+    lines += [f"| `{row.target.subject_name}` | {'**' + row.verdict + '**' if row.verdict == FAILS else row.verdict} "
+              f"| {_cell(row.head)} | {_cell(row.base)} |" for row in rows]
+    notes = [(row, side, name) for row in rows for side, name in ((row.head, "HEAD"), (row.base, "BASE"))
+             if side.outcome in (DIVERGES, GAP)]
+    if notes:
+        lines += ["", "## What each run found", ""]
+        lines += [f"- `{row.target.subject_name}` in {name}: {' '.join(side.detail.split())}" for row, side, name in notes]
+    reached = [(row, side, name) for row in rows for side, name in ((row.head, "HEAD"), (row.base, "BASE"))
+               if side.reached]
+    if reached:
+        lines += ["", "## Where each tree calls the targets", ""]
+        lines += [f"- `{row.target.subject_name}` in {name}: {side.reached}" for row, side, name in reached]
+    return "\n".join(lines) + "\n"
+
+
+def junit(rows: list[Row]) -> str:
+    suite = ElementTree.Element("testsuite", name="swafuzz pull-request gate", tests=str(len(rows)),
+                                failures=str(sum(r.verdict == FAILS for r in rows)),
+                                errors=str(sum(r.verdict == "not checked" for r in rows)),
+                                skipped=str(sum(r.verdict == "not in HEAD" for r in rows)))
+    for row in rows:
+        case = ElementTree.SubElement(suite, "testcase", classname="swafuzz.tools.pr_gate", name=row.target.subject_name)
+        if row.verdict == FAILS:
+            ElementTree.SubElement(case, "failure", message=row.head.detail).text = row.head.reproduce or ""
+        elif row.verdict == "not checked":
+            ElementTree.SubElement(case, "error", message=row.head.detail)
+        elif row.verdict == "not in HEAD":
+            ElementTree.SubElement(case, "skipped", message=row.head.detail)
+        else:
+            ElementTree.SubElement(case, "system-out").text = row.verdict
+    return ElementTree.tostring(suite, encoding="unicode") + "\n"
+
+
+def exit_code(rows: list[Row]) -> int:
+    verdicts = {row.verdict for row in rows}
+    if FAILS in verdicts:
+        return EXIT_DIVERGENCE
+    if "not checked" in verdicts or verdicts <= {"not in HEAD"}:
+        return EXIT_USAGE  # the gate cannot vouch for code it did not run
+    return EXIT_OK
+
+
+def main(head_text: str, base_text: str, report_dir: Path, budget_s: float | None, seed: int | None,
+         max_examples: int | None = None) -> int:
+    head, base = Tree.parse(head_text, "HEAD"), Tree.parse(base_text, "BASE")
+    rows = run_pr_gate(head, base, report_dir, budget_s or PR_GATE_BUDGET_S, 0 if seed is None else seed,
+                       max_examples)
+    table = markdown(rows, head, base)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(report_dir / "pr-gate.md", table)
+    write_atomically(report_dir / "pr-gate.xml", junit(rows))
+    print(table, end="")
+    print(f"\nreports: {report_dir / 'pr-gate.md'}, {report_dir / 'pr-gate.xml'}")
+    code = exit_code(rows)
+    if code == EXIT_USAGE:
+        checked_nothing = all(row.verdict == "not in HEAD" for row in rows)
+        print("swafuzz gate: " + ("HEAD has none of the SGLang targets: nothing was gated" if checked_nothing
+                                  else "HEAD has targets swafuzz could not run (see above): the gate cannot pass"),
+              file=sys.stderr)
+    return code
