@@ -24,21 +24,15 @@ from typing import Callable
 # Nothing heavy here: --help, a usage error and 'subjects' answer without torch or Hypothesis;
 # a command's own module (swafuzz.commands) is imported once the command line is understood.
 from . import __version__
-from .entry import entry  # noqa: F401 - the console script of installs made before swafuzz.entry
-from .names import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, SETTINGS_NAMES
+from .names import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, GATE_BUDGET_S, MUTANT_BUDGET_S, SETTINGS_NAMES
 from .search.shard import Shard
 from .strategies.features import ALL_FEATURES
 from .strategies.profiles import PROFILES
+from .errors import UsageError, exit_code_of
 
-GATE_BUDGET_S = 120.0
-MUTANT_BUDGET_S = 20.0
 # the operators of swafuzz.tools.mutate, named here so that --help answers without torch
 MUTATION_OPERATORS = ("negate-guard", "drop-guard", "layer-bound", "drop-key-element", "drop-reset",
                       "ring-window", "off-by-one", "copy-prefix", "assign-instead-of-copy", "swap-arguments")
-
-
-class UsageError(Exception):
-    """Bad input from the person or script running swafuzz (exit code 2)."""
 
 
 # ---- parsing -------------------------------------------------------------------------------
@@ -312,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         commands.apply_sglang_options(args)
         return getattr(commands, args.handler)(args)
     except Exception as exc:  # noqa: BLE001 - a harness bug: say so, never pass it off as a divergence
-        if _is_usage_error(exc):
+        if exit_code_of(exc) == EXIT_USAGE:
             # a message that lists several pieces (a binding's gaps) keeps one line each
             first, *more = str(exc).splitlines() or [""]
             print(f"swafuzz {args.command}: error: {first}", file=sys.stderr)
@@ -322,16 +316,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swafuzz {args.command}: internal error (a bug in swafuzz):\n{traceback.format_exc()}",
               file=sys.stderr)
         return EXIT_INTERNAL
-
-
-# bad input from the user, besides UsageError: (module, class); a module not loaded raised none
-_USAGE_ERRORS = (("run.executor", "SubjectError"), ("run.boundary", "InputError"))
-
-
-def _is_usage_error(exc: Exception) -> bool:
-    kinds = [UsageError] + [getattr(sys.modules[f"{__package__}.{module}"], name)
-                            for module, name in _USAGE_ERRORS if f"{__package__}.{module}" in sys.modules]
-    return isinstance(exc, tuple(kinds))
 
 
 # what ``swafuzz subjects`` prints of each of its --json rows (swafuzz.subjects.registry.listing): the

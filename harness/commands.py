@@ -19,7 +19,8 @@ from .strategies.features import ALL_FEATURES
 
 from .run.boundary import describe_path, printable, writable_directory, writable_file
 from .search.campaign import Campaign, Finished, earlier_replay_files, earlier_reports, stdout_to_stderr
-from .cli import GATE_BUDGET_S, UsageError
+from .errors import UsageError
+from .names import GATE_BUDGET_S
 from .results import merge
 from .results.merge import ReportError
 from .names import EXIT_DIVERGENCE, EXIT_OK

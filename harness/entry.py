@@ -29,45 +29,17 @@ import signal
 import sys
 from typing import Any, TextIO
 
+from .process import channel
+from .process.signals import Signals, note_signal
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class _Signals:
-    first: int | None = None  # the first SIGINT or SIGTERM this process received
-    before_run: int | None = None  # the first one, when it came before a run started
-    run_started = False  # a run's own watch took over: a signal no longer ends the program
-    received = 0  # SIGINT and SIGTERM signals noted so far
-
-
-def note_signal(signum: int) -> None:
-    """Remember a signal (called by every handler of this process)."""
-    _Signals.received += 1
-    if _Signals.first is None:
-        _Signals.first = signum
-
-
-def signals_received() -> int:
-    """How many SIGINT and SIGTERM signals this process has noted: a KeyboardInterrupt
-    raised while the count moved came from a signal, not from the code that was running."""
-    return _Signals.received
-
-
-def signal_before_run() -> int | None:
-    """A signal that came before the run started, should the interrupt it raised have been
-    swallowed on its way (the run then stops at once)."""
-    return _Signals.before_run
-
-
-def run_starting() -> None:
-    """A run's watch takes over from here: its reports decide the exit code."""
-    _Signals.run_started = True
-
-
 def _on_signal(signum: int, frame: Any) -> None:
-    first = _Signals.first is None
+    first = Signals.first is None
     note_signal(signum)
-    if first and not _Signals.run_started:
-        _Signals.before_run = signum
+    if first and not Signals.run_started:
+        Signals.before_run = signum
         raise KeyboardInterrupt
 
 
@@ -110,9 +82,9 @@ def entry() -> None:
 
         # a command that runs a subject runs in a child this process supervises; in the
         # child, the pipe to the supervisor is taken before anything else
-        supervising = supervisor.wanted(sys.argv[1:]) and supervisor.CHANNEL_ENV not in os.environ
+        supervising = supervisor.wanted(sys.argv[1:]) and channel.CHANNEL_ENV not in os.environ
         if not supervising:
-            supervisor.claim_channel()
+            channel.claim_channel()
             from .search import workers
 
             workers.start_early(sys.argv[1:])  # its imports overlap this process's own
@@ -123,7 +95,7 @@ def entry() -> None:
 
             code = main()
     except KeyboardInterrupt:
-        signum = _Signals.first or signal.SIGINT
+        signum = Signals.first or signal.SIGINT
         print(f"swafuzz: interrupted by {signal.Signals(signum).name} with no result; nothing was written",
               file=sys.stderr)
         code = 128 + signum
@@ -131,9 +103,8 @@ def entry() -> None:
         signal.signal(signum, signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
-    if supervisor is not None:
-        supervisor.announce_exit(code)
-    if _Signals.first is not None:
+    channel.announce_exit(code)
+    if Signals.first is not None:
         # an interrupt that passed through library code can leave CPython flagged to end
         # the process by SIGINT at exit, which would replace the exit code
         os._exit(code)

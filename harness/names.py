@@ -17,5 +17,12 @@ SETTINGS_NAMES = ("dev", "ci", "nightly", "repro", "nightly-long")
 # scenario shape is not a Hypothesis setting: these profiles draw long-horizon scenarios
 LONG_HORIZON_SETTINGS = frozenset({"nightly-long"})
 
+# =0: the commands that run a subject run it in this process, unsupervised (for a debugger)
+SUPERVISOR_SWITCH_ENV = "SWAFUZZ_SUPERVISOR"
+
+# the default search budgets, in seconds: of a pull-request gate, and of one mutant's search
+GATE_BUDGET_S = 120.0
+MUTANT_BUDGET_S = 20.0
+
 # where the sglang:<target> subjects bind from: a checkout, else the installed package
 SGLANG_SOURCE_ENV = "SWAFUZZ_SGLANG_SOURCE"

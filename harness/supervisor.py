@@ -35,148 +35,25 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .names import EXIT_DIVERGENCE, EXIT_INTERNAL
+from .names import EXIT_DIVERGENCE, SUPERVISOR_SWITCH_ENV
+from .process.channel import CHANNEL_ENV, HEARTBEAT_S
 
 if TYPE_CHECKING:
     from .run.diagnosis import Divergence
 
-CHANNEL_ENV = "SWAFUZZ_SUPERVISOR_FD"
-SWITCH_ENV = "SWAFUZZ_SUPERVISOR"
 SUPERVISED_COMMANDS = ("fuzz", "gate", "exhaustive", "replay")
 
-HEARTBEAT_S = 0.5
 # a call is ended by its own timeout (10 s by default) in the child; past this, the alarm
 # did not end it
 HANG_S = float(os.environ.get("SWAFUZZ_SUPERVISOR_HANG_S", 40.0))
 BUDGET_GRACE_S = 60.0  # the child stops at its budget, then shrinks what it found and writes
 STOP_GRACE_S = float(os.environ.get("SWAFUZZ_SUPERVISOR_STOP_GRACE_S", 20.0))
 EXIT_GRACE_S = 5.0
-
-EXITED, KILLED, HUNG = "exited", "killed", "hung"
-
-
-# ---- the child's side --------------------------------------------------------------------
-
-
-def _pickled(scenario: Any) -> bytes:
-    """The scenario in flight as both announcers keep it. A pickle writes a run's repeated
-    event once, where JSON writes out every forward of the run: over drawn scenarios a
-    fortieth of the cost and of the bytes."""
-    return pickle.dumps(scenario, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-class _Channel:
-    """The child's end of the pipe: messages of one line each, from any thread.
-
-    A message can be cut short: an interrupt raised in the main thread while it writes (a
-    long scenario takes several writes) leaves part of a line in the pipe. Each message
-    therefore starts a line of its own, so that what follows a torn one (the exit code,
-    above all) is still read whole; the torn line is no JSON and is passed over."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.lock = threading.Lock()
-
-    def announce_scenario(self, scenario: Any) -> None:
-        # the parent decodes only the one a lost run was in
-        self.send("scenario", base64.b64encode(_pickled(scenario)).decode("ascii"))
-
-    def send(self, kind: str, payload: Any = None) -> bool:
-        """False once the parent is gone."""
-        data = ("\n" + json.dumps([kind, payload]) + "\n").encode()
-        with self.lock:
-            try:
-                while data:
-                    data = data[os.write(self.fd, data):]
-            except OSError:
-                return False
-        return True
-
-
-class _ScenarioFile:
-    """A worker process's announcements. The process that started it needs only the scenario
-    in flight, should the worker die in it, so that is kept in a file rather than sent:
-    sending each one over a queue cost a campaign worker a quarter of its examples (the
-    queue's feeder thread contends with every subject call for the interpreter lock), where
-    a pickle that replaces the file costs about 0.1 ms. The rename keeps the file whole
-    whenever the worker dies."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.partial = path.with_name(path.name + ".partial")
-
-    def announce_scenario(self, scenario: Any) -> None:
-        self.partial.write_bytes(_pickled(scenario))
-        os.replace(self.partial, self.path)
-
-    def send(self, kind: str, payload: Any = None) -> bool:
-        return True  # a worker's divergences and exit reach its starter with its answer
-
-
-_channel: _Channel | _ScenarioFile | None = None
-
-
-def keep_scenarios_in(path: Path) -> None:
-    """In a worker process (of a campaign or of ``mutate``): keep the scenario in flight in
-    ``path`` for :func:`last_scenario`."""
-    global _channel
-    _channel = _ScenarioFile(path)
-
-
-def last_scenario(path: Path) -> Any:
-    """The scenario a worker kept in ``path`` last, or None where it kept none."""
-    try:
-        return pickle.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-
-
-def claim_channel() -> None:
-    """In a supervised child: take the pipe the parent gave, and keep it from this process's
-    own children (worker processes), then start the heartbeat."""
-    global _channel
-    fd = os.environ.pop(CHANNEL_ENV, None)
-    if fd is None:
-        return
-    _channel = _Channel(int(fd))
-    threading.Thread(target=_heartbeat, name="swafuzz-heartbeat", daemon=True).start()
-
-
-def announce_scenario(scenario: Any) -> None:
-    """The scenario about to run (a child that dies in it is reported with it)."""
-    if _channel is not None:
-        _channel.announce_scenario(scenario)
-
-
-def announce_divergence(replay_file: Path) -> None:
-    if _channel is not None:
-        _channel.send("divergence", str(replay_file))
-
-
-def announce_exit(code: int) -> None:
-    if _channel is not None:
-        _channel.send("exit", code)
-
-
-def _heartbeat() -> None:
-    while _channel.send("alive", _call_in_flight()):
-        time.sleep(HEARTBEAT_S)
-    os._exit(EXIT_INTERNAL)  # the parent has gone, however it ended: nobody would get the result
-
-
-def _call_in_flight() -> int | None:
-    # Never imported from here: the guard's imports reach torch, and an import the main
-    # thread is in the middle of would hold this thread, silent, until it is done. Before
-    # the guard is loaded no subject call can be in flight.
-    guard = sys.modules.get(f"{__package__}.run.guard")
-    call_in_flight = getattr(guard, "call_in_flight", None)
-    return call_in_flight() if call_in_flight is not None else None
 
 
 # ---- the parent's side -------------------------------------------------------------------
@@ -187,7 +64,7 @@ def wanted(argv: list[str]) -> bool:
     # the pull-request gate (gate --sglang-base) only starts gates, each supervised on its own
     pr_gate = any(word == "--sglang-base" or word.startswith("--sglang-base=") for word in argv)
     # a command line that does not parse runs in this process, which says what is wrong once
-    return (command in SUPERVISED_COMMANDS and os.environ.get(SWITCH_ENV, "1") != "0"
+    return (command in SUPERVISED_COMMANDS and os.environ.get(SUPERVISOR_SWITCH_ENV, "1") != "0"
             and not {"-h", "--help"} & set(argv) and not pr_gate and _arguments(argv) is not None)
 
 
@@ -322,7 +199,7 @@ def _signal(child: subprocess.Popen, signum: int) -> None:
 
 
 def _budget_of(args: Any) -> float | None:
-    from .cli import GATE_BUDGET_S
+    from .names import GATE_BUDGET_S
 
     budget = getattr(args, "budget", None)
     return GATE_BUDGET_S if args.command == "gate" and budget is None else budget
@@ -333,6 +210,8 @@ def _budget_of(args: Any) -> float | None:
 
 def _lost_run(args: Any, returncode: int, reason: str | None, heard: _Heard) -> int:
     """The child ended without its exit code: report what it was running as a divergence."""
+    from .run.diagnosis import EXITED, HUNG, KILLED
+
     if reason is not None:
         kind, how = HUNG, f"was ended: {reason}"
     elif returncode < 0:
@@ -353,21 +232,12 @@ def _lost_run(args: Any, returncode: int, reason: str | None, heard: _Heard) -> 
 
 def _report_lost_run(args: Any, kind: str, how: str, heard: _Heard) -> int:
     scenario = pickle.loads(base64.b64decode(heard.scenario)) if heard.scenario is not None else None
+    from .run.diagnosis import lost_run_divergence
+
     divergence = lost_run_divergence(kind, f"The subject's process {how}", scenario is not None)
     if args.command == "replay":
         return _replayed(args, divergence)
     return _write_lost_run(args, divergence, scenario, heard)
-
-
-def lost_run_divergence(kind: str, what_happened: str, ran_a_scenario: bool) -> Divergence:
-    """The divergence of a process that ended (or was ended) while the subject ran in it."""
-    from .run.diagnosis import Divergence
-
-    where = "while running this scenario" if ran_a_scenario else "before it ran any scenario"
-    harm = "stalls" if kind == HUNG else "takes down"
-    sentence = f"{what_happened} {where}: in a serving engine this {harm} the worker and every request in flight."
-    return Divergence(kind=kind, sentence=sentence, forward=None, event=None, mode=None, model=None,
-                      draft_step=None, micro_batch=None, layer_id=None, call=0)
 
 
 def _replayed(args: Any, divergence: Divergence) -> int:

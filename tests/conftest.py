@@ -27,6 +27,11 @@ SUITE_RELEASES = tuple(
     if line.strip() and not line.startswith("#")
 )
 
+# A process started in the background by a shell without job control (`pytest &` in a script,
+# nohup) inherits SIGINT ignored, and Python then leaves it so: the interrupt tests would find
+# no interrupt to test. Each test process takes SIGINT as an interactive Python does.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # pytest -n runs a process per core: torch's default of a thread per core in each would make
 # the small tensor operations of the subjects wait on threads that are not running, as
 # swafuzz's own campaigns avoid by running torch on one thread (campaign_torch_threads)

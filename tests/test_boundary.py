@@ -233,7 +233,7 @@ def test_a_release_a_replay_file_names_is_fetched_as_a_wheel_never_built(monkeyp
 
     monkeypatch.setattr(locate.subprocess, "run", refuse)
     with pytest.raises(locate.SglangUnavailable):
-        locate.fetch_wheel("0.0.1", tmp_path)
+        locate.fetch_wheel("0.0.1", tmp_path, download=True)
     assert "--only-binary=:all:" in commands[0]
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_until
 
 import swafuzz.run.guard as guard_module
-from swafuzz.entry import note_signal
+from swafuzz.process.signals import note_signal
 from swafuzz.run.guard import MAX_DETAIL_CHARS, MAX_MESSAGE_CHARS, CallGuard, SubjectFailure, SubjectTimeout
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick

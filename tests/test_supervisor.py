@@ -171,13 +171,14 @@ def test_an_interrupt_reaches_a_well_behaved_run_through_the_supervisor(tmp_path
 
 def test_the_exit_code_is_heard_after_a_message_an_interrupt_cut_short():
     from swafuzz import supervisor
+    from swafuzz.process.channel import _Channel
 
     read, write = os.pipe()
-    channel = supervisor._Channel(write)
-    channel.announce_scenario(EXAMPLES["first-swa-layer-not-start"])
+    child_end = _Channel(write)
+    child_end.announce_scenario(EXAMPLES["first-swa-layer-not-start"])
     whole = os.read(read, 1 << 16)
     os.write(write, whole[:len(whole) // 2])  # the writes of a message an interrupt ended part way
-    channel.send("exit", 130)
+    child_end.send("exit", 130)
     os.close(write)
     heard = supervisor._Heard()
     supervisor._hear_lines(supervisor._read_all(read), heard)
@@ -191,8 +192,8 @@ def test_the_heartbeat_answers_without_waiting_for_the_harness_imports():
     probe = ("import os, sys\n"
              "read, write = os.pipe()\n"
              "os.environ['SWAFUZZ_SUPERVISOR_FD'] = str(write)\n"
-             "from swafuzz import supervisor\n"
-             "supervisor.claim_channel()\n"
+             "from swafuzz.process import channel\n"
+             "channel.claim_channel()\n"
              "first = next(line for line in os.read(read, 1 << 16).split(b'\\n') if line)\n"
              "print(first.decode(), 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120).stdout

@@ -17,9 +17,9 @@ from .reports import (
     NO_DIVERGENCE,
     REPORT_FILES,
     Report,
-    _CSS,
-    _esc,
-    _run_line,
+    REPORT_CSS,
+    escaped,
+    run_line,
     cells_from_divergence,
     junit_document,
     render_grid,
@@ -28,13 +28,10 @@ from .reports import (
 )
 from ..run.boundary import InputError, describe_path, parse_json, read_regular_file
 from .replay import ReplayError, divergence_from
+from ..errors import ReportError
 
 MERGED_FORMAT = "swafuzz-merged-report"
 _REPORT_JSON = REPORT_FILES["json"]
-
-
-class ReportError(ValueError):
-    """A report that cannot be merged: missing, not JSON, or not a swafuzz report."""
 
 
 @dataclass
@@ -184,7 +181,7 @@ def merged_dict(runs: list[Run]) -> dict[str, Any]:
 def _table_rows(runs: list[Run]) -> list[tuple[str, ...]]:
     return [
         (run.label, run.report.subject, run.report.profile, run.report.settings or "-",
-         "-" if run.report.seed is None else str(run.report.seed), _run_line(run.report),
+         "-" if run.report.seed is None else str(run.report.seed), run_line(run.report),
          run.report.verdict + ("" if run.report.complete else " (incomplete)"))
         for run in runs
     ]
@@ -209,23 +206,23 @@ def render_merged_markdown(runs: list[Run]) -> str:
 def render_merged_html(runs: list[Run], directory: Path) -> str:
     diverged = _diverged(runs)
     tone = "bad" if diverged else ""
-    header = "".join(f"<th>{_esc(column)}</th>" for column in _COLUMNS)
-    rows = "".join("<tr>" + "".join(f"<td>{_esc(cell)}</td>" for cell in row) + "</tr>" for row in _table_rows(runs))
-    body = [f"<h1>{_esc(_headline(runs))}</h1>",
+    header = "".join(f"<th>{escaped(column)}</th>" for column in _COLUMNS)
+    rows = "".join("<tr>" + "".join(f"<td>{escaped(cell)}</td>" for cell in row) + "</tr>" for row in _table_rows(runs))
+    body = [f"<h1>{escaped(_headline(runs))}</h1>",
             f'<p class="verdict {tone}">features covered by all runs together: '
             f"{len(_features(runs))} of {len(ALL_FEATURES)}</p>",
             f'<table class="facts"><tr>{header}</tr>{rows}</table>']
     for run in diverged:
         report = run.report
         page = Path(os.path.relpath(run.source.parent / REPORT_FILES["html"], directory))
-        body += [f"<h2>{_esc(run.label)}: {_esc(report.subject)}</h2>",
-                 f'<p class="verdict bad">{_esc(report.divergence.sentence)}</p>',
-                 f"<p>reproduce: <code>{_esc(report.replay_command)}</code>; its own page: "
-                 f'<a href="{_esc(page.as_posix())}">{_esc(page.as_posix())}</a></p>']
+        body += [f"<h2>{escaped(run.label)}: {escaped(report.subject)}</h2>",
+                 f'<p class="verdict bad">{escaped(report.divergence.sentence)}</p>',
+                 f"<p>reproduce: <code>{escaped(report.replay_command)}</code>; its own page: "
+                 f'<a href="{escaped(page.as_posix())}">{escaped(page.as_posix())}</a></p>']
         if report.scenario is not None:
             body.append(render_grid(report.scenario, *cells_from_divergence(report.scenario, report.divergence)))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_esc(_headline(runs))}</title><style>{_CSS}</style></head><body>\n"
+        f"<title>{escaped(_headline(runs))}</title><style>{REPORT_CSS}</style></head><body>\n"
         + "\n".join(body) + "\n</body></html>\n"
     )

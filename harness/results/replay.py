@@ -33,16 +33,12 @@ from ..run.diagnosis import Divergence
 from ..run.executor import DEFAULT_TIMEOUT_S, RunResult, SubjectError, run_scenario
 from ..subjects.registry import SubjectInfo, resolve_subject
 from .reports import write_atomically
+from ..errors import ReplayError
 
 FORMAT = "swafuzz-replay"
 SCHEMA_VERSION = 1
 MAX_NAME_LENGTH = 200  # subject, profile, settings, device, harness version, switch names
 MAX_ENGINE_SWITCHES = 16
-
-
-class ReplayError(InputError):
-    """A replay file that cannot be read: missing, not JSON, another format or version,
-    beyond a limit, or naming code to import."""
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ def write_reports(report: Report, directory: str | os.PathLike) -> dict[str, Pat
 # ---- Markdown ------------------------------------------------------------------------------
 
 
-def _run_line(report: Report) -> str:
+def run_line(report: Report) -> str:
     rate = report.examples / report.elapsed_s if report.elapsed_s > 0 else 0.0
     return f"{report.examples} examples in {report.elapsed_s:.1f} s ({rate:.1f}/s)"
 
@@ -226,7 +226,7 @@ def render_markdown(report: Report) -> str:
     rows = [
         ("subject", f"`{report.subject}` ({info.get('kind', '?')}, truth {info.get('truth', '?')})"),
         ("profile", f"{report.profile}{settings}{seed}"),
-        ("run", _run_line(report) + (f", {report.workers} workers" if report.workers > 1 else "")),
+        ("run", run_line(report) + (f", {report.workers} workers" if report.workers > 1 else "")),
         ("features covered", f"{len(report.features_covered)} of {len(ALL_FEATURES)}"),
         ("device", report.device),
     ]
@@ -304,7 +304,7 @@ def _junit_suite(suites: ET.Element, report: Report) -> dict[str, int]:
     elif not report.complete:
         ET.SubElement(case, "skipped", {"message": _incomplete_note(report)})
     system_out = ET.SubElement(case, "system-out")
-    system_out.text = _run_line(report) + (f"\nreproduce: {report.replay_command}" if report.replay_command else "")
+    system_out.text = run_line(report) + (f"\nreproduce: {report.replay_command}" if report.replay_command else "")
     return totals
 
 
@@ -473,7 +473,7 @@ def cells_from_rerun(report: Report) -> tuple[list[ForwardRow], list[Cell]] | No
 
 # ---- HTML ----------------------------------------------------------------------------------
 
-_CSS = """
+REPORT_CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em; color: #1b1b1b; max-width: 72em; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
 .verdict { padding: .6em .9em; border-radius: 6px; background: #eef6f0; }
@@ -494,7 +494,7 @@ pre { background: #f5f5f5; padding: .8em; overflow-x: auto; }
 """
 
 
-def _esc(value: Any) -> str:
+def escaped(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
@@ -518,7 +518,7 @@ def _cell_html(cell: Cell | None) -> str:
     title = label + (f": {cell.note}" if cell.note else "") + (" (source of the stale rows)" if cell.is_source else "")
     text_colour = "#555" if cell.outcome == NOT_RUN else "#fff"
     return (f'<td class="{" ".join(classes)}" style="background:{colour};color:{text_colour}" '
-            f'title="{_esc(title)}">{_esc(cell.mark)}</td>')
+            f'title="{escaped(title)}">{escaped(cell.mark)}</td>')
 
 
 def render_grid(scenario: Scenario, rows: list[ForwardRow], cells: list[Cell]) -> str:
@@ -540,10 +540,10 @@ def render_grid(scenario: Scenario, rows: list[ForwardRow], cells: list[Cell]) -
                 for layer in layers:
                     key = (row.forward, step, mb, layer)
                     tds.append(_cell_html(by_store.get(key)))
-                out.append(f'<tr{start}><th class="row">{_esc(_row_label(row, step, mb))}</th>{"".join(tds)}</tr>')
+                out.append(f'<tr{start}><th class="row">{escaped(_row_label(row, step, mb))}</th>{"".join(tds)}</tr>')
     out.append("</table>")
     legend = "".join(
-        f'<span class="swatch" style="background:{colour}"></span>{_esc(label)}'
+        f'<span class="swatch" style="background:{colour}"></span>{escaped(label)}'
         for label, colour in OUTCOME_STYLE.values()
     )
     out.append(f'<p class="legend">{legend}<span class="swatch" style="border:2px dashed #111"></span>'
@@ -556,19 +556,19 @@ def _facts_html(report: Report) -> str:
         ("subject", f"{report.subject} ({report.subject_info.get('kind', '?')}, truth "
                     f"{report.subject_info.get('truth', '?')})"),
         ("profile", report.profile + (f", settings {report.settings}" if report.settings else "")),
-        ("seed", report.seed), ("device", report.device), ("run", _run_line(report)),
+        ("seed", report.seed), ("device", report.device), ("run", run_line(report)),
         ("workers", report.workers), ("reproduce", report.replay_command),
         ("weakest profile", report.weakest_profile),
         ("reached", report.subject_info.get("reached", {}).get("sentence")),
         ("finished", report.finished_at), ("harness", __version__),
     ]
-    rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in facts if v is not None)
+    rows = "".join(f"<tr><td>{escaped(k)}</td><td>{escaped(v)}</td></tr>" for k, v in facts if v is not None)
     return f'<table class="facts">{rows}</table>'
 
 
 def _coverage_html(report: Report) -> str:
     rows = "".join(
-        f"<tr><td>{_esc(name)}</td><td>{report.coverage.get(name, 0)}</td></tr>" for name in ALL_FEATURES
+        f"<tr><td>{escaped(name)}</td><td>{report.coverage.get(name, 0)}</td></tr>" for name in ALL_FEATURES
     )
     return f'<table class="facts"><tr><th>feature</th><th>examples</th></tr>{rows}</table>'
 
@@ -577,28 +577,28 @@ def render_html(report: Report, cells: tuple[list[ForwardRow], list[Cell]] | Non
     """A self-contained page (inline style, no scripts or external resources)."""
     divergence = report.divergence
     tone = "bad" if divergence is not None else ("partial" if not report.complete else "")
-    body = [f"<h1>swafuzz {_esc(report.command)}: {_esc(report.subject)}</h1>",
-            f'<p class="verdict {tone}"><strong>{_esc(report.verdict)}</strong>'
-            + (f" — {_esc(divergence.sentence)}" if divergence is not None else "") + "</p>"]
+    body = [f"<h1>swafuzz {escaped(report.command)}: {escaped(report.subject)}</h1>",
+            f'<p class="verdict {tone}"><strong>{escaped(report.verdict)}</strong>'
+            + (f" — {escaped(divergence.sentence)}" if divergence is not None else "") + "</p>"]
     if not report.complete:
-        body.append(f'<p class="verdict partial">{_esc(_incomplete_note(report))}</p>')
+        body.append(f'<p class="verdict partial">{escaped(_incomplete_note(report))}</p>')
     if divergence is not None and not report.replays:
         note = _flaky_note(report).replace("**", "") if report.flaky else _NO_REPLAY_NOTE
-        body.append(f'<p class="verdict partial">{_esc(note)}</p>')
+        body.append(f'<p class="verdict partial">{escaped(note)}</p>')
     body.append(_facts_html(report))
     if divergence is not None and report.scenario is not None:
         rows, grid_cells = cells or cells_from_divergence(report.scenario, divergence)
         body += ["<h2>Stores of the shrunk scenario</h2>", render_grid(report.scenario, rows, grid_cells)]
     if divergence is not None:
         if divergence.expected is not None or divergence.actual is not None:
-            body.append(f"<h2>Rows</h2><pre>expected {_esc(divergence.expected)}\nactual   {_esc(divergence.actual)}</pre>")
+            body.append(f"<h2>Rows</h2><pre>expected {escaped(divergence.expected)}\nactual   {escaped(divergence.actual)}</pre>")
         if report.scenario is not None:
-            body.append(f"<h2>Scenario</h2><pre>{_esc(json.dumps(report.scenario.to_dict(), indent=2))}</pre>")
+            body.append(f"<h2>Scenario</h2><pre>{escaped(json.dumps(report.scenario.to_dict(), indent=2))}</pre>")
         if divergence.detail:
-            body.append(f"<h2>Detail</h2><pre>{_esc(divergence.detail)}</pre>")
+            body.append(f"<h2>Detail</h2><pre>{escaped(divergence.detail)}</pre>")
     body += ["<h2>Features covered</h2>", _coverage_html(report)]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>swafuzz: {_esc(report.verdict)} in {_esc(report.subject)}</title>"
-        f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        f"<title>swafuzz: {escaped(report.verdict)} in {escaped(report.subject)}</title>"
+        f"<style>{REPORT_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )

@@ -19,16 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from ..reference.scenario import abbreviate
+from ..errors import InputError
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # a real replay file is a few kilobytes
 MAX_JSON_DEPTH = 32  # a replay file nests six deep
 MAX_INT_DIGITS = 20  # every integer swafuzz reads fits in 64 bits
 
 show = abbreviate  # a value for a one-line message
-
-
-class InputError(ValueError):
-    """Input from outside that swafuzz refuses (exit code 2)."""
 
 
 def printable(text: str) -> str:

@@ -597,3 +597,16 @@ def wrong_rows_sentence(site: Site, source: Source, n_wrong: int, n_rows: int) -
         return f"At {site.describe()}, {rows} live rows are wrong: {source.phrase}."
     label = "Stale cache" if source.kind in STALE_SOURCES else "Wrong rows"
     return f"{label}: at {site.describe()}, {rows} live rows hold {source.phrase}: {source.consequence}."
+
+
+# the kinds of a run whose process was lost (see swafuzz.supervisor)
+EXITED, KILLED, HUNG = "exited", "killed", "hung"
+
+
+def lost_run_divergence(kind: str, what_happened: str, ran_a_scenario: bool) -> Divergence:
+    """The divergence of a process that ended (or was ended) while the subject ran in it."""
+    where = "while running this scenario" if ran_a_scenario else "before it ran any scenario"
+    harm = "stalls" if kind == HUNG else "takes down"
+    sentence = f"{what_happened} {where}: in a serving engine this {harm} the worker and every request in flight."
+    return Divergence(kind=kind, sentence=sentence, forward=None, event=None, mode=None, model=None,
+                      draft_step=None, micro_batch=None, layer_id=None, call=0)

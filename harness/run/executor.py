@@ -30,7 +30,8 @@ from .graphs import GraphCaptureError, make_graph
 from .devices import HostTimeline, timeline_for
 from .guard import (MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, TorchState, failure_of, load_subject,
                     quoted, type_name)
-from ..supervisor import announce_scenario
+from ..process.channel import announce_scenario
+from ..errors import ModelGap, NotCheckable, SubjectError, UnmodelledPath
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -44,20 +45,6 @@ STATIC_INPUTS = {
 }
 
 
-class SubjectError(TypeError):
-    """The subject cannot be run at all (not a subject class, wrong API version)."""
-
-
-class ModelGap(Exception):
-    """Raised by code that runs the subject on swafuzz's models (the SGLang stand-ins) where
-    the code took a path those models lack. It says nothing about the code under test."""
-
-
-class UnmodelledPath(SubjectError):
-    """A run reached a path swafuzz does not model: it ends as a usage error that names what
-    to supply, never as a divergence (a false alarm on a merge gate)."""
-
-
 def model_gap(exc: BaseException | None) -> ModelGap | None:
     """The :class:`ModelGap` behind ``exc``, also where the subject's code wrapped it."""
     seen: set[int] = set()
@@ -67,11 +54,6 @@ def model_gap(exc: BaseException | None) -> ModelGap | None:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-class NotCheckable(SubjectError):
-    """The subject's behaviour cannot be observed on this device: it is not checked, and
-    so it is never reported as passing."""
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-
-
-class GraphCaptureError(RuntimeError):
-    """The captured work cannot be replayed (host sync, data-dependent shape)."""
+from ..errors import GraphCaptureError
 
 
 _HOST_SYNC_OPS = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::equal"}

@@ -44,7 +44,7 @@ from typing import Any, Callable
 import torch
 
 from .boundary import printable
-from ..entry import note_signal, signals_received
+from ..process.signals import note_signal, signals_received
 
 MAX_MESSAGE_CHARS = 2000  # of a subject's text in a sentence
 MAX_NAME_CHARS = 200  # of a name the subject chose (a class's)

@@ -42,7 +42,7 @@ from ..run.boundary import InputError, describe_path, parse_json, printable, rea
 from .database import DatabaseError, is_redis_url, open_database
 from ..run.devices import enable_stream_sanitizer
 from ..run.executor import run_scenario
-from ..entry import note_signal, run_starting, signal_before_run
+from ..process.signals import note_signal, run_starting, signal_before_run
 from .fuzz import FuzzResult, Progress
 from ..names import EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_OK
 from .progress import ProgressLine
@@ -50,7 +50,8 @@ from ..subjects.registry import SubjectInfo, resolve_subject
 from ..results.replay import Replay, claim_replay_path, load_replay, replay_file_name, write_replay
 from ..results.reports import REPORT_FILES, Report, write_reports
 from .shard import WHOLE, SeedLane, Shard, seed_lane
-from ..supervisor import EXITED, announce_divergence, keep_scenarios_in, last_scenario, lost_run_divergence
+from ..process.channel import announce_divergence, keep_scenarios_in, last_scenario
+from ..run.diagnosis import EXITED, lost_run_divergence
 from .workers import context as worker_context, environment_for_workers, take_environment
 
 if TYPE_CHECKING:

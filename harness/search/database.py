@@ -17,14 +17,11 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+from ..errors import DatabaseError
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 # a dead server must not stall the run: fail fast and fall back to the local copy
 REDIS_TIMEOUT_S = 5.0
-
-
-class DatabaseError(ValueError):
-    """A database specification that cannot be used (bad URL, the redis package missing)."""
 
 
 def is_redis_url(spec: str | os.PathLike) -> bool:

@@ -32,6 +32,7 @@ from ..run.executor import DEFAULT_TIMEOUT_S, DeadlinePassed, RunResult, Unmodel
 from ..run.graphs import load_capture_machinery
 from ..names import LONG_HORIZON_SETTINGS, PROFILE_PREFIX, SETTINGS_NAMES
 from ..subjects.registry import SubjectInfo
+from ..errors import Diverged
 
 SETTINGS_ENV = "SWAFUZZ_SETTINGS"
 DATABASE_ENV = "SWAFUZZ_DATABASE"
@@ -196,16 +197,6 @@ def database_path(database_dir: str | os.PathLike | None) -> str:
     return str(database_dir or os.environ.get(DATABASE_ENV) or DEFAULT_DATABASE)
 
 
-class Diverged(AssertionError):
-    """The subject diverged from the reference on ``scenario``; the message is the diagnosis
-    sentence."""
-
-    def __init__(self, scenario: Scenario, divergence: Divergence):
-        super().__init__(divergence.sentence)
-        self.scenario = scenario
-        self.divergence = divergence
-
-
 def scenario_test(
     info: SubjectInfo,
     profile: str = "realistic",
@@ -342,7 +333,7 @@ def fuzz(
     if chosen.uses_database and not threads:
         database = open_database(database_path(database_dir), local_database_dir or DEFAULT_DATABASE)
     load_capture_machinery()
-    _freeze_the_heap_so_far()
+    freeze_the_heap_so_far()
     started = time.monotonic() if started_at is None else started_at
     result = FuzzResult(info.name, profile, chosen.name, examples=0, elapsed_s=0.0, seed=seed)
     coverage: Counter[str] = Counter()
@@ -445,7 +436,7 @@ def fuzz(
 
 
 @functools.cache  # once per process: what a later search adds stays collectable
-def _freeze_the_heap_so_far() -> None:
+def freeze_the_heap_so_far() -> None:
     """Collects once, then leaves what survives (torch, the imports) out of every later
     collection. Hypothesis runs a full collection at the first test of a process (to check
     a PRNG it registers): over torch's heap that took longer than most searches take to

@@ -57,13 +57,14 @@ from ..strategies.profiles import ADVERSARIAL, REALISTIC
 from ..api import ModelSpec, Subject
 from ..run.boundary import InputError, describe_path, parse_json, read_regular_file, show
 from ..search.campaign import CAMPAIGN_TORCH_THREADS
-from ..cli import MUTANT_BUDGET_S
+from ..names import MUTANT_BUDGET_S, SUPERVISOR_SWITCH_ENV
 from ..run.executor import UnmodelledPath, run_scenario
 from ..search.fuzz import fuzz
 from ..run.guard import describe_exception
 from ..subjects.registry import SubjectInfo, resolve_subject
 from ..results.reports import write_atomically
-from ..supervisor import EXITED, HUNG, KILLED, keep_scenarios_in, last_scenario
+from ..process.channel import keep_scenarios_in, last_scenario
+from ..run.diagnosis import EXITED, HUNG, KILLED
 from ..run.unread import Unread, attributes_read
 
 # a mutant's call that loops forever costs this much of its budget, not the harness's 10 s
@@ -1117,7 +1118,6 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
     or SGLang target. ``isolated`` (default: unless ``SWAFUZZ_SUPERVISOR=0``) runs them in a
     worker process. ``on_outcome(number, total, outcome)`` sees each mutant's outcome as it
     comes."""
-    from ..supervisor import SWITCH_ENV
 
     started = time.monotonic()
     if not profiles or any(profile not in PROFILE_ORDER for profile in profiles):
@@ -1133,7 +1133,7 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
         raise InputError(f"no mutants of {show(spec)}: its source cannot be read, or no operator "
                          f"({', '.join(operators or OPERATORS)}) applies to it")
     if isolated is None:
-        isolated = os.environ.get(SWITCH_ENV, "1") != "0"
+        isolated = os.environ.get(SUPERVISOR_SWITCH_ENV, "1") != "0"
     runner = (_Worker if isolated else _InProcess)(spec, device)
     try:
         scope = {"profiles": tuple(profiles), "exclude": frozenset(exclude)}

@@ -35,6 +35,7 @@ from ..api import ForwardBatch, ForwardMode, ModelSpec, Subject
 from ..search.fuzz import FuzzResult, fuzz
 from ..run.graphs import load_capture_machinery
 from ..subjects.registry import SubjectInfo, resolve_subject
+from .workloads import decode_scenario, subject_alone
 
 MAX_LAYERS = 43
 MAX_BATCH = 64
@@ -147,8 +148,6 @@ def bound_checks_per_s(subject: type[Subject], budget_s: float, seed: int = 0) -
     rows with one ``torch.equal``, inputs and rows prepared beforehand, over decode runs of
     the machine's sizes (1 to 43 layers, 1 to 64 requests, 20 forwards) until the budget is
     spent: the checks per second no checker of this subject can pass on these sizes."""
-    from .bench import decode_scenario, subject_alone  # bench imports this module
-
     sizes = random.Random(seed)
     checks, seconds = 0, 0.0
     while seconds < budget_s:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..names import EXIT_DIVERGENCE, EXIT_OK, EXIT_USAGE
 from ..results.reports import write_atomically
-from ..supervisor import CHANNEL_ENV
+from ..process.channel import CHANNEL_ENV
 from ..subjects.sglang import BindError, SOURCE_ENV, TARGETS, Target, bind_target, locate
 from ..subjects.sglang.binding import ClassCode
 

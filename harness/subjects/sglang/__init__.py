@@ -18,7 +18,7 @@ import os
 from typing import Any, Mapping
 
 from ...names import SGLANG_SOURCE_ENV as SOURCE_ENV
-from ..registry import SubjectInfo
+from ..info import SubjectInfo
 from . import locate
 from .binding import BindError, ImportModeUnavailable
 from .configure import configured

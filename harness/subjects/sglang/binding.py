@@ -40,20 +40,12 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ...run.executor import SubjectError
 from .locate import SourceTree
+from ...errors import BindError, ImportModeUnavailable
 
 MODES = ("source", "import")
 # the global through which a function's deferred SGLang imports reach the stand-ins
 LOCAL_IMPORTS = "__swafuzz_stand_ins__"
-
-
-class BindError(SubjectError):
-    """A target cannot be bound from this SGLang source."""
-
-
-class ImportModeUnavailable(BindError):
-    """The installed package cannot be imported (its GPU-only dependencies are missing)."""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from typing import Iterator
 from ...api import ForwardMode
 from .locate import SourceTree
 from .switches import SwitchSettings
+from ...errors import Unreadable
 
 PACKAGE = "sglang/srt/"
 MODEL_FILE = "sglang/srt/models/deepseek_v4.py"
@@ -59,10 +60,6 @@ MODE_MEMBERS: dict[ForwardMode, tuple[str, ...]] = {
 }
 MAX_UNKNOWNS = 32  # a condition with more is not one this reading can vouch for
 MAX_DEPTH = 4  # functions read through to find a switch, callers followed up
-
-
-class Unreadable(Exception):
-    """The tree cannot be read the way this module reads it; the message says where."""
 
 
 # ---- formulas ------------------------------------------------------------------------------

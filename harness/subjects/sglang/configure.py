@@ -17,7 +17,7 @@ the subject carries
 from __future__ import annotations
 
 import dataclasses
-from ..registry import SubjectInfo
+from ..info import SubjectInfo
 from . import callsites
 from .locate import SourceTree
 from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features

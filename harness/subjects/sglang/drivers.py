@@ -27,15 +27,8 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from ...api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
-from ...run.executor import ModelGap
 from .binding import Binding
-
-
-class StandInGap(ModelGap, AttributeError):
-    """Bound SGLang code read something that swafuzz's stand-ins do not model. An
-    AttributeError, so that SGLang's own ``getattr(obj, name, default)`` reads behave as on
-    an object without the attribute; a :class:`ModelGap`, so that a run that meets it ends
-    as a gap of swafuzz, never as a divergence of the code."""
+from ...errors import StandInGap
 
 
 class StandIn:

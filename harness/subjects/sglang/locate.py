@@ -19,6 +19,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from ...errors import SglangUnavailable
 
 CACHE_ENV = "SWAFUZZ_SGLANG_CACHE"
 # =1: a release that is not in the cache is unavailable rather than downloaded (the test
@@ -34,10 +35,6 @@ RELEASES = (
 )
 # the build writes _version.py; older trees keep the number in version.py
 VERSION_FILES = ("sglang/_version.py", "sglang/version.py")
-
-
-class SglangUnavailable(RuntimeError):
-    """No SGLang source can be found or downloaded."""
 
 
 def release_key(version: str) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..registry import SubjectInfo
+from ..info import SubjectInfo
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
 from .drivers import (
     CORE_METADATA_CLASS,
