@@ -56,11 +56,22 @@ def test_any_change_to_a_deciding_source_changes_the_digest(tmp_path):
     truth = tmp_path / "reference" / "truth.py"
     shutil.copy(provenance.REPO_ROOT / "reference" / "truth.py", truth)
     before = provenance.harness_digest(tmp_path)
-    truth.write_text(truth.read_text() + "\n# changed\n")
+    truth.write_text(truth.read_text() + "\nCHANGED = True\n")
     changed = provenance.harness_digest(tmp_path)
     assert changed != before
     (tmp_path / "harness" / "cli.py").write_text("# the command line decides no verdict\n")
     assert provenance.harness_digest(tmp_path) == changed
+
+
+def test_a_comment_or_a_docstring_leaves_the_digest_alone(tmp_path):
+    (tmp_path / "reference").mkdir()
+    module = tmp_path / "reference" / "truth.py"
+    module.write_text('"""The truth."""\n\n\ndef rows(x):\n    """Rows."""\n    return x + 1\n')
+    before = provenance.harness_digest(tmp_path)
+    module.write_text('"""The truth, said again."""\n\n\ndef rows(x):\n    # why, not what\n    return x + 1\n')
+    assert provenance.harness_digest(tmp_path) == before
+    module.write_text('"""The truth."""\n\n\ndef rows(x):\n    """Rows."""\n    return x + 2\n')
+    assert provenance.harness_digest(tmp_path) != before
 
 
 def test_the_sglang_digest_follows_the_files_read(tmp_path):
