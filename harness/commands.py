@@ -216,7 +216,7 @@ def replay(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         with stdout_to_stderr(args.json):
-            run = run_replay(recorded, subject=args.subject, device=device)
+            run = run_replay(recorded, subject=info, device=device)
     except ScenarioError as exc:
         raise ReplayError(f"{describe_path(args.file)}: the recorded scenario cannot run: {exc}") from None
     elapsed = time.monotonic() - started

@@ -160,7 +160,8 @@ def _worker_pool(workers: int) -> campaign.WorkerPool:
     base = campaign.FuzzJob(subject="uncached", profile="realistic", settings="ci", seed=3, run="seed3",
                             device="cpu", replay_dir="replays", database_dir="db", budget_s=60.0)
     jobs = [campaign._worker_job(base, i, None, seed_lane(WHOLE, i, workers)) for i in range(workers)]
-    return campaign.WorkerPool(jobs, ProgressLine(None, enabled=False), campaign.InterruptWatch())
+    return campaign.WorkerPool(resolve_subject("uncached"), jobs, ProgressLine(None, enabled=False),
+                               campaign.InterruptWatch())
 
 
 def test_every_worker_spends_the_budget_from_the_campaign_start_not_its_own():

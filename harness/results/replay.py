@@ -215,14 +215,18 @@ def claim_replay_path(directory: str | os.PathLike, name: str) -> Path:
             number += 1
 
 
-def run_replay(replay: Replay, *, subject: str | None = None, device: str | None = None,
+def run_replay(replay: Replay, *, subject: str | SubjectInfo | None = None, device: str | None = None,
                timeout_s: float = DEFAULT_TIMEOUT_S) -> RunResult:
-    """Run the recorded scenario once against ``subject`` (default: the recorded one).
+    """Run the recorded scenario once against ``subject`` (a name, or a subject a command has
+    resolved already; default: the recorded one).
 
     The recorded subject is resolved only as a built-in or an ``sglang:`` target: a file
     never makes swafuzz import code; ``subject`` (given by the person) may name user code.
     """
-    info = resolve_subject(subject) if subject else recorded_subject(replay)
+    if isinstance(subject, SubjectInfo):
+        info = subject
+    else:
+        info = resolve_subject(subject) if subject else recorded_subject(replay)
     return run_scenario(info.subject, replay.scenario, device=device or replay.device, timeout_s=timeout_s)
 
 

@@ -430,7 +430,8 @@ class WorkerPool:
     (:mod:`swafuzz.search.workers`), so a start-up is the subject's own, not an interpreter's.
     """
 
-    def __init__(self, jobs: list[FuzzJob], line: ProgressLine, watch: InterruptWatch):
+    def __init__(self, info: SubjectInfo, jobs: list[FuzzJob], line: ProgressLine, watch: InterruptWatch):
+        self.info = info  # resolved once, by the campaign; each worker resolves its own
         self.started = time.monotonic()
         self.jobs = [replace(job, started_at=self.started) for job in jobs]
         self.line = line
@@ -512,7 +513,7 @@ class WorkerPool:
         process too is reported by it, one that diverges otherwise is that divergence, and
         if none does the lost worker is the divergence, with the first worker's scenario."""
         job = self.jobs[0]
-        subject = resolve_subject(job.subject).subject
+        subject = self.info.subject
         ran = {index: scenario for index, path in enumerate(self.scenario_files)
                if (scenario := last_scenario(path)) is not None}
         found = None
@@ -696,7 +697,7 @@ class Campaign:
                         per_worker = -(-base.max_examples // workers) if base.max_examples else None
                         jobs = [_worker_job(base, i, per_worker, seed_lane(lanes, i, workers))
                                 for i in range(workers)]
-                        pool = WorkerPool(jobs, line, watch)
+                        pool = WorkerPool(self.info, jobs, line, watch)
                         result, path = pool.run()
                         examples_per_worker = pool.examples_per_worker
             finally:
