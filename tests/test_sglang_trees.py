@@ -233,6 +233,28 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     assert 'failures="2"' in junit and 'name="sglang:unified-metadata-merge"' in junit
 
 
+def test_a_gate_whose_base_cannot_be_had_exits_2_with_one_line_before_any_search(tmp_path):
+    # the suite reads releases offline: a release outside the cache cannot be had, as one
+    # that does not exist cannot
+    done = _swafuzz("gate", "--sglang-source", "0.5.23", "--sglang-base", "0.5.99",
+                    "--report-dir", str(tmp_path / "reports"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("swafuzz gate: error: BASE (sglang 0.5.99): ")
+    assert not (tmp_path / "reports").exists()  # no search ran
+
+
+def test_a_release_that_is_not_on_the_package_index_is_named_in_one_line(monkeypatch, tmp_path):
+    def no_such_release(command, **options):
+        said = ("ERROR: Could not find a version that satisfies the requirement sglang==0.5.99 (from versions: "
+                + ", ".join(f"0.{i}.0" for i in range(200)) + ")\nERROR: No matching distribution found")
+        return subprocess.CompletedProcess(command, 1, "", said)
+
+    monkeypatch.setattr(locate.subprocess, "run", no_such_release)
+    with pytest.raises(locate.SglangUnavailable) as refused:
+        locate.fetch_wheel("0.5.99", tmp_path, download=True)
+    assert str(refused.value) == "sglang 0.5.99 is no release on the package index (pip found no wheel of it)"
+
+
 def test_the_pull_request_gate_needs_a_head_tree_and_no_subject():
     done = _swafuzz("gate", "--sglang-base", "0.5.23")
     assert done.returncode == 2 and "--sglang-source HEAD" in done.stderr

@@ -183,8 +183,10 @@ def _cell(side: Side) -> str:
     return text
 
 
-def markdown(rows: list[Row], head: Tree, base: Tree) -> str:
+def markdown(rows: list[Row], head: Tree, base: Tree, budget_s: float, seed: int) -> str:
     lines = [f"# swafuzz pull-request gate: {head.label} against {base.label}", "",
+             f"Each target on each tree: the `ci` settings, seed {seed}, a budget of {budget_s:g} s; a clean "
+             "side names the scenarios it ran.", "",
              "| target | verdict | HEAD | BASE |", "|---|---|---|---|"]
     lines += [f"| `{row.target.subject_name}` | {'**' + row.verdict + '**' if row.verdict == FAILS else row.verdict} "
               f"| {_cell(row.head)} | {_cell(row.base)} |" for row in rows]
@@ -193,12 +195,23 @@ def markdown(rows: list[Row], head: Tree, base: Tree) -> str:
     if notes:
         lines += ["", "## What each run found", ""]
         lines += [f"- `{row.target.subject_name}` in {name}: {' '.join(side.detail.split())}" for row, side, name in notes]
-    reached = [(row, side, name) for row in rows for side, name in ((row.head, "HEAD"), (row.base, "BASE"))
-               if side.reached]
-    if reached:
-        lines += ["", "## Where each tree calls the targets", ""]
-        lines += [f"- `{row.target.subject_name}` in {name}: {side.reached}" for row, side, name in reached]
+    changed, same = [], []
+    for row in rows:
+        if row.head.reached and _without_lines(row.head.reached) != _without_lines(row.base.reached or ""):
+            changed += [f"- `{row.target.subject_name}` in {name}: {side.reached}"
+                        for side, name in ((row.head, "HEAD"), (row.base, "BASE")) if side.reached]
+        elif row.head.reached:
+            same.append(f"- `{row.target.subject_name}` in HEAD: {row.head.reached}")
+    if changed:
+        lines += ["", "## Where HEAD calls the targets differently from BASE", "", *changed]
+    if same:
+        lines += ["", "<details><summary>Where HEAD calls the other targets, as BASE does "
+                  "(line numbers aside)</summary>", "", *same, "", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def _without_lines(sentence: str) -> str:
+    return re.sub(r":\d+\b", "", sentence)
 
 
 def junit(rows: list[Row]) -> str:
@@ -228,12 +241,28 @@ def exit_code(rows: list[Row]) -> int:
     return EXIT_OK
 
 
+def read_both(head: Tree, base: Tree) -> None:
+    """Reach both trees before any search, fetching a release's wheel once (and saying so),
+    so that a base or tree that cannot be read ends the gate in seconds with one line."""
+    for tree in (head, base):
+        if tree.version and locate.cached_wheel(tree.version) is None and os.environ.get(locate.OFFLINE_ENV) != "1":
+            print(f"swafuzz gate: fetching the sglang {tree.version} wheel into {locate.cache_dir()} (once)",
+                  file=sys.stderr)
+        try:
+            tree.source()
+        except locate.SglangUnavailable as exc:
+            raise BindError(f"{tree.label}: {exc}") from None
+
+
 def main(head_text: str, base_text: str, report_dir: Path, budget_s: float | None, seed: int | None,
          max_examples: int | None = None) -> int:
     head, base = Tree.parse(head_text, "HEAD"), Tree.parse(base_text, "BASE")
-    rows = run_pr_gate(head, base, report_dir, budget_s or PR_GATE_BUDGET_S, 0 if seed is None else seed,
-                       max_examples)
-    table = markdown(rows, head, base)
+    read_both(head, base)
+    budget_s, seed = budget_s or PR_GATE_BUDGET_S, 0 if seed is None else seed
+    print(f"swafuzz gate: {len(TARGETS)} targets on {head.label} and {base.label}, {budget_s:g} s each, "
+          f"two runs at a time", file=sys.stderr)
+    rows = run_pr_gate(head, base, report_dir, budget_s, seed, max_examples)
+    table = markdown(rows, head, base, budget_s, seed)
     report_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(report_dir / "pr-gate.md", table)
     write_atomically(report_dir / "pr-gate.xml", junit(rows))

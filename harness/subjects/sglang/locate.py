@@ -193,7 +193,10 @@ def fetch_wheel(version: str, cache: str | os.PathLike | None = None, *, downloa
             os.replace(fetched, directory / fetched.name)
     found = _cached_wheel(directory, version)
     if done.returncode != 0 or found is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        said = done.stderr or done.stdout
+        if "No matching distribution" in said or "Could not find a version" in said:
+            raise SglangUnavailable(f"sglang {version} is no release on the package index (pip found no wheel of it)")
+        tail = said.strip().splitlines()[-3:]
         raise SglangUnavailable(
             f"pip download of sglang=={version} failed (exit {done.returncode}): " + " | ".join(tail)
         )
