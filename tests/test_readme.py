@@ -1,6 +1,7 @@
 """The README's promises hold: every output block, of the README and of the reference pages
 under docs/ it links, is what its command prints; its adapter example runs and diverges as
-described, typed as written into the installed command."""
+described, typed as written into the installed command; it links every reference page and
+stays short enough to read through."""
 
 from __future__ import annotations
 
@@ -130,3 +131,38 @@ def test_readme_states_the_gates_budget():
     from swafuzz.cli import GATE_BUDGET_S
 
     assert f"under the `ci` settings for {GATE_BUDGET_S:g} s" in README
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)?(?:#([^)\s]+))?\)")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page."""
+    anchors = set()
+    for line in text.splitlines():
+        if line.startswith("#") and not line.startswith("#!"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_the_readme_links_every_reference_page_and_every_link_leads_somewhere():
+    linked = {target.split("#")[0] for target, _ in LINK.findall(README) if target.startswith("docs/")}
+    assert linked == {path.relative_to(ROOT).as_posix() for path in DOCS}, (
+        "docs pages not linked from the README, or links to pages that do not exist")
+    broken = []
+    for page, text in PAGES.items():
+        for target, anchor in LINK.findall(text):
+            if target and re.match(r"[a-z]+:", target):
+                continue  # a URL, not a file of this repository
+            path = ((ROOT / page).parent / target).resolve() if target else ROOT / page
+            if not path.exists():
+                broken.append(f"{page}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in heading_anchors(path.read_text()):
+                broken.append(f"{page}: {target}#{anchor}")
+    assert not broken, broken
+
+
+def test_the_readme_stays_a_guide_short_enough_to_read_through():
+    # reference material belongs in docs/, which the README links
+    assert len(README.encode()) < 20_000, f"README.md is {len(README.encode())} bytes"
