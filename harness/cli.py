@@ -100,7 +100,7 @@ def _add_sglang_options(parser: argparse.ArgumentParser) -> None:
                              "it imports, else source; default: $SWAFUZZ_SGLANG_MODE, else auto)")
     parser.add_argument("--sglang-switch", action="append", default=[], metavar="NAME=0|1",
                         help="set an SGLang engine switch against the release's default, e.g. "
-                             "SGLANG_PREP_IN_CUDA_GRAPH=0 (repeatable; the README lists the switches; "
+                             "SGLANG_PREP_IN_CUDA_GRAPH=0 (repeatable; docs/sglang.md lists the switches; "
                              "default: $SWAFUZZ_SGLANG_SWITCHES, else each release's defaults)")
     parser.add_argument("--sglang-attr", action="append", default=[], metavar="NAME=VALUE",
                         help="a value (a Python literal) for a name the bound SGLang code reads that "

@@ -1,6 +1,7 @@
-"""The README's promises hold: every output block is what its command prints, its adapter
-example runs and diverges as described, typed as written into the installed command, and its
-command table matches the CLI."""
+"""The README's promises hold: every output block, of the README and of the reference pages
+under docs/ it links, is what its command prints; its adapter example runs and diverges as
+described, typed as written into the installed command; it links every reference page and
+stays short enough to read through."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from swafuzz.subjects.registry import SubjectInfo, subject_names
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+# the reference pages the README links, each with output blocks of its own
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT / "README.md", *DOCS]}
 OUTPUT_OF = re.compile(r"<!-- output of: (.+) -->")
 # what varies from machine to machine in what a command prints: its time (and, with it, nothing
 # else: the commands shown run derandomized settings)
@@ -41,7 +45,11 @@ def code_blocks(text: str) -> list[tuple[str, str | None, str]]:
     return blocks
 
 
-OUTPUT_BLOCKS = [(command, text) for language, command, text in code_blocks(README) if not language]
+# each output block of each page, with an id naming its page and its place among the page's blocks
+OUTPUT_BLOCKS = [pytest.param(command, text, id=f"{page}-block{index}")
+                 for page, text_of_page in PAGES.items()
+                 for index, (command, text) in enumerate(
+                     (command, text) for language, command, text in code_blocks(text_of_page) if not language)]
 _printed: dict[str, str] = {}
 
 
@@ -60,11 +68,11 @@ def printed_by(command: str, directory: Path) -> str:
 
 
 def test_every_output_block_of_the_readme_names_the_command_that_prints_it():
-    assert OUTPUT_BLOCKS and all(command for command, _ in OUTPUT_BLOCKS), [
-        text.splitlines()[0] for command, text in OUTPUT_BLOCKS if not command]
+    assert OUTPUT_BLOCKS and all(block.values[0] for block in OUTPUT_BLOCKS), [
+        f"{block.id}: {block.values[1].splitlines()[0]}" for block in OUTPUT_BLOCKS if not block.values[0]]
 
 
-@pytest.mark.parametrize("command, shown", OUTPUT_BLOCKS, ids=[f"block{i}" for i in range(len(OUTPUT_BLOCKS))])
+@pytest.mark.parametrize("command, shown", OUTPUT_BLOCKS)
 def test_each_output_block_of_the_readme_is_what_its_command_prints(command, shown, tmp_path_factory):
     printed = printed_by(command, tmp_path_factory.mktemp("readme")).splitlines()
     # each shown line is in a line printed, in the order shown (pytest indents and interleaves)
@@ -123,3 +131,38 @@ def test_readme_states_the_gates_budget():
     from swafuzz.cli import GATE_BUDGET_S
 
     assert f"under the `ci` settings for {GATE_BUDGET_S:g} s" in README
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)?(?:#([^)\s]+))?\)")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page."""
+    anchors = set()
+    for line in text.splitlines():
+        if line.startswith("#") and not line.startswith("#!"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_the_readme_links_every_reference_page_and_every_link_leads_somewhere():
+    linked = {target.split("#")[0] for target, _ in LINK.findall(README) if target.startswith("docs/")}
+    assert linked == {path.relative_to(ROOT).as_posix() for path in DOCS}, (
+        "docs pages not linked from the README, or links to pages that do not exist")
+    broken = []
+    for page, text in PAGES.items():
+        for target, anchor in LINK.findall(text):
+            if target and re.match(r"[a-z]+:", target):
+                continue  # a URL, not a file of this repository
+            path = ((ROOT / page).parent / target).resolve() if target else ROOT / page
+            if not path.exists():
+                broken.append(f"{page}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in heading_anchors(path.read_text()):
+                broken.append(f"{page}: {target}#{anchor}")
+    assert not broken, broken
+
+
+def test_the_readme_stays_a_guide_short_enough_to_read_through():
+    # reference material belongs in docs/, which the README links
+    assert len(README.encode()) < 20_000, f"README.md is {len(README.encode())} bytes"
