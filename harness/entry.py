@@ -76,7 +76,6 @@ def entry() -> None:
     for signum in SIGNALS:
         signal.signal(signum, _on_signal)
     sys.stdout = _ClosedPipeProof(sys.stdout)
-    supervisor = None
     try:
         from . import supervisor
 

@@ -183,3 +183,28 @@ def test_the_import_reader_sees_imports_inside_functions_and_relative_ones():
     assert ("swafuzz.cli", "swafuzz.commands") in found  # "from . import commands" in a function
     assert ("swafuzz.strategies.scenarios", "swafuzz.reference") in found or any(
         a == "swafuzz.strategies.scenarios" and b.startswith("swafuzz.reference") for a, b in found)
+
+
+def test_every_former_module_name_imports_the_module_it_became():
+    # replay files, emitted regression tests and users' code name modules as they were
+    import importlib
+
+    import swafuzz
+
+    for former, now in swafuzz.FORMER_NAMES.items():
+        assert importlib.import_module(former) is importlib.import_module(now), former
+
+
+def test_a_regression_test_emitted_before_the_modules_moved_still_runs(run_pytest_in_subprocess, tmp_path):
+    emitted = tmp_path / "test_emitted_before.py"
+    emitted.write_text(
+        "from swafuzz import run_scenario\n"
+        "from swafuzz.registry import resolve_subject\n"
+        "from swafuzz.strategies.examples import EXAMPLES\n\n\n"
+        "def test_pool_start_layer_is_fixed():\n"
+        "    result = run_scenario(resolve_subject('pool-start-layer').subject, EXAMPLES['first-swa-layer-not-start'])\n"
+        "    assert result.divergence is None, result.divergence.sentence\n")
+    done, outcomes = run_pytest_in_subprocess(emitted)
+    # the built-in still has its bug: the old test loads, runs and fails on it
+    assert outcomes == {"test_emitted_before.py::test_pool_start_layer_is_fixed": "failed"}, done.stdout
+    assert "Stale cache" in done.stdout

@@ -166,3 +166,20 @@ def test_the_readme_links_every_reference_page_and_every_link_leads_somewhere():
 def test_the_readme_stays_a_guide_short_enough_to_read_through():
     # reference material belongs in docs/, which the README links
     assert len(README.encode()) < 20_000, f"README.md is {len(README.encode())} bytes"
+
+
+def test_readme_names_the_releases_the_suite_reads_and_what_they_weigh():
+    from conftest import SUITE_RELEASES
+
+    from swafuzz.subjects.sglang import locate
+
+    stated = re.search(r"\(`tests/sglang-releases.txt`: ([^)]*?), (\w+)\s+wheels of about (\d+) MB together\)",
+                       " ".join(README.split()))
+    assert stated is not None, "the README no longer says which releases the suite reads"
+    names, count, megabytes = stated.groups()
+    assert re.findall(r"\d+\.\d+\.\d+(?:\.post\d+)?", names) == list(SUITE_RELEASES)
+    assert count == {5: "five", 6: "six", 7: "seven", 8: "eight"}.get(len(SUITE_RELEASES))
+    wheels = [locate.cached_wheel(version) for version in SUITE_RELEASES]
+    if None in wheels:
+        pytest.skip("the suite's releases are not all in the wheel cache (scripts/fetch-test-releases)")
+    assert round(sum(w.stat().st_size for w in wheels) / 1e6, -1) == int(megabytes)
