@@ -29,7 +29,7 @@ def no_downloads(monkeypatch):
 def test_offline_a_release_missing_from_the_cache_is_unavailable_and_the_message_says_how_to_fetch_it(
         cache, monkeypatch):
     monkeypatch.setenv(locate.OFFLINE_ENV, "1")
-    with pytest.raises(locate.SglangUnavailable, match=r"python -m swafuzz\.sglang\.fetch 0\.5\.13 fetches it"):
+    with pytest.raises(locate.SglangUnavailable, match=r"python -m swafuzz\.subjects\.sglang\.fetch 0\.5\.13 fetches it"):
         locate.wheel("0.5.13")
 
 
@@ -68,3 +68,11 @@ def test_fetch_downloads_even_where_downloads_are_otherwise_off(cache, monkeypat
 def test_fetch_without_a_release_prints_its_usage_and_exits_2(capsys):
     assert fetch.main([]) == 2
     assert "usage: python -m swafuzz.subjects.sglang.fetch VERSION..." in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_downloads")
+def test_fetch_takes_releases_comma_separated_as_the_test_versions_list_them(cache, capsys):
+    (cache / "sglang-0.5.13-py3-none-any.whl").write_bytes(b"x")
+    (cache / "sglang-0.5.14-py3-none-any.whl").write_bytes(b"x")
+    assert fetch.main(["0.5.13,0.5.14"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("2 releases in ")

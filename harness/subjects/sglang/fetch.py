@@ -11,7 +11,8 @@ from .locate import CACHE_ENV, DEFAULT_CACHE_DIR, SglangUnavailable, cache_dir, 
 
 def main(argv: list[str] | None = None) -> int:
     """Fetches releases into the wheel cache."""
-    versions = sys.argv[1:] if argv is None else argv
+    # releases as words or comma-separated, as $SWAFUZZ_SGLANG_TEST_VERSIONS lists them
+    versions = [v for word in (sys.argv[1:] if argv is None else argv) for v in word.split(",") if v]
     if not versions or any(v.startswith("-") for v in versions):
         print("usage: python -m swafuzz.subjects.sglang.fetch VERSION... (fetches each release's wheel into "
               f"${CACHE_ENV}, default {DEFAULT_CACHE_DIR})", file=sys.stderr)
