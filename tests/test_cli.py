@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import swafuzz
+import swafuzz.tools
 from swafuzz.search import campaign
 from swafuzz import cli
 from swafuzz.search import fuzz as fuzz_engine
@@ -723,7 +724,7 @@ def test_bench_hands_its_arguments_to_the_benchmark_runner(capsys, monkeypatch):
     fake = types.ModuleType("swafuzz.tools.bench")
     fake.main = lambda argv: seen.append(argv) or 0
     monkeypatch.setitem(sys.modules, "swafuzz.tools.bench", fake)
-    monkeypatch.setattr(swafuzz, "bench", fake, raising=False)
+    monkeypatch.setattr(swafuzz.tools, "bench", fake, raising=False)
     assert cli.main(["bench", "--help", "--repeats", "3"]) == 0
     assert seen == [["--help", "--repeats", "3"]]
 
