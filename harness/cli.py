@@ -8,6 +8,8 @@ Exit codes, for every subcommand:
 - 2: usage or input error: bad option, unknown subject, malformed replay file, no such device
 - 130 / 143: interrupted by SIGINT / SIGTERM before any divergence was found
 - 3: swafuzz itself failed (a bug in the harness, with its traceback)
+- 125: for ``replay``, the SGLang tree given with ``--sglang-source`` does not bind the
+  recorded target: ``git bisect run swafuzz replay FILE --sglang-source .`` skips that commit
 
 Once a divergence is recorded the code is 1, whatever signal follows; a closed stdout ends
 the command quietly with its own code (see :mod:`swafuzz.entry`).

@@ -19,11 +19,11 @@ from .strategies.features import ALL_FEATURES
 
 from .run.boundary import describe_path, printable, writable_directory, writable_file
 from .search.campaign import Campaign, Finished, earlier_replay_files, earlier_reports, stdout_to_stderr
-from .errors import UsageError
+from .errors import BindError, ImportModeUnavailable, UsageError
 from .names import GATE_BUDGET_S
 from .results import merge
 from .results.merge import ReportError
-from .names import EXIT_DIVERGENCE, EXIT_OK
+from .names import EXIT_DIVERGENCE, EXIT_OK, EXIT_UNTESTABLE, SGLANG_SOURCE_ENV
 from .subjects.registry import resolve_subject
 from .results.replay import Replay, ReplayError, emit_pytest, load_replay, recorded_subject, run_replay, same_divergence
 from .results.reports import REPORT_FILES, Report
@@ -206,6 +206,12 @@ def replay(args: argparse.Namespace) -> int:
         info = resolve_subject(args.subject) if args.subject else recorded_subject(recorded)
     except ReplayError as exc:
         raise ReplayError(f"{describe_path(args.file)}: {exc}") from None
+    except BindError as exc:
+        if isinstance(exc, ImportModeUnavailable) or not os.environ.get(SGLANG_SOURCE_ENV):
+            raise  # this machine, or the tree the file recorded: the person supplies what is missing
+        first, *_ = str(exc).splitlines() or [""]
+        print(f"swafuzz replay: cannot test this tree: {first}", file=sys.stderr)
+        return EXIT_UNTESTABLE
     if recorded.sglang_tree is not None and not args.subject:
         from .subjects.sglang import tree_changes
 

@@ -9,6 +9,8 @@ EXIT_OK = 0
 EXIT_DIVERGENCE = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3  # a bug in swafuzz, or a worker whose parent has gone
+# replay: the tree does not bind the subject (git bisect run skips such a commit)
+EXIT_UNTESTABLE = 125
 
 # Hypothesis profiles are registered as swafuzz-<name>: the pytest plugin is active wherever
 # swafuzz is installed, and a bare "ci" would replace a project's own profile of that name

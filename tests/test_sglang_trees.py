@@ -211,6 +211,20 @@ def test_a_replay_records_the_tree_and_reproduces_as_printed(tmp_path):
     assert "differ from those this replay was recorded on" in fixed.stderr
 
 
+def test_a_replay_on_a_tree_that_does_not_bind_the_target_exits_125_for_git_bisect(tmp_path):
+    tree = edited_tree(tmp_path / "head", "0.5.12", {})
+    found = _swafuzz("fuzz", "--subject", "sglang:pool-fused-store", "--sglang-source", str(tree.root),
+                     "--sglang-mode", "source", "--settings", "ci", "--report-dir", str(tmp_path / "reports"))
+    assert found.returncode == 1, found.stdout + found.stderr
+    replay_file = next((tmp_path / "reports" / "replays").glob("*.json"))
+    pool = tree.root / POOL_FILE
+    # a commit from before the class existed: nothing to test there
+    pool.write_text(pool.read_text().replace("class DeepSeekV4TokenToKVPool", "class SomeOtherPool"))
+    skipped = _swafuzz("replay", str(replay_file), "--sglang-source", str(tree.root))
+    assert skipped.returncode == 125, skipped.stdout + skipped.stderr
+    assert skipped.stderr.startswith("swafuzz replay: cannot test this tree: ") and skipped.stderr.count("\n") == 1
+
+
 # ---- the pull-request gate ---------------------------------------------------------------------
 
 

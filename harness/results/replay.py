@@ -33,7 +33,7 @@ from ..run.diagnosis import Divergence
 from ..run.executor import DEFAULT_TIMEOUT_S, RunResult, SubjectError, run_scenario
 from ..subjects.registry import SubjectInfo, resolve_subject
 from .reports import write_atomically
-from ..errors import ReplayError
+from ..errors import BindError, ReplayError
 
 FORMAT = "swafuzz-replay"
 SCHEMA_VERSION = 1
@@ -237,6 +237,8 @@ def recorded_subject(replay: Replay) -> SubjectInfo:
     try:
         return resolve_subject(replay.subject, allow_import=False, engine_switches=replay.engine_switches,
                                recorded_tree=replay.sglang_tree)
+    except BindError:
+        raise  # the tree's code, not the file: the command says so
     except SubjectError as exc:
         raise ReplayError(f"field 'subject': {exc}") from None
 
