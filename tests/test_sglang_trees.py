@@ -8,12 +8,13 @@ an edit names the released text it replaces, so a test fails loudly when a relea
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import released_tree
+from conftest import released_tree, wait_until
 
 from swafuzz.api import ForwardMode
 from swafuzz.run.executor import run_scenario
@@ -267,6 +268,21 @@ def test_a_release_that_is_not_on_the_package_index_is_named_in_one_line(monkeyp
     with pytest.raises(locate.SglangUnavailable) as refused:
         locate.fetch_wheel("0.5.99", tmp_path, download=True)
     assert str(refused.value) == "sglang 0.5.99 is no release on the package index (pip found no wheel of it)"
+
+
+def test_an_interrupted_gate_names_the_reports_its_ended_runs_wrote(tmp_path):
+    if isinstance(release := released_tree("0.5.23"), str):
+        pytest.skip(release)
+    reports = tmp_path / "reports"
+    gate = subprocess.Popen([sys.executable, "-m", "swafuzz", "gate", "--sglang-source", "0.5.23", "--sglang-base",
+                             "0.5.23", "--budget", "5", "--max-examples", "30", "--report-dir", str(reports)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: any(reports.glob("*/*/report.json")), "a run of the gate wrote its reports", gate)
+    gate.send_signal(signal.SIGINT)
+    out, err = gate.communicate(timeout=300)
+    assert gate.returncode == 130, err
+    assert "interrupted by SIGINT with no verdict; the runs that ended wrote their reports in " in err
+    assert "nothing was written" not in err and out == ""
 
 
 def test_the_pull_request_gate_needs_a_head_tree_and_no_subject():

@@ -24,6 +24,7 @@ import concurrent.futures
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -33,6 +34,7 @@ from pathlib import Path
 from ..names import EXIT_DIVERGENCE, EXIT_OK, EXIT_USAGE
 from ..results.reports import write_atomically
 from ..process.channel import CHANNEL_ENV
+from ..process.signals import Signals
 from ..subjects.sglang import BindError, SOURCE_ENV, TARGETS, Target, bind_target, locate
 from ..subjects.sglang.binding import ClassCode
 
@@ -261,7 +263,10 @@ def main(head_text: str, base_text: str, report_dir: Path, budget_s: float | Non
     budget_s, seed = budget_s or PR_GATE_BUDGET_S, 0 if seed is None else seed
     print(f"swafuzz gate: {len(TARGETS)} targets on {head.label} and {base.label}, {budget_s:g} s each, "
           f"two runs at a time", file=sys.stderr)
-    rows = run_pr_gate(head, base, report_dir, budget_s, seed, max_examples)
+    try:
+        rows = run_pr_gate(head, base, report_dir, budget_s, seed, max_examples)
+    except KeyboardInterrupt:
+        return _interrupted(report_dir)
     table = markdown(rows, head, base, budget_s, seed)
     report_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(report_dir / "pr-gate.md", table)
@@ -275,3 +280,14 @@ def main(head_text: str, base_text: str, report_dir: Path, budget_s: float | Non
                                   else "HEAD has targets swafuzz could not run (see above): the gate cannot pass"),
               file=sys.stderr)
     return code
+
+
+def _interrupted(report_dir: Path) -> int:
+    """An interrupted gate gives no verdict, but the runs that ended wrote their reports:
+    say which, rather than that nothing was written."""
+    signum = Signals.first or signal.SIGINT
+    written = sorted(str(path.parent) for path in report_dir.glob("*/*/report.json"))
+    print(f"swafuzz gate: interrupted by {signal.Signals(signum).name} with no verdict; "
+          + (f"the runs that ended wrote their reports in {', '.join(written)}" if written else "no run had ended"),
+          file=sys.stderr)
+    return 128 + signum
