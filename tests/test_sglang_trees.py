@@ -234,6 +234,7 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.23", "--max-examples", "150",
                     "--budget", "60", "--report-dir", str(tmp_path / "reports"))
     assert done.returncode == 1, done.stdout + done.stderr
+    assert "swafuzz gate: [12/12] " in done.stderr  # each run's outcome as it ends
     table = (tmp_path / "reports" / "pr-gate.md").read_text()
     assert table in done.stdout
     rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()

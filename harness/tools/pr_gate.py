@@ -168,13 +168,20 @@ class Row:
 
 def run_pr_gate(head: Tree, base: Tree, report_dir: Path, budget_s: float = PR_GATE_BUDGET_S,
                 seed: int = 0, max_examples: int | None = None) -> list[Row]:
-    """Every target on both trees, two runs at a time."""
+    """Every target on both trees, two runs at a time, each run's outcome said on stderr as
+    it ends."""
     jobs = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         for item in TARGETS:
             for side, tree in (("head", head), ("base", base)):
                 jobs[item.name, side] = pool.submit(run_side, item, tree, budget_s, seed,
                                                     report_dir / side / item.name, max_examples)
+        named = {future: key for key, future in jobs.items()}
+        for done, future in enumerate(concurrent.futures.as_completed(named), 1):
+            (name, side), outcome = named[future], future.result()
+            said = "not in this tree" if outcome.outcome == ABSENT else outcome.outcome
+            print(f"swafuzz gate: [{done}/{len(jobs)}] {name} on {side.upper()}: {said}"
+                  + (f" ({outcome.detail})" if outcome.outcome == CLEAN else ""), file=sys.stderr)
     return [Row(item, jobs[item.name, "head"].result(), jobs[item.name, "base"].result()) for item in TARGETS]
 
 
