@@ -25,12 +25,20 @@ from swafuzz.tools.sglang_matrix import (
     Cell,
     Finding,
     Matrix,
-    ProducerCheck,
-    first_wrong_row,
     main,
-    producer_batches,
     reachability as judge,
     render,
+)
+from swafuzz.subjects.sglang.tree_checks import (
+    ABSENT,
+    GAP,
+    PRODUCER,
+    RIGHT,
+    WRONG,
+    TreeCheck,
+    check_producers,
+    first_wrong_row,
+    producer_batches,
 )
 from swafuzz.subjects.sglang.configure import configured
 from swafuzz.subjects.sglang.runner_steps import Verdict
@@ -404,10 +412,12 @@ def _matrix(overrides=None) -> Matrix:
     late.findings.append(Finding("0.5.19", merge, EXAMPLES_COLUMN, _divergence(GRAPH_DECODE, GRAPH_CAPTURE),
                                  GRAPH_DECODE, Path("/tmp/r/late.json"), "graph-replay", settings_for("0.5.19")))
     producers = {
-        "0.5.17": [ProducerCheck("expand_x", "HipBackend", 48),
-                   ProducerCheck("attach_y", "HipBackend", 3, problem="pf_cu_q: got [0, 0], want [0, 1]"),
-                   ProducerCheck("expand_z", reason="sglang 0.5.17 wheel (source mode): HipBackend has no expand_z")],
-        "0.5.19": [ProducerCheck("expand_x", "HipBackend", 48)],
+        "0.5.17": [TreeCheck(PRODUCER, "expand_x", RIGHT, owner="HipBackend", batches=48),
+                   TreeCheck(PRODUCER, "attach_y", WRONG, "pf_cu_q: got [0, 0], want [0, 1]", "HipBackend", 3),
+                   TreeCheck(PRODUCER, "expand_z", ABSENT, "sglang 0.5.17 wheel (source mode): HipBackend has no expand_z"),
+                   TreeCheck(PRODUCER, "fill_w", GAP, "sglang 0.5.17 wheel (source mode): fill_w imports a kernel, "
+                                                       "which swafuzz has no stand-in for")],
+        "0.5.19": [TreeCheck(PRODUCER, "expand_x", RIGHT, owner="HipBackend", batches=48)],
     }
     steps = {
         "0.5.17": [Verdict("HIP UnifiedKvMetadata.copy_", ("swa_loc is reference-assigned: the captured graph "
@@ -456,15 +466,16 @@ def test_the_report_answers_per_release_whether_each_historical_problem_is_reach
         assert f'<a id="{anchor}"></a>' in text, anchor
 
 
-def test_the_report_has_a_producer_column_per_release_naming_the_wrong_and_the_absent():
+def test_the_report_has_a_producer_column_per_release_naming_the_wrong_the_absent_and_the_unchecked():
     text = render(_matrix(), Path("/tmp/sglang-matrix.md"))
     row = _row(text, "producers", "0.5.17")
-    assert row["producers"] == "**wrong**: `HipBackend.attach_y`"
+    assert row["producers"] == "**wrong**: `attach_y`"
     assert row["`expand_x`"] == "right on 48 batches (`HipBackend`)"
     assert row["`attach_y`"] == "**wrong** (`HipBackend`): pf_cu_q: got [0, 0], want [0, 1]"
     assert row["`expand_z`"] == "absent: HipBackend has no expand_z"
+    assert row["`fill_w`"] == "not checked: fill_w imports a kernel, which swafuzz has no stand-in for"
     later = _row(text, "producers", "0.5.19")
-    assert later["producers"] == "all right (1 of 3 present)" and later["`attach_y`"] == "not named"
+    assert later["producers"] == "all right (1 of 4 run)" and later["`attach_y`"] == "not named"
 
 
 def test_the_report_has_a_graph_runner_step_column_per_release_naming_the_stale_row():
@@ -496,14 +507,18 @@ def test_a_wrong_producer_is_named_by_its_first_wrong_row(problem, named):
     assert first_wrong_row(problem) == named
 
 
-def test_the_producer_batches_cover_decode_verify_ragged_extend_and_prefill():
+def test_the_producer_batches_cover_decode_verify_ragged_extend_prefill_padding_and_idle_after_live():
     batches = producer_batches(seed=0)
     kinds = {kind for kind, _, _ in batches}
-    assert kinds == {"decode", "verify", "ragged extend", "prefill"}
+    assert kinds == {"decode", "verify", "ragged extend", "prefill", "padded", "idle after a live forward"}
     for kind, batch, _ in batches:
+        assert (batch.padding > 0) == (kind in ("padded", "idle after a live forward"))
+        if kind == "idle after a live forward":
+            assert batch.is_idle and not batch.previous.is_idle
+            batch = batch.previous
         counts = batch.extend_seq_lens.tolist()
         assert len(set(batch.req_pool_indices.tolist())) == len(counts)
-        if kind == "decode":
+        if kind in ("decode", "idle after a live forward"):
             assert set(counts) == {1}
         elif kind == "verify":
             assert len(set(counts)) == 1 and counts[0] > 1
@@ -530,7 +545,7 @@ def test_the_matrix_finds_the_assign_listed_rows_only_with_in_graph_prep_off_and
     verdict, why = judge(switched)
     assert verdict == "reachable off-default" and "only with SGLANG_PREP_IN_CUDA_GRAPH=0" in why
     assert load_replay(switched.replay).engine_switches == {PREP: False}
-    assert matrix.producers["0.5.17"] and all(not c.problem for c in matrix.producers["0.5.17"])
+    assert matrix.producers["0.5.17"] and all(c.outcome != WRONG for c in matrix.producers["0.5.17"])
 
 
 UNIFORM_PREFILL_EXPANSION = """
@@ -543,18 +558,17 @@ class DeepseekV4HipRadixBackend:
 
 
 def test_a_producer_that_assumes_equal_counts_is_named_wrong_at_its_first_ragged_batch(tmp_path: Path):
-    from swafuzz.tools.sglang_matrix import check_producers
     from swafuzz.subjects.sglang.producers import PREFILL_EXPANSION, VERIFY_EXPANSION
     from swafuzz.subjects.sglang.targets import HIP_BACKEND_FILE
 
     file = tmp_path / HIP_BACKEND_FILE
     file.parent.mkdir(parents=True)
     file.write_text(UNIFORM_PREFILL_EXPANSION)
-    checks = {c.method: c for c in check_producers(locate.SourceTree(tmp_path, "checkout"))}
+    checks = {c.name: c for c in check_producers(locate.SourceTree(tmp_path, "checkout"))}
     wrong = checks[PREFILL_EXPANSION]
-    assert wrong.backend == "DeepseekV4HipRadixBackend" and not wrong.reason
+    assert wrong.owner == "DeepseekV4HipRadixBackend" and wrong.outcome == WRONG
     # decode-like and verify-like batches have equal counts: the first wrong one is ragged
     assert re.fullmatch(r"req_pool_indices_repeated row \d+: got \d+, want \d+ \(\d+ rows, \d+ wanted\) "
-                        r"\(ragged extend batch: request slots .*, window \d+\)", wrong.problem), wrong.problem
+                        r"\(ragged extend batch: request slots .*, window \d+\)", wrong.detail), wrong.detail
     assert wrong.batches > 24
-    assert checks[VERIFY_EXPANSION].reason and not checks[VERIFY_EXPANSION].problem
+    assert checks[VERIFY_EXPANSION].outcome == ABSENT

@@ -8,6 +8,7 @@ an edit names the released text it replaces, so a test fails loudly when a relea
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from conftest import released_tree, wait_until
 from swafuzz.api import ForwardMode
 from swafuzz.run.executor import run_scenario
 from swafuzz.search.fuzz import fuzz
-from swafuzz.subjects.sglang import BindError, bind_target, callsites, locate
+from swafuzz.subjects.sglang import BindError, bind_target, callsites, locate, tree_checks
 from swafuzz.subjects.sglang.drivers import RING_GETTER_MODES
 from swafuzz.subjects.sglang.switches import ENVIRON
 from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
@@ -31,16 +32,33 @@ FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, *locate.
          *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py")
 
 
-def edited_tree(tmp_path: Path, version: str, edits: dict[str, list[tuple[str, str]]]) -> locate.SourceTree:
+@functools.lru_cache(maxsize=None)
+def files_the_tree_checks_read(version: str) -> frozenset[str]:
+    """The files of ``version`` its producers and runner steps are read from."""
+    read: set[str] = set()
+
+    class Recording(locate.SourceTree):
+        def read(self, path: str) -> str | None:
+            read.add(path)
+            return super().read(path)
+
+    release = released_tree(version)
+    tree_checks.check_tree(Recording(release.root, release.origin))
+    return frozenset(read)
+
+
+def edited_tree(tmp_path: Path, version: str, edits: dict[str, list[tuple[str, str]]],
+                with_tree_checks: bool = False) -> locate.SourceTree:
     """A checkout of ``version``'s files with each ``(old, new)`` replacement made (every
-    occurrence; ``old`` must occur)."""
+    occurrence; ``old`` must occur); ``with_tree_checks`` adds the files the producers and
+    runner steps read."""
     release = released_tree(version)
     if isinstance(release, str):
         pytest.skip(release)
     root = tmp_path / "tree" / "python"
     (root / "sglang").mkdir(parents=True)
     (root / "sglang" / "__init__.py").write_text("")
-    for path in FILES:
+    for path in sorted({*FILES, *(files_the_tree_checks_read(version) if with_tree_checks else ())}):
         text = release.read(path)
         if text is None:
             continue
@@ -234,7 +252,7 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.23", "--max-examples", "150",
                     "--budget", "60", "--report-dir", str(tmp_path / "reports"))
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "swafuzz gate: [12/12] " in done.stderr  # each run's outcome as it ends
+    assert "swafuzz gate: [14/14] " in done.stderr  # each run's outcome as it ends
     table = (tmp_path / "reports" / "pr-gate.md").read_text()
     assert table in done.stdout
     rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()
@@ -247,6 +265,68 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
             "forwards, from models/deepseek_v4.py:MQALayer._forward_prepare") in table
     junit = (tmp_path / "reports" / "pr-gate.xml").read_text()
     assert 'failures="2"' in junit and 'name="sglang:unified-metadata-merge"' in junit
+
+
+# 0.5.21's order in 0.5.23's CUDA getter: the request window before the idle test
+IDLE_FIRST = """        if forward_batch.forward_mode.is_idle():
+            if window is not None:
+                return window.activate_idle(out_cache_loc.shape[0])
+            return self.token_to_kv_pool.translate_loc_from_full_to_swa(
+                out_cache_loc
+            ).to(torch.int32)
+"""
+WINDOW_BRANCH = """        metadata = self.forward_metadata
+        if window is not None:
+            layout = metadata.core_attn_metadata.request_window_layout
+            window.activate(layout)
+            return layout.write_loc
+"""
+
+
+def _checks(tree) -> dict:
+    from swafuzz.tools.pr_gate import Tree, run_checks
+
+    return run_checks(Tree.parse(tree if isinstance(tree, str) else str(tree.root), "tree"), seed=0)
+
+
+def test_the_gate_fails_a_producer_that_head_gets_wrong_and_names_its_first_wrong_row(tmp_path):
+    from swafuzz.tools.pr_gate import DIVERGES, FAILS, check_rows
+
+    head = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [(IDLE_FIRST + WINDOW_BRANCH, WINDOW_BRANCH + IDLE_FIRST)]},
+                       with_tree_checks=True)
+    rows = {row.name: row for row in check_rows(_checks(head), _checks("0.5.23"))}
+    getter = rows["DeepseekV4AttnBackend.get_swa_out_cache_loc"]
+    assert getter.verdict == FAILS and getter.head.outcome == DIVERGES
+    # the idle forward gets the live forward's workspace rows, not the idle layout's
+    assert getter.head.detail.startswith("store write_loc row 0: got ")
+    assert "(idle after a live forward batch: " in getter.head.detail
+    assert {row.verdict for name, row in rows.items() if name != getter.name} <= {"clean", "not checked in either tree"}
+
+
+def test_the_gate_says_a_release_fixed_the_idle_request_window_rows_of_the_one_before():
+    from swafuzz.tools.pr_gate import check_rows
+
+    for version in ("0.5.22", "0.5.23"):
+        if isinstance(release := released_tree(version), str):
+            pytest.skip(release)
+    rows = {row.name: row.verdict for row in check_rows(_checks("0.5.23"), _checks("0.5.22"))}
+    assert rows["DeepseekV4AttnBackend.get_swa_out_cache_loc"] == "fixed in HEAD"
+    assert rows["DeepseekV4HipRadixBackend.get_swa_out_cache_loc"] == "fixed in HEAD"
+    assert rows["RequestWindow.activate_idle"] == "clean"  # new in 0.5.23, right there
+    assert rows["RequestWindow.commit"] == "not checked"  # 0.5.23 made it a kernel swafuzz cannot run
+
+
+def test_code_swafuzz_cannot_run_holds_the_gate_only_where_head_brings_it():
+    from swafuzz.tools.pr_gate import CLEAN, GAP, TARGET, Row, Side, exit_code
+
+    clean, gap = Side(CLEAN), Side(GAP, "reads a kernel swafuzz has no stand-in for")
+    target = Row("sglang:hip-unified-swa-loc", TARGET, clean, clean)
+    in_both = Row("RequestWindow.commit", tree_checks.PRODUCER, gap, gap)
+    brought = Row("RequestWindow.commit", tree_checks.PRODUCER, gap, clean)
+    assert in_both.verdict == "not checked in either tree" and exit_code([target, in_both]) == 0
+    assert brought.verdict == "not checked" and exit_code([target, brought]) == 2
+    # a target is vouched for by its own run alone
+    assert Row(target.name, TARGET, gap, gap).verdict == "not checked"
 
 
 def test_a_gate_whose_base_cannot_be_had_exits_2_with_one_line_before_any_search(tmp_path):

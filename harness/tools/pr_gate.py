@@ -1,17 +1,25 @@
-"""The pull-request gate: every SGLang target a tree has, on that tree and on its base.
+"""The pull-request gate: every check swafuzz has of SGLang code, on a tree and on its base.
 
-``swafuzz gate --sglang-source HEAD --sglang-base BASE`` runs the merge gate (``swafuzz
-gate``, each run supervised in its own process) for every target HEAD's code has, on HEAD
-and on BASE (a release, ``0.5.23``, or another tree) with the same seed and budget, and
-gives each target one verdict:
+``swafuzz gate --sglang-source HEAD --sglang-base BASE`` runs, on HEAD and on BASE (a
+release, ``0.5.23``, or another tree), with the same seed and budget:
+
+- the merge gate (``swafuzz gate``, each run supervised in its own process) for every
+  target HEAD's code has;
+- the tree's producers of the rows and its graph runner's merge steps
+  (:mod:`swafuzz.subjects.sglang.tree_checks`, one process per tree).
+
+Each target, producer and runner step gets one verdict (for a producer or step,
+*diverges* means a row differs from the truth):
 
 - *diverges only in HEAD*: the pull request brings the divergence; this fails the gate;
 - *diverges in BASE too*: there before the pull request; reported, it does not fail;
 - *fixed in HEAD*: BASE diverges, HEAD does not;
 - *clean*: neither diverges within the budget;
 - *not in HEAD*: HEAD's code lacks the target's entry methods (nothing to gate);
-- *not checked*: swafuzz cannot run HEAD's code for the target (the message says what to
-  supply); the gate then exits 2, as it cannot vouch for the code.
+- *not checked*: swafuzz cannot run HEAD's code for it (the message says what to supply);
+  the gate then exits 2, as it cannot vouch for the code;
+- *not checked in either tree*: a producer or step swafuzz cannot run in BASE either; the
+  pull request changes nothing swafuzz could have checked there, so it is reported only.
 
 The table goes to stdout and ``pr-gate.md``, a JUnit file to ``pr-gate.xml``, both in the
 report directory; each run keeps its own reports below it.
@@ -37,11 +45,14 @@ from ..process.channel import CHANNEL_ENV
 from ..process.signals import Signals
 from ..subjects.sglang import BindError, SOURCE_ENV, TARGETS, Target, bind_target, locate
 from ..subjects.sglang.binding import ClassCode
+from ..subjects.sglang.tree_checks import BATCH_KINDS, TreeCheck, producer_batches
+from ..subjects.sglang import tree_checks
 
 PR_GATE_BUDGET_S = 20.0  # per target and tree
 DIVERGES, CLEAN, ABSENT, GAP = "diverges", "clean", "absent", "not checked"
-FAILS = "diverges only in HEAD"
-VERDICTS = (FAILS, "diverges in BASE too", "fixed in HEAD", "clean", "not in HEAD", "not checked")
+FAILS, UNCHECKED, UNCHECKED_IN_BOTH = "diverges only in HEAD", "not checked", "not checked in either tree"
+VERDICTS = (FAILS, "diverges in BASE too", "fixed in HEAD", "clean", "not in HEAD", UNCHECKED, UNCHECKED_IN_BOTH)
+TARGET = "target"
 # beyond its budget a run still shrinks, replays its finding and writes its reports
 RUN_GRACE_S = 300.0
 
@@ -72,6 +83,10 @@ class Tree:
 
     def options(self) -> list[str]:
         return [] if self.version else ["--sglang-source", self.path]
+
+    def named(self) -> list[str]:
+        """The options that name this tree to a command that needs one."""
+        return ["--release", self.version] if self.version else ["--sglang-source", self.path]
 
 
 @dataclass(frozen=True)
@@ -145,11 +160,36 @@ def run_side(item: Target, tree: Tree, budget_s: float, seed: int, report_dir: P
     return Side(GAP, message[-600:])
 
 
-def verdict(head: Side, base: Side) -> str:
+CHECKS_TIMEOUT_S = 300.0
+_SIDE_OF_CHECK = {tree_checks.RIGHT: CLEAN, tree_checks.WRONG: DIVERGES, tree_checks.ABSENT: ABSENT,
+                  tree_checks.GAP: GAP}
+ALL_CHECKS = ("checks", "the producers and graph-runner steps")  # the row of a tree whose checks did not run
+
+
+def run_checks(tree: Tree, seed: int) -> dict[tuple[str, str], Side]:
+    """The tree's producers and runner steps, keyed by (kind, name), from a process of their own."""
+    command = [sys.executable, "-m", "swafuzz.subjects.sglang.tree_checks", *tree.named(), "--seed", str(seed)]
+    environment = {k: v for k, v in os.environ.items() if k not in (SOURCE_ENV, CHANNEL_ENV)}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CHECKS_TIMEOUT_S, env=environment)
+        checks = [TreeCheck(**c) for c in json.loads(done.stdout)] if done.returncode == EXIT_OK else None
+    except subprocess.TimeoutExpired:
+        return {ALL_CHECKS: Side(GAP, f"the checks did not end within {CHECKS_TIMEOUT_S:g} s")}
+    except (json.JSONDecodeError, TypeError):
+        checks = None
+    if checks is None:
+        said = " ".join(done.stderr.split())[-600:] or f"exit {done.returncode}"
+        return {ALL_CHECKS: Side(GAP, said)}
+    return {(c.kind, c.name): Side(_SIDE_OF_CHECK[c.outcome], c.detail) for c in checks}
+
+
+def verdict(head: Side, base: Side, kind: str = TARGET) -> str:
     if head.outcome == ABSENT:
         return "not in HEAD"
     if head.outcome == GAP:
-        return "not checked"
+        # a target is vouched for by its fuzzing alone; a producer or step swafuzz could not
+        # run before the pull request either is reported without holding the gate
+        return UNCHECKED_IN_BOTH if kind != TARGET and base.outcome == GAP else UNCHECKED
     if head.outcome == DIVERGES:
         return "diverges in BASE too" if base.outcome == DIVERGES else FAILS
     return "fixed in HEAD" if base.outcome == DIVERGES else "clean"
@@ -157,21 +197,31 @@ def verdict(head: Side, base: Side) -> str:
 
 @dataclass(frozen=True)
 class Row:
-    target: Target
+    name: str  # a target's subject name, or the SGLang function a producer or step is
+    kind: str  # TARGET, a producer or runner step (tree_checks), or "checks" when a tree's checks did not run
     head: Side
     base: Side
 
     @property
     def verdict(self) -> str:
-        return verdict(self.head, self.base)
+        return verdict(self.head, self.base, self.kind)
+
+
+def check_rows(head: dict[tuple[str, str], Side], base: dict[tuple[str, str], Side]) -> list[Row]:
+    """One row per producer or step either tree names, HEAD's order first."""
+    missing = Side(ABSENT, "this tree's checks do not name it")
+    keys = [*head, *(key for key in base if key not in head)]
+    return [Row(name, kind, head.get((kind, name), missing), base.get((kind, name), missing)) for kind, name in keys]
 
 
 def run_pr_gate(head: Tree, base: Tree, report_dir: Path, budget_s: float = PR_GATE_BUDGET_S,
                 seed: int = 0, max_examples: int | None = None) -> list[Row]:
-    """Every target on both trees, two runs at a time, each run's outcome said on stderr as
-    it ends."""
+    """Every target on both trees, and each tree's checks, two runs at a time, each run's
+    outcome said on stderr as it ends."""
     jobs = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for side, tree in (("head", head), ("base", base)):
+            jobs["producers and runner steps", side] = pool.submit(run_checks, tree, seed)
         for item in TARGETS:
             for side, tree in (("head", head), ("base", base)):
                 jobs[item.name, side] = pool.submit(run_side, item, tree, budget_s, seed,
@@ -179,38 +229,68 @@ def run_pr_gate(head: Tree, base: Tree, report_dir: Path, budget_s: float = PR_G
         named = {future: key for key, future in jobs.items()}
         for done, future in enumerate(concurrent.futures.as_completed(named), 1):
             (name, side), outcome = named[future], future.result()
-            said = "not in this tree" if outcome.outcome == ABSENT else outcome.outcome
-            print(f"swafuzz gate: [{done}/{len(jobs)}] {name} on {side.upper()}: {said}"
-                  + (f" ({outcome.detail})" if outcome.outcome == CLEAN else ""), file=sys.stderr)
-    return [Row(item, jobs[item.name, "head"].result(), jobs[item.name, "base"].result()) for item in TARGETS]
+            print(f"swafuzz gate: [{done}/{len(jobs)}] {name} on {side.upper()}: {_said(outcome)}", file=sys.stderr)
+    rows = [Row(item.subject_name, TARGET, jobs[item.name, "head"].result(), jobs[item.name, "base"].result())
+            for item in TARGETS]
+    checks = "producers and runner steps"
+    return rows + check_rows(jobs[checks, "head"].result(), jobs[checks, "base"].result())
 
 
-def _cell(side: Side) -> str:
-    text = {DIVERGES: "diverges", CLEAN: "clean", ABSENT: "-", GAP: "not checked"}[side.outcome]
+def _said(outcome: Side | dict[tuple[str, str], Side]) -> str:
+    if isinstance(outcome, dict):
+        counts: dict[str, int] = {}
+        for side in outcome.values():
+            counts[side.outcome] = counts.get(side.outcome, 0) + 1
+        words = {DIVERGES: "wrong", CLEAN: "right", ABSENT: "absent", GAP: "not checked"}
+        return ", ".join(f"{counts[o]} {words[o]}" for o in (DIVERGES, CLEAN, GAP, ABSENT) if o in counts)
+    said = "not in this tree" if outcome.outcome == ABSENT else outcome.outcome
+    return said + (f" ({outcome.detail})" if outcome.outcome == CLEAN else "")
+
+
+def _cell(side: Side, kind: str) -> str:
+    if kind == TARGET:
+        text = {DIVERGES: "diverges", CLEAN: "clean", ABSENT: "-", GAP: "not checked"}[side.outcome]
+    else:
+        text = {DIVERGES: "wrong", CLEAN: "right", ABSENT: "-", GAP: "not checked"}[side.outcome]
     if side.outcome == DIVERGES and side.reproduce:
         text += f" (`{side.reproduce}`)"
     return text
 
 
+def _table(rows: list[Row], first: str) -> list[str]:
+    return [f"| {first} | verdict | HEAD | BASE |", "|---|---|---|---|",
+            *(f"| `{row.name}` | {'**' + row.verdict + '**' if row.verdict == FAILS else row.verdict} "
+              f"| {_cell(row.head, row.kind)} | {_cell(row.base, row.kind)} |" for row in rows)]
+
+
 def markdown(rows: list[Row], head: Tree, base: Tree, budget_s: float, seed: int) -> str:
+    targets = [row for row in rows if row.kind == TARGET]
+    checks = [row for row in rows if row.kind != TARGET]
     lines = [f"# swafuzz pull-request gate: {head.label} against {base.label}", "",
              f"Each target on each tree: the `ci` settings, seed {seed}, a budget of {budget_s:g} s; a clean "
-             "side names the scenarios it ran.", "",
-             "| target | verdict | HEAD | BASE |", "|---|---|---|---|"]
-    lines += [f"| `{row.target.subject_name}` | {'**' + row.verdict + '**' if row.verdict == FAILS else row.verdict} "
-              f"| {_cell(row.head)} | {_cell(row.base)} |" for row in rows]
-    notes = [(row, side, name) for row in rows for side, name in ((row.head, "HEAD"), (row.base, "BASE"))
+             "side names the scenarios it ran.", "", *_table(targets, "target")]
+    if checks:
+        lines += ["", "## Producers of the rows and graph-runner steps", "",
+                  f"Each tree's own code on {len(producer_batches(seed))} generated batches "
+                  f"({', '.join(BATCH_KINDS)}; seed {seed}), compared row by row with the truth; the runner's "
+                  "merge steps on captured and fresh metadata.", "", *_table(checks, "producer or step")]
+    reported = [row for row in rows if row.verdict not in ("clean", "not in HEAD", UNCHECKED_IN_BOTH)]
+    notes = [(row, side, name) for row in reported for side, name in ((row.head, "HEAD"), (row.base, "BASE"))
              if side.outcome in (DIVERGES, GAP)]
     if notes:
         lines += ["", "## What each run found", ""]
-        lines += [f"- `{row.target.subject_name}` in {name}: {' '.join(side.detail.split())}" for row, side, name in notes]
+        lines += [f"- `{row.name}` in {name}: {' '.join(side.detail.split())}" for row, side, name in notes]
+    in_both = [f"- `{row.name}`: {' '.join(row.head.detail.split())}" for row in rows if row.verdict == UNCHECKED_IN_BOTH]
+    if in_both:
+        lines += ["", "<details><summary>What swafuzz cannot run in either tree</summary>", "", *in_both, "",
+                  "</details>"]
     changed, same = [], []
-    for row in rows:
+    for row in targets:
         if row.head.reached and _without_lines(row.head.reached) != _without_lines(row.base.reached or ""):
-            changed += [f"- `{row.target.subject_name}` in {name}: {side.reached}"
+            changed += [f"- `{row.name}` in {name}: {side.reached}"
                         for side, name in ((row.head, "HEAD"), (row.base, "BASE")) if side.reached]
         elif row.head.reached:
-            same.append(f"- `{row.target.subject_name}` in HEAD: {row.head.reached}")
+            same.append(f"- `{row.name}` in HEAD: {row.head.reached}")
     if changed:
         lines += ["", "## Where HEAD calls the targets differently from BASE", "", *changed]
     if same:
@@ -226,15 +306,16 @@ def _without_lines(sentence: str) -> str:
 def junit(rows: list[Row]) -> str:
     suite = ElementTree.Element("testsuite", name="swafuzz pull-request gate", tests=str(len(rows)),
                                 failures=str(sum(r.verdict == FAILS for r in rows)),
-                                errors=str(sum(r.verdict == "not checked" for r in rows)),
-                                skipped=str(sum(r.verdict == "not in HEAD" for r in rows)))
+                                errors=str(sum(r.verdict == UNCHECKED for r in rows)),
+                                skipped=str(sum(r.verdict in ("not in HEAD", UNCHECKED_IN_BOTH) for r in rows)))
     for row in rows:
-        case = ElementTree.SubElement(suite, "testcase", classname="swafuzz.tools.pr_gate", name=row.target.subject_name)
+        case = ElementTree.SubElement(suite, "testcase", classname=f"swafuzz.tools.pr_gate.{row.kind.replace(' ', '_')}",
+                                      name=row.name)
         if row.verdict == FAILS:
             ElementTree.SubElement(case, "failure", message=row.head.detail).text = row.head.reproduce or ""
-        elif row.verdict == "not checked":
+        elif row.verdict == UNCHECKED:
             ElementTree.SubElement(case, "error", message=row.head.detail)
-        elif row.verdict == "not in HEAD":
+        elif row.verdict in ("not in HEAD", UNCHECKED_IN_BOTH):
             ElementTree.SubElement(case, "skipped", message=row.head.detail)
         else:
             ElementTree.SubElement(case, "system-out").text = row.verdict
@@ -245,7 +326,7 @@ def exit_code(rows: list[Row]) -> int:
     verdicts = {row.verdict for row in rows}
     if FAILS in verdicts:
         return EXIT_DIVERGENCE
-    if "not checked" in verdicts or verdicts <= {"not in HEAD"}:
+    if UNCHECKED in verdicts or all(row.verdict == "not in HEAD" for row in rows if row.kind == TARGET):
         return EXIT_USAGE  # the gate cannot vouch for code it did not run
     return EXIT_OK
 
@@ -269,7 +350,7 @@ def main(head_text: str, base_text: str, report_dir: Path, budget_s: float | Non
     read_both(head, base)
     budget_s, seed = budget_s or PR_GATE_BUDGET_S, 0 if seed is None else seed
     print(f"swafuzz gate: {len(TARGETS)} targets on {head.label} and {base.label}, {budget_s:g} s each, "
-          f"two runs at a time", file=sys.stderr)
+          f"and each tree's producers and graph-runner steps, two runs at a time", file=sys.stderr)
     try:
         rows = run_pr_gate(head, base, report_dir, budget_s, seed, max_examples)
     except KeyboardInterrupt:
@@ -282,9 +363,9 @@ def main(head_text: str, base_text: str, report_dir: Path, budget_s: float | Non
     print(f"\nreports: {report_dir / 'pr-gate.md'}, {report_dir / 'pr-gate.xml'}")
     code = exit_code(rows)
     if code == EXIT_USAGE:
-        checked_nothing = all(row.verdict == "not in HEAD" for row in rows)
+        checked_nothing = all(row.verdict == "not in HEAD" for row in rows if row.kind == TARGET)
         print("swafuzz gate: " + ("HEAD has none of the SGLang targets: nothing was gated" if checked_nothing
-                                  else "HEAD has targets swafuzz could not run (see above): the gate cannot pass"),
+                                  else "HEAD has code swafuzz could not run (see above): the gate cannot pass"),
               file=sys.stderr)
     return code
 

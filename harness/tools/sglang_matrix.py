@@ -16,17 +16,12 @@ lifecycle features its release takes under those settings (:mod:`.reachability`,
 from __future__ import annotations
 
 import argparse
-import ast
 import datetime
-import random
-import re
 import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 from ..reference import Scenario
 from ..strategies.examples import EXAMPLES
@@ -56,7 +51,6 @@ from ..run.diagnosis import (
     GRAPH_CAPTURE,
     OLD_MAPPING,
     OTHER_MICRO_BATCH,
-    RAISED,
     UNIFORM_REPEAT,
     Divergence,
 )
@@ -68,7 +62,7 @@ from ..results.reports import write_atomically
 from ..subjects.sglang import locate, provenance, runner_steps, switch_overrides
 from ..subjects.sglang.binding import BindError
 from ..subjects.sglang.configure import configured
-from ..subjects.sglang.producers import Batch, bind_producers, check
+from ..subjects.sglang.tree_checks import BATCH_KINDS, RIGHT, WRONG, TreeCheck, check_producers, producer_batches
 from ..subjects.sglang.reachability import (
     DRIVER_SWITCHES,
     EVERY_SCENARIO,
@@ -77,7 +71,6 @@ from ..subjects.sglang.reachability import (
     PROBLEMS,
     Question,
     Route,
-    driver_attributes,
     excluded_paths,
     needed_settings,
     question,
@@ -140,18 +133,6 @@ class Cell:
 
 
 @dataclass
-class ProducerCheck:
-    """One producer of one release on the generated batches: ``problem`` empty when every
-    row was right; ``reason`` set when the release lacks it."""
-
-    method: str
-    backend: str = ""
-    batches: int = 0
-    problem: str = ""
-    reason: str = ""
-
-
-@dataclass
 class Matrix:
     versions: list[str]
     cells: list[Cell]
@@ -164,7 +145,7 @@ class Matrix:
     # the checkout as the run found it: the run's own replay files would make it look changed
     revision: str = ""
     overrides: dict[str, bool] = field(default_factory=dict)  # --switch NAME=0|1
-    producers: dict[str, list[ProducerCheck]] = field(default_factory=dict)  # version -> checks
+    producers: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> producer checks
     runner_steps: dict[str, list[runner_steps.Verdict]] = field(default_factory=dict)  # version -> steps
 
 
@@ -179,7 +160,7 @@ def run_matrix(
     cells: list[Cell] = []
     unavailable: dict[str, str] = {}
     sources: dict[str, str] = {}
-    producers: dict[str, list[ProducerCheck]] = {}
+    producers: dict[str, list[TreeCheck]] = {}
     steps: dict[str, list[runner_steps.Verdict]] = {}
     for version in versions:
         try:
@@ -293,81 +274,6 @@ def _run_switched(cell: Cell, tree: locate.SourceTree, switches: SwitchSettings,
     return "; ".join(outcomes) or "no switch concerns it"
 
 
-# ---- SGLang's producers of the rows ----------------------------------------------------------
-
-PRODUCER_WINDOWS = (8, 128)
-
-
-def producer_batches(seed: int = 0, per_kind: int = 12) -> list[tuple[str, Batch, int]]:
-    """(kind, batch, window): decode-like (one token per request), target-verify-like (equal
-    counts above one), ragged extend with prefixes, and prefill (no prefix, ragged counts);
-    distinct request slots, prefixes past the smaller window. The same for the same seed."""
-    rng = random.Random(seed)
-    batches = []
-    for kind in ("decode", "verify", "ragged extend", "prefill"):
-        for index in range(per_kind):
-            requests = rng.randint(1, 6)
-            slots = rng.sample(range(32), requests)
-            prefixes = [0 if kind == "prefill" else rng.randint(0, 40) for _ in range(requests)]
-            if kind == "decode":
-                counts = [1] * requests
-            elif kind == "verify":
-                counts = [rng.randint(2, 4)] * requests
-            else:
-                counts = [rng.randint(1, 7) for _ in range(requests)]
-                if requests > 1 and len(set(counts)) == 1:
-                    counts[0] += 1  # ragged for sure
-            batch = Batch(torch.tensor(slots), torch.tensor(prefixes), torch.tensor(counts))
-            batches.append((kind, batch, PRODUCER_WINDOWS[index % len(PRODUCER_WINDOWS)]))
-    return batches
-
-
-def check_producers(tree: locate.SourceTree, seed: int = 0) -> list[ProducerCheck]:
-    """Every producer the release has, run on :func:`producer_batches`, and every one it
-    lacks with the reason."""
-    found, absent = bind_producers(tree, "source")
-    checks = []
-    batches = producer_batches(seed)
-    for producer in found:
-        done = ProducerCheck(producer.method, producer.backend)
-        for kind, batch, window in batches:
-            try:
-                problems = check(producer, batch, window)
-            except Exception as exc:  # noqa: BLE001 - the release's code may raise anything: that is its answer
-                problems = [f"raised {type(exc).__name__}: {exc}"]
-            done.batches += 1
-            if problems:
-                done.problem = f"{first_wrong_row(problems[0])} ({kind} batch: {_describe(batch)}, window {window})"
-                break
-        checks.append(done)
-    checks += [ProducerCheck(method, reason=reason) for method, reason in absent.items()]
-    return checks
-
-
-_ROWS = re.compile(r"^(?P<field>\w+): got (?P<got>\[[^\]]*\]), want (?P<want>\[[^\]]*\])$")
-
-
-def first_wrong_row(problem: str) -> str:
-    """``field: got [..], want [..]`` (as :func:`producers.check` says) reduced to the first
-    row that differs; any other wording unchanged."""
-    match = _ROWS.match(problem)
-    if match is None:
-        return problem
-    got, want = (ast.literal_eval(match.group(name)) for name in ("got", "want"))
-    row = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    return (f"{match.group('field')} row {row}: got {_at(got, row)}, want {_at(want, row)} "
-            f"({len(got)} rows, {len(want)} wanted)")
-
-
-def _at(rows: list, row: int) -> object:
-    return rows[row] if row < len(rows) else "no row"
-
-
-def _describe(batch: Batch) -> str:
-    return (f"request slots {batch.req_pool_indices.tolist()}, prefixes {batch.extend_prefix_lens.tolist()}, "
-            f"tokens {batch.extend_seq_lens.tolist()}")
-
-
 # ---- judging reachability ------------------------------------------------------------------
 
 
@@ -384,7 +290,7 @@ def reachability(finding: Finding) -> tuple[str, str]:
     divergence reachable; it is reachable off-default when that path, the lifecycle that
     reached it, or the run's driver needs a switch set against the release's default.
     """
-    divergence, target, version = finding.divergence, finding.target, finding.version
+    target, version = finding.target, finding.version
     event, features = _up_to_divergence(finding)
     facts = [f"{DOMAIN_FACTS[f][1]} (DOMAIN.md {DOMAIN_FACTS[f][0]})" for f in sorted(features) if f in DOMAIN_FACTS]
     cause = question_key(finding, features)
@@ -588,9 +494,9 @@ def render(matrix: Matrix, report_path: Path) -> str:
     lines += ["", "## Producers of the rows by release", "",
               f"SGLang's own producers of the per-token rows the unified-KV stores read "
               f"(`harness/subjects/sglang/producers.py`), run on {len(producer_batches(matrix.seed))} generated batches "
-              "(decode-like equal counts, target-verify-like equal counts, ragged extend with prefixes, "
-              "prefill) and compared with `reference/truth.py`: **right**, **wrong** (the first wrong row "
-              "and its batch), or **absent** (why the release lacks it).", "",
+              f"({', '.join(BATCH_KINDS)}) and compared with `reference/truth.py`: **right**, **wrong** "
+              "(the first wrong row and its batch), **absent** (why the release lacks it) or **not checked** "
+              "(what the release's code reads that swafuzz cannot run on CPU).", "",
               *_producers_table(matrix)]
     lines += ["", "## Graph runner steps by release", "",
               "SGLang's own steps that carry freshly built metadata into a captured graph's objects "
@@ -709,28 +615,29 @@ def _runner_steps_table(matrix: Matrix) -> list[str]:
 def _producers_table(matrix: Matrix) -> list[str]:
     """Release x producer (in the order the releases name them), with a column that sums up
     the release."""
-    methods: list[str] = []
+    names: list[str] = []
     for checks in matrix.producers.values():
-        methods += [c.method for c in checks if c.method not in methods]
-    rows = ["| release | producers | " + " | ".join(f"`{m}`" for m in methods) + " |",
-            "| --- | --- |" + " --- |" * len(methods)]
+        names += [c.name for c in checks if c.name not in names]
+    rows = ["| release | producers | " + " | ".join(f"`{m}`" for m in names) + " |",
+            "| --- | --- |" + " --- |" * len(names)]
     for version, checks in matrix.producers.items():
-        by_method = {c.method: c for c in checks}
-        present = [c for c in checks if not c.reason]
-        wrong = [c for c in present if c.problem]
-        summary = ("**wrong**: " + ", ".join(f"`{c.backend}.{c.method}`" for c in wrong) if wrong else
-                   f"all right ({len(present)} of {len(methods)} present)" if present else "absent")
+        by_name = {c.name: c for c in checks}
+        ran = [c for c in checks if c.outcome in (RIGHT, WRONG)]
+        wrong = [c for c in ran if c.outcome == WRONG]
+        summary = ("**wrong**: " + ", ".join(f"`{c.name}`" for c in wrong) if wrong else
+                   f"all right ({len(ran)} of {len(names)} run)" if ran else "none run")
         cells = []
-        for method in methods:
-            item = by_method.get(method)
+        for name in names:
+            item = by_name.get(name)
+            detail = "" if item is None else _generic(item.detail, version).replace("|", "\\|")
             if item is None:
                 cells.append("not named")
-            elif item.reason:
-                cells.append("absent: " + _generic(item.reason, version).replace("|", "\\|"))
-            elif item.problem:
-                cells.append(f"**wrong** (`{item.backend}`): " + item.problem.replace("|", "\\|"))
+            elif item.outcome == WRONG:
+                cells.append(f"**wrong** (`{item.owner}`): {detail}")
+            elif item.outcome == RIGHT:
+                cells.append(f"right on {item.batches} batches (`{item.owner}`)")
             else:
-                cells.append(f"right on {item.batches} batches (`{item.backend}`)")
+                cells.append(f"{item.outcome}: {detail}")
         rows.append(f"| {version} | {summary} | " + " | ".join(cells) + " |")
     return rows
 
