@@ -12,6 +12,7 @@ from .compressed import (
     compressed_out_loc,
     compressed_positions,
     compression_metadata,
+    empty_sparse_page_indices,
     low_ratio_out_loc,
     page_table,
     sparse_topk_lengths,
@@ -44,7 +45,7 @@ from .truth import (
 __all__ = [
     "COMPRESS_RATIOS", "LOW_RATIOS", "CompressedLengths", "CompressionMetadata", "c128_page_indices",
     "compress_state_ring_size", "compress_state_slots", "compressed_lengths", "compressed_out_loc",
-    "compressed_positions", "compression_metadata", "low_ratio_out_loc", "page_table", "sparse_topk_lengths",
+    "compressed_positions", "compression_metadata", "empty_sparse_page_indices", "low_ratio_out_loc", "page_table", "sparse_topk_lengths",
     "swa_page_indices", "swa_topk_lengths", "unified_compressed_out_loc",
     "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
     "ForwardPlan", "Mutation", "PACKED_INPUTS", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",

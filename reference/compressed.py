@@ -153,6 +153,19 @@ def sparse_topk_lengths(positions: torch.Tensor, index_topk: int, ratio: int = 4
     return compressed_lengths(positions, ratio).clamp1.clamp_max(index_topk)
 
 
+def empty_sparse_page_indices(rows: int, index_topk: int) -> torch.Tensor:
+    """An indexer's top-k table before any layer fills it: -1 everywhere, ``index_topk``
+    columns padded to a multiple of 64 (int32). Each C4 (and V4.1 ratio-1/2) layer then
+    rewrites it in place with its own selection, so only this starting state is per step.
+
+    SGLang's ``c4_sparse_page_indices`` as ``DSV4AttnMetadata.init_flashmla_related`` makes
+    it (0.5.12 to 0.5.23) and ``c1/c2_page_indices`` of ``build_low_ratio_metadata`` (0.5.21+).
+    """
+    if rows < 0 or index_topk <= 0:
+        raise TruthError(f"{rows} rows of an index_topk of {index_topk}")
+    return torch.full((rows, _aligned(index_topk)), NO_SLOT, dtype=torch.int32)
+
+
 def page_table(
     req_to_token: torch.Tensor, req_slots: torch.Tensor, max_seq_len: int, page_size: int
 ) -> torch.Tensor:

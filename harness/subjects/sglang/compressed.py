@@ -19,6 +19,7 @@ without it :func:`check_release` says the values were not checked, never passes 
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import dataclasses
 import importlib.util
@@ -26,6 +27,7 @@ import inspect
 import linecache
 import os
 import random
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -43,6 +45,8 @@ KERNEL_FILES = ("sglang/kernels/ops/attention/dsv4/metadata_kernel.py",
 UTILS_FILE = "sglang/srt/utils/common.py"
 KERNEL = "_init_compressed_attn_metadata_kernel"
 KERNEL_ENTRY = "init_compression_metadata"  # the kernel file's function the backend calls
+LOW_RATIO_ENTRY = "build_low_ratio_metadata"  # the V4.1 ratio-1/2 kernel's entry (0.5.21+)
+LOW_RATIO_RECORD = "LowRatioMetadata"  # the record it returns
 METADATA_CLASS = "DSV4AttnMetadata"
 TRITON_MISSING = "not checked on CPU: install swafuzz[triton]"
 PAGE_SIZE = 256  # DeepSeek-V4's page size in practice
@@ -63,6 +67,13 @@ METADATA_FIELDS = {
     "c1_topk_lengths_clamp1": "c1_lengths_clamp1",
     "c2_out_loc": "c2_out_loc",
     "c2_topk_lengths_clamp1": "c2_lengths_clamp1",
+}
+# the record build_low_ratio_metadata returns, field by field, and the truth value of each
+LOW_RATIO_OUTPUTS = {
+    f"c{ratio}_{field}": value.format(ratio=ratio)
+    for ratio in (1, 2)
+    for field, value in (("out_loc", "c{ratio}_out_loc"), ("seq_lens", "c{ratio}_lengths_clamp1"),
+                         ("sparse_lens", "c{ratio}_sparse_lengths"), ("page_indices", "empty_sparse_page_indices"))
 }
 # what the metadata needs to carry for init_compression_metadata: every ratio present
 PRESENT_RATIOS = (1, 2, 4, 128)
@@ -119,9 +130,11 @@ class CompressionMetadataCode:
     kernel_file: str
     kernel: Callable[..., tuple]  # the kernel file's init_compression_metadata
     metadata_class: type  # DSV4AttnMetadata, rebuilt from its fields, with init_compression_metadata
+    low_ratio: Callable[..., tuple] | None = None  # build_low_ratio_metadata, where the tree has it
 
-    def metadata(self, batch: "CompressionBatch") -> Any:
-        """A metadata object of ``batch`` after ``init_compression_metadata``."""
+    def metadata(self, batch: "CompressionBatch", low_ratio_buffers: tuple | None = None) -> Any:
+        """A metadata object of ``batch`` after ``init_compression_metadata`` (handed the
+        low-ratio kernel's ``low_ratio_buffers`` where given, as small decode batches are)."""
         positions = batch.positions.to(torch.int32)
         values = {
             "page_size": batch.page_size, "page_table": batch.pages, "raw_out_loc": batch.out_loc,
@@ -134,10 +147,11 @@ class CompressionMetadataCode:
         declared = {f.name for f in dataclasses.fields(self.metadata_class)}
         metadata = self.metadata_class(**{name: value for name, value in values.items() if name in declared})
         init = metadata.init_compression_metadata
-        if "num_tokens" in inspect.signature(init).parameters:
-            init(batch.out_loc.numel())
-        else:
-            init()
+        taken = inspect.signature(init).parameters
+        arguments = {"num_tokens": batch.out_loc.numel()} if "num_tokens" in taken else {}
+        if low_ratio_buffers is not None:
+            arguments["low_ratio_buffers"] = low_ratio_buffers
+        init(**arguments)
         return metadata
 
 
@@ -156,8 +170,13 @@ def bind_compression_metadata(tree: SourceTree) -> CompressionMetadataCode:
     kernels = _jitted_kernels(tree, kernel_file)
     if KERNEL not in kernels:
         raise BindError(f"{tree.label}: {kernel_file} has no @triton.jit {KERNEL}")
-    kernel_code = bind(tree, (FunctionCode(kernel_file, KERNEL_ENTRY),),
-                       {"triton": triton, "tl": tl, **kernels}, {})
+    entries = [FunctionCode(kernel_file, KERNEL_ENTRY)]
+    stand_ins = {"triton": triton, "tl": tl, **kernels}
+    record = _record_fields(tree, kernel_file, LOW_RATIO_RECORD)
+    if record is not None:
+        entries.append(FunctionCode(kernel_file, LOW_RATIO_ENTRY))
+        stand_ins[LOW_RATIO_RECORD] = collections.namedtuple(LOW_RATIO_RECORD, record)
+    kernel_code = bind(tree, tuple(entries), stand_ins, {})
     backend = bind(
         tree,
         (FunctionCode(UTILS_FILE, "ceil_align"),
@@ -168,7 +187,17 @@ def bind_compression_metadata(tree: SourceTree) -> CompressionMetadataCode:
         {},
     )
     metadata_class = backend.classes[METADATA_CLASS].build(object)
-    return CompressionMetadataCode(backend.label, kernel_file, kernel_code.functions[KERNEL_ENTRY], metadata_class)
+    return CompressionMetadataCode(backend.label, kernel_file, kernel_code.functions[KERNEL_ENTRY], metadata_class,
+                                   kernel_code.functions.get(LOW_RATIO_ENTRY))
+
+
+def _record_fields(tree: SourceTree, path: str, name: str) -> tuple[str, ...] | None:
+    """The fields of ``path``'s NamedTuple ``name`` in order, or None where it has none."""
+    module = ast.parse(tree.read(path))
+    record = next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if record is None:
+        return None
+    return tuple(n.target.id for n in record.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
 
 
 @dataclass(frozen=True)
@@ -201,6 +230,8 @@ class CompressionBatch:
         for ratio in truth.LOW_RATIOS:
             values[f"c{ratio}_out_loc"] = truth.low_ratio_out_loc(self.positions, self.out_loc, ratio)
             values[f"c{ratio}_lengths_clamp1"] = truth.compressed_lengths(self.positions, ratio).clamp1
+            values[f"c{ratio}_sparse_lengths"] = truth.sparse_topk_lengths(self.positions, INDEX_TOPK, ratio)
+        values["empty_sparse_page_indices"] = truth.empty_sparse_page_indices(self.positions.numel(), INDEX_TOPK)
         return values
 
 
@@ -229,11 +260,17 @@ def check(code: CompressionMetadataCode, batch: CompressionBatch) -> list[str]:
     names = KERNEL_OUTPUTS if len(returned) == len(KERNEL_OUTPUTS) else tuple(
         n for n in KERNEL_OUTPUTS if n != "c128_lengths_raw")
     wrong = [first_wrong_row(f"{KERNEL_ENTRY}: {name}", value, expected[name]) for name, value in zip(names, returned)]
-    metadata = code.metadata(batch)
-    for field, value in METADATA_FIELDS.items():
-        if not hasattr(metadata, field):
-            continue  # a field the release does not declare (the V4.1 ratios before 0.5.21)
-        wrong.append(first_wrong_row(f"{METADATA_CLASS}.{field}", getattr(metadata, field), expected[value]))
+    metadatas = [(METADATA_CLASS, code.metadata(batch))]
+    if code.low_ratio is not None:
+        buffers = code.low_ratio(positions + 1, batch.out_loc, INDEX_TOPK)
+        wrong += [first_wrong_row(f"{LOW_RATIO_ENTRY}: {name}", getattr(buffers, name), expected[value])
+                  for name, value in LOW_RATIO_OUTPUTS.items()]
+        metadatas.append((f"{METADATA_CLASS} with {LOW_RATIO_ENTRY}'s buffers", code.metadata(batch, buffers)))
+    for label, metadata in metadatas:
+        for field, value in METADATA_FIELDS.items():
+            if not hasattr(metadata, field):
+                continue  # a field the release does not declare (the V4.1 ratios before 0.5.21)
+            wrong.append(first_wrong_row(f"{label}.{field}", getattr(metadata, field), expected[value]))
     return [w for w in wrong if w is not None]
 
 
@@ -304,3 +341,32 @@ def check_release(tree: SourceTree, batches: list[CompressionBatch] | None = Non
         if wrong:
             return ReleaseCheck(code.label, checked=True, wrong=tuple(wrong), batch=batch)
     return ReleaseCheck(code.label, checked=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m swafuzz.subjects.sglang.compressed [VERSION...]``: check each release's
+    compression metadata (every cached release when none is named) and say what was found."""
+    from ...names import EXIT_DIVERGENCE, EXIT_OK, EXIT_USAGE
+    from .locate import SglangUnavailable, cached_releases, wheel
+
+    versions = [v for word in (sys.argv[1:] if argv is None else argv) for v in word.split(",") if v]
+    if any(v.startswith("-") for v in versions):
+        print("usage: python -m swafuzz.subjects.sglang.compressed [VERSION...]", file=sys.stderr)
+        return EXIT_USAGE
+    if not triton_available():
+        print(f"compressed-KV values {TRITON_MISSING}", file=sys.stderr)
+        return EXIT_USAGE
+    worst = EXIT_OK
+    for version in versions or cached_releases():
+        try:
+            result = check_release(wheel(version))
+        except (SglangUnavailable, BindError) as exc:
+            print(f"sglang {version}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(result.summary())
+        worst = max(worst, EXIT_OK if result.passed else EXIT_DIVERGENCE)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())
