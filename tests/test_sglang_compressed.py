@@ -9,14 +9,17 @@ one small edit, made at test time.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
 from conftest import released_tree
 
 from swafuzz.errors import BindError
+from swafuzz.subjects.sglang.targets import HIP_BACKEND_FILE
 from swafuzz.subjects.sglang import compressed, locate
 from swafuzz.subjects.sglang.compressed import (
+    HIP_GLUE_FILE,
     KERNEL_FILES,
     TRITON_MISSING,
     CompressionBatch,
@@ -59,10 +62,11 @@ def test_without_triton_the_values_are_not_checked_and_the_check_says_so(monkeyp
 
 
 @needs_triton
-@pytest.mark.parametrize("version, absent", [("0.5.12", ("build_low_ratio_metadata",)),
+@pytest.mark.parametrize("version, absent", [("0.5.12", ("build_low_ratio_metadata", "HIP DSV4AttnMetadata")),
                                              ("0.5.17", ("build_low_ratio_metadata",)), ("0.5.23", ())])
 def test_each_release_kernel_matches_the_truth(version, absent):
-    # 0.5.12 returns eight values from the old file; 0.5.17 nine from the new; 0.5.23 adds V4.1
+    # 0.5.12 returns eight values from the old file and has no HIP backend; 0.5.17 nine from
+    # the new file, the HIP metadata adding the unified offsets; 0.5.23 adds the V4.1 kernels
     result = check_release(_release(version), generated_batches(3, seed=7))
     assert result.passed, result.summary()
     assert result.absent == absent
@@ -126,6 +130,24 @@ def test_the_command_checks_each_release_named(capsys):
     _release("0.5.23")
     assert compressed.main(["0.5.23"]) == 0
     assert capsys.readouterr().out == "sglang 0.5.23 wheel (source mode): compressed-KV values match the truth\n"
+
+
+@needs_triton
+def test_hip_unified_locations_that_leave_dummy_rows_unoffset_are_caught():
+    tree = _edited("0.5.23", HIP_BACKEND_FILE, "self.unified.c4_out_loc = self.c4_out_loc + unified_swa_pages",
+                   "self.unified.c4_out_loc = torch.where(self.c4_out_loc > 0, self.c4_out_loc + unified_swa_pages, 0)",
+                   "dummy rows not offset")
+    result = check_release(tree, [replace(_batch(), unified_swa_pages=1000)])
+    # row 0 completes no group: its dummy slot 0 still sits past the 1000-page SWA region
+    assert result.wrong == ("HIP DSV4AttnMetadata.unified.c4_out_loc row 0: SGLang 0, the truth 1000",)
+
+
+@needs_triton
+def test_a_flipped_parity_in_the_hip_low_ratio_kernel_is_caught():
+    tree = _edited("0.5.23", HIP_GLUE_FILE, "completes = (seq_len % 2) == 0", "completes = (seq_len % 2) == 1",
+                   "HIP c2 parity flipped")
+    result = check_release(tree, [_batch()])
+    assert result.wrong == ("HIP DSV4AttnMetadata.c2_out_loc row 0: SGLang -1, the truth 514",)
 
 
 @needs_triton

@@ -1,15 +1,19 @@
-"""SGLang's compression metadata kernel, run on CPU and checked value by value against the truth.
+"""SGLang's compressed-KV metadata kernels, run on CPU and checked value by value against the truth.
 
 ``_init_compressed_attn_metadata_kernel`` (``metadata_kernel.py``) is the Triton kernel that
 makes, once per forward, the compressed-KV values every C4 and C128 layer reads: the write
 locations ``c4_out_loc`` / ``c128_out_loc``, the group positions, the compressed lengths and
 the ratio-128 index table. ``DSV4AttnMetadata.init_compression_metadata`` calls it and keeps
-what the layers read (and, from 0.5.21, adds the V4.1 ratio-1/2 write locations and lengths).
+what the layers read; the HIP backend's (0.5.13+) also offsets the write locations by the
+unified SWA region (``unified_swa_pages``, 0.5.14+). From 0.5.21 the V4.1 ratio-1/2 write
+locations and lengths come too: from ``build_low_ratio_metadata`` (a Triton kernel in the
+same file) or the backend's own torch code, and on HIP from ``low_ratio_compression_metadata``
+(``attn_glue_hip.py``, 0.5.22+).
 
-Every release from 0.5.12 to 0.5.23 has both: the kernel in
+Every release from 0.5.12 to 0.5.23 has the kernel: in
 ``sglang/srt/layers/attention/dsv4/metadata_kernel.py`` up to 0.5.15 and in
-``sglang/kernels/ops/attention/dsv4/metadata_kernel.py`` from 0.5.16. Both are bound from
-the tree as it is: the kernel file's wrapper functions and the metadata class through
+``sglang/kernels/ops/attention/dsv4/metadata_kernel.py`` from 0.5.16. All of it is bound
+from the tree as it is: the kernel files' wrapper functions and the metadata classes through
 :func:`~.binding.bind`, the ``@triton.jit`` kernels by compiling their own definitions from
 the tree's text. Triton's interpreter (``TRITON_INTERPRET=1``) runs the kernels on CPU
 tensors; triton comes with the ``triton`` extra (``pip install 'swafuzz[triton]'``), and
@@ -37,17 +41,22 @@ from ...errors import BindError
 from ...reference import compressed as truth
 from .binding import ClassCode, FunctionCode, bind
 from .locate import SourceTree
-from .targets import CUDA_BACKEND_FILE
+from .targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE
 
 # where the kernel file lives: 0.5.16 to 0.5.23, then 0.5.12 to 0.5.15
 KERNEL_FILES = ("sglang/kernels/ops/attention/dsv4/metadata_kernel.py",
                 "sglang/srt/layers/attention/dsv4/metadata_kernel.py")
 UTILS_FILE = "sglang/srt/utils/common.py"
+HIP_GLUE_FILE = "sglang/kernels/ops/attention/dsv4/attn_glue_hip.py"
 KERNEL = "_init_compressed_attn_metadata_kernel"
 KERNEL_ENTRY = "init_compression_metadata"  # the kernel file's function the backend calls
 LOW_RATIO_ENTRY = "build_low_ratio_metadata"  # the V4.1 ratio-1/2 kernel's entry (0.5.21+)
 LOW_RATIO_RECORD = "LowRatioMetadata"  # the record it returns
+HIP_LOW_RATIO = "low_ratio_compression_metadata"  # the HIP backend's V4.1 kernel entry (0.5.22+)
+UNIFIED_RECORD = "UnifiedKvMetadata"  # the HIP per-forward record of unified-KV rows
+UNIFIED_PAGES = "unified_swa_pages"  # the HIP init's parameter (0.5.14+)
 METADATA_CLASS = "DSV4AttnMetadata"
+HIP_METADATA = f"HIP {METADATA_CLASS}"
 TRITON_MISSING = "not checked on CPU: install swafuzz[triton]"
 PAGE_SIZE = 256  # DeepSeek-V4's page size in practice
 INDEX_TOPK = 512
@@ -61,12 +70,14 @@ METADATA_FIELDS = {
     "c4_topk_lengths_raw": "c4_lengths_raw",
     "c4_topk_lengths_clamp1": "c4_lengths_clamp1",
     "c128_out_loc": "c128_out_loc",
+    "c128_topk_lengths_raw": "c128_lengths_raw",  # the HIP metadata's only
     "c128_topk_lengths_clamp1": "c128_lengths_clamp1",
     "c128_page_indices": "c128_page_indices_padded",
     "c1_out_loc": "c1_out_loc",
     "c1_topk_lengths_clamp1": "c1_lengths_clamp1",
     "c2_out_loc": "c2_out_loc",
     "c2_topk_lengths_clamp1": "c2_lengths_clamp1",
+    "swa_page_indices": "swa_page_indices",  # handed in, padded to the index alignment
 }
 # the record build_low_ratio_metadata returns, field by field, and the truth value of each
 LOW_RATIO_OUTPUTS = {
@@ -131,10 +142,28 @@ class CompressionMetadataCode:
     kernel: Callable[..., tuple]  # the kernel file's init_compression_metadata
     metadata_class: type  # DSV4AttnMetadata, rebuilt from its fields, with init_compression_metadata
     low_ratio: Callable[..., tuple] | None = None  # build_low_ratio_metadata, where the tree has it
+    hip_metadata_class: type | None = None  # the HIP backend's DSV4AttnMetadata, where the tree has it
 
-    def metadata(self, batch: "CompressionBatch", low_ratio_buffers: tuple | None = None) -> Any:
-        """A metadata object of ``batch`` after ``init_compression_metadata`` (handed the
-        low-ratio kernel's ``low_ratio_buffers`` where given, as small decode batches are)."""
+    @property
+    def hip_unified(self) -> bool:
+        """Whether the HIP metadata makes the unified-KV compressed locations."""
+        return (self.hip_metadata_class is not None
+                and UNIFIED_PAGES in inspect.signature(self.hip_metadata_class.init_compression_metadata).parameters)
+
+    @property
+    def absent(self) -> tuple[str, ...]:
+        """The code this tree lacks, whose values are therefore not checked."""
+        return tuple(name for name, there in ((LOW_RATIO_ENTRY, self.low_ratio is not None),
+                                              (HIP_METADATA, self.hip_metadata_class is not None),
+                                              (f"HIP {UNIFIED_PAGES}", self.hip_unified or self.hip_metadata_class is None))
+                     if not there)
+
+    def metadata(self, batch: "CompressionBatch", low_ratio_buffers: tuple | None = None, hip: bool = False) -> Any:
+        """A metadata object of ``batch`` (the HIP backend's where ``hip``) after
+        ``init_compression_metadata``, handed the low-ratio kernel's ``low_ratio_buffers``
+        where given (as small decode batches are) and the unified SWA region's size where
+        the HIP metadata takes it."""
+        metadata_class = self.hip_metadata_class if hip else self.metadata_class
         positions = batch.positions.to(torch.int32)
         values = {
             "page_size": batch.page_size, "page_table": batch.pages, "raw_out_loc": batch.out_loc,
@@ -144,13 +173,15 @@ class CompressionMetadataCode:
             "index_topk": INDEX_TOPK, "present_ratios": PRESENT_RATIOS, "low_ratios": truth.LOW_RATIOS,
         }
         # each release declares its own fields (which ratios a stage has: 0.5.21+)
-        declared = {f.name for f in dataclasses.fields(self.metadata_class)}
-        metadata = self.metadata_class(**{name: value for name, value in values.items() if name in declared})
+        declared = {f.name for f in dataclasses.fields(metadata_class)}
+        metadata = metadata_class(**{name: value for name, value in values.items() if name in declared})
         init = metadata.init_compression_metadata
         taken = inspect.signature(init).parameters
         arguments = {"num_tokens": batch.out_loc.numel()} if "num_tokens" in taken else {}
         if low_ratio_buffers is not None:
             arguments["low_ratio_buffers"] = low_ratio_buffers
+        if UNIFIED_PAGES in taken:
+            arguments[UNIFIED_PAGES] = batch.unified_swa_pages
         init(**arguments)
         return metadata
 
@@ -177,18 +208,38 @@ def bind_compression_metadata(tree: SourceTree) -> CompressionMetadataCode:
         entries.append(FunctionCode(kernel_file, LOW_RATIO_ENTRY))
         stand_ins[LOW_RATIO_RECORD] = collections.namedtuple(LOW_RATIO_RECORD, record)
     kernel_code = bind(tree, tuple(entries), stand_ins, {})
-    backend = bind(
-        tree,
-        (FunctionCode(UTILS_FILE, "ceil_align"),
-         ClassCode(CUDA_BACKEND_FILE, METADATA_CLASS, methods=("init_compression_metadata",),
-                   if_defined=("has_c4", "has_c128"), dataclass_fields=True)),
-        {"_init_compression_metadata_triton": kernel_code.functions[KERNEL_ENTRY],
-         "F": torch.nn.functional, "torch": torch},
-        {},
+    common = {"_init_compression_metadata_triton": kernel_code.functions[KERNEL_ENTRY],
+              "F": torch.nn.functional, "torch": torch}
+    hip_metadata_class = None
+    if _defines(tree, HIP_BACKEND_FILE, METADATA_CLASS):
+        hip_stand_ins = dict(common)
+        if _defines(tree, HIP_BACKEND_FILE, UNIFIED_RECORD):
+            unified = ClassCode(HIP_BACKEND_FILE, UNIFIED_RECORD, dataclass_fields=True)
+            hip_stand_ins[UNIFIED_RECORD] = bind(tree, (unified,), {}, {}).classes[UNIFIED_RECORD].build(object)
+        if _defines(tree, HIP_GLUE_FILE, HIP_LOW_RATIO):
+            glue = bind(tree, (FunctionCode(HIP_GLUE_FILE, HIP_LOW_RATIO),),
+                        {"triton": triton, "tl": tl, **_jitted_kernels(tree, HIP_GLUE_FILE)}, {})
+            hip_stand_ins[HIP_LOW_RATIO] = glue.functions[HIP_LOW_RATIO]
+        hip_metadata_class = _metadata_class(tree, HIP_BACKEND_FILE, hip_stand_ins)
+    return CompressionMetadataCode(
+        kernel_code.label, kernel_file, kernel_code.functions[KERNEL_ENTRY],
+        _metadata_class(tree, CUDA_BACKEND_FILE, common), kernel_code.functions.get(LOW_RATIO_ENTRY), hip_metadata_class,
     )
-    metadata_class = backend.classes[METADATA_CLASS].build(object)
-    return CompressionMetadataCode(backend.label, kernel_file, kernel_code.functions[KERNEL_ENTRY], metadata_class,
-                                   kernel_code.functions.get(LOW_RATIO_ENTRY))
+
+
+def _metadata_class(tree: SourceTree, path: str, stand_ins: dict[str, Any]) -> type:
+    """``path``'s ``DSV4AttnMetadata`` rebuilt from its fields, with ``init_compression_metadata``."""
+    code = (FunctionCode(UTILS_FILE, "ceil_align"),
+            ClassCode(path, METADATA_CLASS, methods=("init_compression_metadata",),
+                      if_defined=("has_c4", "has_c128"), dataclass_fields=True))
+    return bind(tree, code, stand_ins, {}).classes[METADATA_CLASS].build(object)
+
+
+def _defines(tree: SourceTree, path: str, name: str) -> bool:
+    """Whether ``path`` in ``tree`` defines a top-level function or class ``name``."""
+    text = tree.read(path)
+    return text is not None and any(
+        isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name for node in ast.parse(text).body)
 
 
 def _record_fields(tree: SourceTree, path: str, name: str) -> tuple[str, ...] | None:
@@ -210,6 +261,7 @@ class CompressionBatch:
     req_to_token: torch.Tensor  # int32 [request slots, columns]
     mapping: torch.Tensor  # int64 full slot -> SWA slot
     page_size: int = PAGE_SIZE
+    unified_swa_pages: int = 0  # the HIP unified-KV SWA region's size (0: no unified layout)
 
     @property
     def max_seq_len(self) -> int:
@@ -226,12 +278,16 @@ class CompressionBatch:
     def expected(self) -> dict[str, torch.Tensor]:
         """Every value the kernel or the metadata holds for this batch, from the truth."""
         values = vars(truth.compression_metadata(self.positions, self.out_loc, self.pages, self.page_size)).copy()
+        values["swa_page_indices"] = self.swa_page_indices
         values["c128_page_indices_padded"] = truth.c128_page_indices(self.pages, self.positions, self.page_size)
         for ratio in truth.LOW_RATIOS:
             values[f"c{ratio}_out_loc"] = truth.low_ratio_out_loc(self.positions, self.out_loc, ratio)
             values[f"c{ratio}_lengths_clamp1"] = truth.compressed_lengths(self.positions, ratio).clamp1
             values[f"c{ratio}_sparse_lengths"] = truth.sparse_topk_lengths(self.positions, INDEX_TOPK, ratio)
         values["empty_sparse_page_indices"] = truth.empty_sparse_page_indices(self.positions.numel(), INDEX_TOPK)
+        for ratio in truth.COMPRESS_RATIOS:
+            values[f"unified_c{ratio}_out_loc"] = truth.unified_compressed_out_loc(
+                self.positions, self.out_loc, ratio, self.unified_swa_pages)
         return values
 
 
@@ -255,22 +311,38 @@ def check(code: CompressionMetadataCode, batch: CompressionBatch) -> list[str]:
     (empty when all match the truth)."""
     expected = batch.expected()
     positions = batch.positions.to(torch.int32)
-    returned = code.kernel(positions + 1, positions, batch.out_loc, batch.pages, batch.page_size,
-                           compute_page_indices=True)
-    names = KERNEL_OUTPUTS if len(returned) == len(KERNEL_OUTPUTS) else tuple(
-        n for n in KERNEL_OUTPUTS if n != "c128_lengths_raw")
-    wrong = [first_wrong_row(f"{KERNEL_ENTRY}: {name}", value, expected[name]) for name, value in zip(names, returned)]
+    wrong = []
+    # with the ratio-128 index table, and without it (a stage with no ratio-128 layer)
+    for with_table, label in ((True, KERNEL_ENTRY), (False, f"{KERNEL_ENTRY} without the c128 table")):
+        returned = code.kernel(positions + 1, positions, batch.out_loc, batch.pages, batch.page_size,
+                               compute_page_indices=with_table)
+        names = KERNEL_OUTPUTS if len(returned) == len(KERNEL_OUTPUTS) else tuple(
+            n for n in KERNEL_OUTPUTS if n != "c128_lengths_raw")
+        for name, value in zip(names, returned):
+            if name == "c128_page_indices" and not with_table:
+                if value is not None:
+                    wrong.append(f"{label}: c128_page_indices: SGLang makes one, none was asked for")
+                continue
+            wrong.append(first_wrong_row(f"{label}: {name}", value, expected[name]))
     metadatas = [(METADATA_CLASS, code.metadata(batch))]
     if code.low_ratio is not None:
         buffers = code.low_ratio(positions + 1, batch.out_loc, INDEX_TOPK)
         wrong += [first_wrong_row(f"{LOW_RATIO_ENTRY}: {name}", getattr(buffers, name), expected[value])
                   for name, value in LOW_RATIO_OUTPUTS.items()]
         metadatas.append((f"{METADATA_CLASS} with {LOW_RATIO_ENTRY}'s buffers", code.metadata(batch, buffers)))
+    if code.hip_metadata_class is not None:
+        metadatas.append((HIP_METADATA, code.metadata(batch, hip=True)))
     for label, metadata in metadatas:
         for field, value in METADATA_FIELDS.items():
             if not hasattr(metadata, field):
                 continue  # a field the release does not declare (the V4.1 ratios before 0.5.21)
             wrong.append(first_wrong_row(f"{label}.{field}", getattr(metadata, field), expected[value]))
+    if code.hip_unified and batch.unified_swa_pages:
+        unified = metadatas[-1][1].unified
+        for ratio in truth.COMPRESS_RATIOS:
+            name = f"c{ratio}_out_loc"
+            wrong.append(first_wrong_row(f"{HIP_METADATA}.unified.{name}", getattr(unified, name, None),
+                                         expected[f"unified_{name}"]))
     return [w for w in wrong if w is not None]
 
 
@@ -305,6 +377,7 @@ def _batch(rng: random.Random, max_rows: int) -> CompressionBatch:
     return CompressionBatch(
         positions=torch.tensor(positions, dtype=torch.int64), out_loc=torch.tensor(out_loc, dtype=torch.int64),
         req_slots=torch.tensor(req_slots, dtype=torch.int64), req_to_token=req_to_token.int(), mapping=mapping,
+        unified_swa_pages=rng.randint(1, 1 << 20),
     )
 
 
@@ -339,7 +412,7 @@ def check_release(tree: SourceTree, batches: list[CompressionBatch] | None = Non
     if not triton_available():
         return ReleaseCheck(tree.label, checked=False, reason=TRITON_MISSING)
     code = bind_compression_metadata(tree)
-    absent = () if code.low_ratio is not None else (LOW_RATIO_ENTRY,)
+    absent = code.absent
     for batch in batches if batches is not None else generated_batches(4):
         wrong = check(code, batch)
         if wrong:
