@@ -84,7 +84,8 @@ def low_ratio_out_loc(positions: torch.Tensor, out_loc: torch.Tensor, ratio: int
 
     SGLang 0.5.21+'s ``c1_out_loc`` / ``c2_out_loc``: ``_low_ratio_compression_metadata``
     (``deepseek_v4_backend.py``) or, for small decode batches, the ``_low_ratio_metadata``
-    Triton kernel (``build_low_ratio_metadata``).
+    Triton kernel (``build_low_ratio_metadata``); on HIP (0.5.22+) the
+    ``low_ratio_compression_metadata`` kernel (``attn_glue_hip.py``).
     """
     ratio = _ratio(ratio, LOW_RATIOS)
     pos, loc = _write_rows(positions, out_loc)
@@ -100,8 +101,9 @@ def unified_compressed_out_loc(
     included, is offset by that many (int64).
 
     SGLang's HIP ``DSV4AttnMetadata.init_compression_metadata``
-    (``deepseek_v4_backend_hip_radix.py``, 0.5.23), ``unified.c4_out_loc`` and
-    ``unified.c128_out_loc``, computed once per step when the pool has a unified SWA region.
+    (``deepseek_v4_backend_hip_radix.py``, 0.5.14 to 0.5.23), ``unified.c4_out_loc`` and
+    ``unified.c128_out_loc``, computed once per step when the pool has a unified SWA region
+    (``unified_swa_pages`` non-zero).
     """
     if unified_swa_pages < 0:
         raise TruthError(f"negative unified_swa_pages {unified_swa_pages}")
@@ -174,7 +176,7 @@ def page_table(
 
     SGLang's ``page_table``: ``BuildPageTablePositions`` (``build_page_table_positions``
     and its Triton twin, ``attn_metadata_kernels.py``, 0.5.16 to 0.5.23; inline in the
-    backend before). Columns past a row's own length hold whatever ``R`` holds there; no
+    backend's ``make_core_attn_metadata`` from 0.5.12). Columns past a row's own length hold whatever ``R`` holds there; no
     reader looks at them.
     """
     if page_size <= 0 or max_seq_len <= 0:
@@ -225,7 +227,9 @@ def swa_page_indices(
 
     SGLang's ``swa_page_indices`` for the plain causal window: ``BuildCausalSwaPageIndices``
     (``build_causal_swa_page_indices`` and its Triton twin, ``attn_metadata_kernels.py``,
-    0.5.16 to 0.5.23), read by every layer's attention. An entry is read through the
+    0.5.16 to 0.5.23; the backend's ``get_swa_page_indices`` from 0.5.12), read by every
+    layer's attention. SGLang's free entries read a trailing -1 of the mapping (its
+    ``full_to_swa_index_mapping`` ends in -1) or are masked to -1, the same value. An entry is read through the
     full-to-SWA mapping as it is when the metadata is built.
     """
     if window <= 0:
@@ -253,7 +257,8 @@ def swa_page_indices(
 def swa_topk_lengths(positions: torch.Tensor, window: int = SWA_WINDOW) -> torch.Tensor:
     """How many SWA entries a row reads, ``min(s, window)`` (int32).
 
-    SGLang's ``swa_topk_lengths`` (``BuildPageTablePositions``, 0.5.16 to 0.5.23).
+    SGLang's ``swa_topk_lengths`` (``BuildPageTablePositions``, 0.5.16 to 0.5.23; inline in
+    ``make_core_attn_metadata`` from 0.5.12).
     """
     return (_positions(positions) + 1).clamp_max(window).int()
 
