@@ -1,5 +1,25 @@
 """The truth: what every SWA store of a forward must write, from live inputs only."""
 
+from .compressed import (
+    COMPRESS_RATIOS,
+    LOW_RATIOS,
+    CompressedLengths,
+    CompressionMetadata,
+    c128_page_indices,
+    compress_state_ring_size,
+    compress_state_slots,
+    compressed_lengths,
+    compressed_out_loc,
+    compressed_positions,
+    compression_metadata,
+    empty_sparse_page_indices,
+    low_ratio_out_loc,
+    page_table,
+    sparse_topk_lengths,
+    swa_page_indices,
+    swa_topk_lengths,
+    unified_compressed_out_loc,
+)
 from .engine import PACKED_INPUTS, EngineState, ForwardPlan, StepInputs, replay_events
 from .scenario import (
     LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, live_rows,
@@ -23,6 +43,10 @@ from .truth import (
 )
 
 __all__ = [
+    "COMPRESS_RATIOS", "LOW_RATIOS", "CompressedLengths", "CompressionMetadata", "c128_page_indices",
+    "compress_state_ring_size", "compress_state_slots", "compressed_lengths", "compressed_out_loc",
+    "compressed_positions", "compression_metadata", "empty_sparse_page_indices", "low_ratio_out_loc", "page_table", "sparse_topk_lengths",
+    "swa_page_indices", "swa_topk_lengths", "unified_compressed_out_loc",
     "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
     "ForwardPlan", "Mutation", "PACKED_INPUTS", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
     "draft_step_slots", "late_layer_tail_tokens", "live_rows", "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size",

@@ -409,6 +409,20 @@ def test_import_mode_takes_the_installed_classes(tmp_path, monkeypatch):
             del sys.modules[name]
 
 
+def test_a_default_value_that_reads_a_file_constant_binds(tmp_path):
+    from swafuzz.subjects.sglang.binding import FunctionCode, bind
+
+    helper = "sglang/srt/helpers.py"
+    tree = locate.checkout(_checkout(tmp_path, {helper: """
+        ALIGN = 64
+
+        def aligned(width, multiple=ALIGN):
+            return -(-width // multiple) * multiple
+    """}))
+    aligned = bind(tree, (FunctionCode(helper, "aligned"),), {}, {}).functions["aligned"]
+    assert (aligned(65), aligned(65, 8)) == (128, 72)
+
+
 def test_import_mode_is_refused_for_a_checkout(tmp_path):
     tree = locate.checkout(_checkout(tmp_path, {RING_BACKEND: UNCACHED_RING_GETTER}))
     with pytest.raises(BindError, match="import mode reads the installed package"):

@@ -316,7 +316,7 @@ class _SourceBinder:
         node = self._local_imports_from_stand_ins(node, qualname)
         namespace = self._file_namespace(path)
         missing = []
-        for name in sorted(_global_names(node)):
+        for name in sorted(_global_names(node) | _default_names(node)):
             if name not in namespace and not hasattr(builtins, name) and not self._resolve(path, name, namespace):
                 missing.append(name)
         if missing:
@@ -491,6 +491,14 @@ def _global_names(node: ast.FunctionDef) -> set[str]:
             names.update(scope.get_globals())
         pending.extend(scope.get_children())
     return names
+
+
+def _default_names(node: ast.FunctionDef) -> set[str]:
+    """The names a function's default values read: the ``def`` statement evaluates them in
+    the file's namespace (``multiples_of=PAGE_INDEX_ALIGNED_SIZE``), outside the body's scope."""
+    arguments = node.args
+    defaults = [d for d in (*arguments.defaults, *arguments.kw_defaults) if d is not None]
+    return {n.id for d in defaults for n in ast.walk(d) if isinstance(n, ast.Name)}
 
 
 def _dataclass_fields(node: ast.ClassDef) -> dict[str, Callable[[], Any] | None]:
