@@ -316,6 +316,18 @@ def test_the_gate_says_a_release_fixed_the_idle_request_window_rows_of_the_one_b
     assert rows["RequestWindow.commit"] == "not checked"  # 0.5.23 made it a kernel swafuzz cannot run
 
 
+def test_the_tree_checks_run_the_compressed_kv_kernels_where_triton_can_and_say_so_where_not():
+    from swafuzz.subjects.sglang import compressed
+
+    if isinstance(release := released_tree("0.5.23"), str):
+        pytest.skip(release)
+    (kernels,) = tree_checks.check_compressed_values(release)
+    if compressed.triton_available():
+        assert (kernels.outcome, kernels.detail) == (tree_checks.RIGHT, "every value matches the truth")
+    else:
+        assert (kernels.outcome, kernels.detail) == (tree_checks.GAP, compressed.TRITON_MISSING)
+
+
 def test_code_swafuzz_cannot_run_holds_the_gate_only_where_head_brings_it():
     from swafuzz.tools.pr_gate import CLEAN, GAP, TARGET, Row, Side, exit_code
 

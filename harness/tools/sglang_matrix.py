@@ -62,7 +62,15 @@ from ..results.reports import write_atomically
 from ..subjects.sglang import locate, provenance, runner_steps, switch_overrides
 from ..subjects.sglang.binding import BindError
 from ..subjects.sglang.configure import configured
-from ..subjects.sglang.tree_checks import BATCH_KINDS, RIGHT, WRONG, TreeCheck, check_producers, producer_batches
+from ..subjects.sglang.tree_checks import (
+    BATCH_KINDS,
+    RIGHT,
+    WRONG,
+    TreeCheck,
+    check_compressed_values,
+    check_producers,
+    producer_batches,
+)
 from ..subjects.sglang.reachability import (
     DRIVER_SWITCHES,
     EVERY_SCENARIO,
@@ -147,6 +155,7 @@ class Matrix:
     overrides: dict[str, bool] = field(default_factory=dict)  # --switch NAME=0|1
     producers: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> producer checks
     runner_steps: dict[str, list[runner_steps.Verdict]] = field(default_factory=dict)  # version -> steps
+    kernels: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> compressed-KV kernel checks
 
 
 def run_matrix(
@@ -162,6 +171,7 @@ def run_matrix(
     sources: dict[str, str] = {}
     producers: dict[str, list[TreeCheck]] = {}
     steps: dict[str, list[runner_steps.Verdict]] = {}
+    kernels: dict[str, list[TreeCheck]] = {}
     for version in versions:
         try:
             tree = locate.wheel(version, cache)
@@ -173,6 +183,7 @@ def run_matrix(
         switches = settings_for(version, overrides)
         producers[version] = check_producers(tree, seed)
         steps[version] = runner_steps.verdicts(tree)
+        kernels[version] = check_compressed_values(tree)
         for target in TARGETS:
             try:
                 info = configured(target.info(tree, "source", name=f"{target.subject_name}@{version}"),
@@ -189,7 +200,7 @@ def run_matrix(
             log(f"{version} {target.name}: " + ", ".join(f"{k} {v}" for k, v in cell.runs.items()))
             cells.append(cell)
     return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started,
-                  sources, revision, overrides, producers, steps)
+                  sources, revision, overrides, producers, steps, kernels)
 
 
 def concerning(target: Target, switches: SwitchSettings) -> dict[str, bool]:
@@ -509,6 +520,16 @@ def render(matrix: Matrix, report_path: Path) -> str:
               "is the `assign-listed-ring-rows` problem, whose cited paths decide). "
               "`python -m swafuzz.subjects.sglang.runner_steps VERSION` prints each step's fields.", "",
               *_runner_steps_table(matrix)]
+    if matrix.kernels:
+        lines += ["", "## Compressed-KV values by release", "",
+                  "SGLang's own compressed-KV metadata kernels (`harness/subjects/sglang/compressed.py`: "
+                  "`init_compression_metadata` on CUDA and HIP, the V4.1 low-ratio kernels), run under "
+                  "Triton's interpreter on generated batches and compared value by value with "
+                  "`reference/compressed.py`; **not checked** where triton is not installed.", "",
+                  "| release | compressed-KV values |", "| --- | --- |",
+                  *(f"| {version} | " + "; ".join(
+                      f"{'**wrong**' if c.outcome == WRONG else c.outcome}: {_generic(c.detail, version)}"
+                      .replace("|", "\\|") for c in checks) + " |" for version, checks in matrix.kernels.items())]
     lines += ["", "## Engine switches by release", "",
               "Defaults read from each release (`harness/subjects/sglang/switches.py`); a route that needs a "
               "switch set against its default makes a divergence *reachable off-default*.", "",

@@ -1,11 +1,13 @@
 """The checks that run a tree's own code on generated inputs, outside the fuzzer.
 
-Two tables of SGLang code are checked this way, each against :mod:`swafuzz.reference`:
+Three tables of SGLang code are checked this way, each against :mod:`swafuzz.reference`:
 
 - the producers of the rows the stores write (:mod:`.producers`), run on
   :func:`producer_batches`: decode-like, target-verify-like, ragged extend, prefill, a
   graph-padded batch and an idle forward right after a live one;
-- the graph runner's merge steps before replay (:mod:`.runner_steps`).
+- the graph runner's merge steps before replay (:mod:`.runner_steps`);
+- the compressed-KV metadata kernels (:mod:`.compressed`), under Triton's interpreter where
+  the ``triton`` extra is installed, and *not checked* where it is not.
 
 Each check of a tree ends as one :class:`TreeCheck`: *right*, *wrong* (the first wrong row
 and the batch that showed it), *absent* (the tree lacks the code, with why) or *not checked*
@@ -29,10 +31,11 @@ import torch
 
 from ...errors import BindError, StandInGap, SglangUnavailable
 from ...names import EXIT_OK, EXIT_USAGE
-from . import locate, runner_steps
+from . import compressed, locate, runner_steps
 from .producers import Batch, bind_producers, check, idle
 
-PRODUCER, RUNNER_STEP = "producer", "runner step"
+PRODUCER, RUNNER_STEP, KERNEL = "producer", "runner step", "kernel"
+COMPRESSED_VALUES = f"{compressed.KERNEL_ENTRY} (compressed-KV values)"
 RIGHT, WRONG, ABSENT, GAP = "right", "wrong", "absent", "not checked"
 PRODUCER_WINDOWS = (8, 128)
 BATCH_KINDS = ("decode", "verify", "ragged extend", "prefill", "padded", "idle after a live forward")
@@ -43,7 +46,7 @@ class TreeCheck:
     """One producer or runner step of one tree: ``detail`` is the first wrong row and its
     batch (wrong), why the tree lacks it (absent) or what swafuzz cannot run (not checked)."""
 
-    kind: str  # PRODUCER or RUNNER_STEP
+    kind: str  # PRODUCER, RUNNER_STEP or KERNEL
     name: str  # the SGLang function, as the producers' and runner steps' tables name it
     outcome: str  # RIGHT, WRONG, ABSENT or GAP
     detail: str = ""
@@ -122,8 +125,22 @@ def check_runner_steps(tree: locate.SourceTree) -> list[TreeCheck]:
             for v in runner_steps.verdicts(tree)]
 
 
+def check_compressed_values(tree: locate.SourceTree) -> list[TreeCheck]:
+    """The compressed-KV metadata kernels (:func:`compressed.check_release`) as one check."""
+    try:
+        found = compressed.check_release(tree)
+    except BindError as exc:
+        return [_not_there(KERNEL, COMPRESSED_VALUES, str(exc))]
+    if not found.checked:
+        return [TreeCheck(KERNEL, COMPRESSED_VALUES, GAP, found.reason)]
+    absent = f" (this tree has no {', '.join(found.absent)})" if found.absent else ""
+    if found.wrong:
+        return [TreeCheck(KERNEL, COMPRESSED_VALUES, WRONG, "; ".join(found.wrong) + absent)]
+    return [TreeCheck(KERNEL, COMPRESSED_VALUES, RIGHT, "every value matches the truth" + absent)]
+
+
 def check_tree(tree: locate.SourceTree, seed: int = 0) -> list[TreeCheck]:
-    return check_producers(tree, seed) + check_runner_steps(tree)
+    return check_producers(tree, seed) + check_runner_steps(tree) + check_compressed_values(tree)
 
 
 _ROWS = re.compile(r"^(?P<field>\w[\w ]*?): got (?P<got>\[[^\]]*\]), want (?P<want>\[[^\]]*\])$")
