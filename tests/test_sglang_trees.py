@@ -341,6 +341,34 @@ def test_code_swafuzz_cannot_run_holds_the_gate_only_where_head_brings_it():
     assert Row(target.name, TARGET, gap, gap).verdict == "not checked"
 
 
+def _workflow() -> str:
+    page = (Path(__file__).parent.parent / "docs" / "sglang.md").read_text()
+    return page.split("<!-- workflow: swafuzz-gate -->\n```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_sglang_workflow_gates_every_pull_request_that_touches_a_file_the_gate_reads():
+    import fnmatch
+    import shlex
+
+    from swafuzz.cli import build_parser
+    from swafuzz.subjects.sglang import TARGETS, provenance
+
+    if isinstance(release := released_tree("0.5.23"), str):
+        pytest.skip(release)
+    workflow = _workflow()
+    globs = [line.split('"')[1].removeprefix("python/").replace("**", "*")
+             for line in workflow.splitlines() if line.lstrip().startswith('- "python/')]
+    read = set(files_the_tree_checks_read("0.5.23")) | set(FILES) | set(provenance.sglang_paths())
+    for item in TARGETS:
+        read |= {code.path for code in item.code}
+    missed = sorted(path for path in read if release.read(path) is not None
+                    and not any(fnmatch.fnmatch(path, glob) for glob in globs))
+    assert not missed, f"the workflow does not run on {missed}"
+    (command,) = [line.split("run: ", 1)[1] for line in workflow.splitlines() if "run: swafuzz gate" in line]
+    options = build_parser().parse_args(shlex.split(command)[1:])
+    assert (options.sglang_source, options.sglang_base) == ("head", "base")
+
+
 def test_a_gate_whose_base_cannot_be_had_exits_2_with_one_line_before_any_search(tmp_path):
     # the suite reads releases offline: a release outside the cache cannot be had, as one
     # that does not exist cannot
