@@ -125,7 +125,7 @@ class Finding:
     column: str  # a profile, or "examples"
     divergence: Divergence
     scenario: Scenario
-    replay: Path
+    replay: Path | None  # None where the run writes no replay file (the fast verdicts)
     example: str | None = None
     switches: SwitchSettings | None = None  # the run's engine switches (None: the release's defaults)
 
@@ -160,9 +160,12 @@ class Matrix:
 
 def run_matrix(
     versions: list[str], *, settings: str = "ci", max_examples: int | None = None, seed: int = 0,
-    cache: str | None = None, replay_dir: Path = Path("reports/sglang-matrix"),
-    overrides: dict[str, bool] | None = None, log=lambda line: None,
+    cache: str | None = None, replay_dir: Path | None = Path("reports/sglang-matrix"),
+    overrides: dict[str, bool] | None = None, log=lambda line: None, searches: bool = True,
 ) -> Matrix:
+    """Every release of ``versions``: its tree checks, and for every target it binds the
+    hand-written examples, then (``searches``) the fuzzer under each profile and with each
+    switch that concerns it flipped. Without ``replay_dir`` no replay file is written."""
     started = time.monotonic()
     revision = provenance.revision()
     overrides = dict(overrides or {})
@@ -193,6 +196,9 @@ def run_matrix(
                 continue
             cell = Cell(version, target, bound=True)
             _run_examples(cell, info, switches, replay_dir)
+            if not searches:
+                cells.append(cell)
+                continue
             for profile in PROFILES:
                 cell.runs[profile] = _run_fuzz(cell, info, profile, switches, settings, max_examples, seed,
                                                replay_dir, profile, _run_name(f"seed{seed}", switches))
@@ -236,8 +242,8 @@ def _run_examples(cell: Cell, info: SubjectInfo, switches: SwitchSettings, repla
             continue
         diverged.append(name)
         # the example's name stands in for the settings, so each gets its own file
-        path = _replay(info, weakest_profile(scenario), scenario, divergence, cell.target, switches, replay_dir,
-                       _run_name(f"example {name}", switches), settings=f"example {name}")
+        path = replay_dir and _replay(info, weakest_profile(scenario), scenario, divergence, cell.target, switches,
+                                      replay_dir, _run_name(f"example {name}", switches), settings=f"example {name}")
         cell.findings.append(Finding(cell.version, cell.target, EXAMPLES_COLUMN, divergence, scenario, path, name,
                                      switches))
     cell.runs[EXAMPLES_COLUMN] = f"{len(diverged)}/{len(EXAMPLES)} diverge" + "".join(
@@ -702,6 +708,48 @@ def _relative(path: Path, report_path: Path) -> str:
         return str(path)
 
 
+VERDICTS_REPORT = "reports/sglang-verdicts.md"
+VERDICTS_COMMAND = "python -m swafuzz.tools.sglang_matrix --verdicts --out reports/sglang-verdicts.md"
+
+
+def verdict_row(matrix: Matrix, version: str) -> str:
+    """One release's fast verdicts: each target's hand-written examples (which diverge), and
+    the summaries of its producers, runner steps and compressed-KV kernels."""
+    by_target = {cell.target.name: cell for cell in matrix.cells if cell.version == version}
+    cells = []
+    for target in TARGETS:
+        cell = by_target.get(target.name)
+        if cell is None or not cell.bound:
+            cells.append("n/a")
+            continue
+        diverged = [f.example for f in cell.findings if f.column == EXAMPLES_COLUMN]
+        cells.append(cell.runs[EXAMPLES_COLUMN] + (f": {', '.join(diverged)}" if diverged else ""))
+    producers = matrix.producers.get(version, [])
+    ran = [c for c in producers if c.outcome in (RIGHT, WRONG)]
+    wrong = [c.name for c in ran if c.outcome == WRONG]
+    cells.append(f"wrong: {', '.join(wrong)}" if wrong else f"all right ({len(ran)} run)")
+    steps = [v for v in matrix.runner_steps.get(version, []) if not v.absent]
+    stale = [v.step for v in steps if v.findings]
+    cells.append(f"stale: {', '.join(stale)}" if stale else f"all kept ({len(steps)} run)")
+    cells.append("; ".join(c.outcome for c in matrix.kernels.get(version, [])) or "-")
+    return f"| {version} | " + " | ".join(cells) + " |"
+
+
+def verdicts_table(matrix: Matrix) -> str:
+    header = ["release", *(t.name for t in TARGETS), "producers", "runner steps", "compressed-KV values"]
+    return "\n".join([
+        "# SGLang verdicts by release", "",
+        f"The fast part of [sglang-matrix.md](sglang-matrix.md), in seconds a release: each target's "
+        f"hand-written examples (`strategies/examples.py`: how many diverge, and which), and each release's "
+        f"producers of the rows, graph-runner steps and compressed-KV kernels. Written by `{VERDICTS_COMMAND}`; "
+        f"`tests/test_sglang_verdicts.py` makes the rows of the releases the suite reads again and "
+        f"compares them, so this table is what the code says now. The full report's searches are rebuilt "
+        f"with `tox -e sglang-matrix`, and its examples and producers columns must agree with this table.", "",
+        "| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
+        *(verdict_row(matrix, version) for version in matrix.versions if version not in matrix.unavailable),
+    ]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m swafuzz.tools.sglang_matrix", description=__doc__.splitlines()[0])
     parser.add_argument("--versions", default=",".join(locate.RELEASES),
@@ -713,6 +761,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", default=None, help=f"wheel cache (default: ${locate.CACHE_ENV} or "
                         f"{locate.DEFAULT_CACHE_DIR})")
+    parser.add_argument("--verdicts", action="store_true",
+                        help=f"write only the fast verdicts (the examples and the tree checks) as the table "
+                             f"{VERDICTS_REPORT} holds; no search runs and no replay file is written")
     parser.add_argument("--switch", action="append", default=[], metavar="NAME=0|1",
                         help="set an engine switch in every release that has it (repeatable; a server "
                         "argument without its dashes, e.g. enable-encoder-swa-bounded-replay=1); default: "
@@ -725,10 +776,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))  # exits 2
     matrix = run_matrix(
         versions, settings=args.settings, max_examples=args.max_examples, seed=args.seed,
-        cache=args.cache, replay_dir=args.replay_dir, overrides=overrides,
-        log=lambda line: print(line, file=sys.stderr, flush=True),
+        cache=args.cache, replay_dir=None if args.verdicts else args.replay_dir, overrides=overrides,
+        log=lambda line: print(line, file=sys.stderr, flush=True), searches=not args.verdicts,
     )
-    write_atomically(args.out, render(matrix, args.out))
+    write_atomically(args.out, verdicts_table(matrix) if args.verdicts else render(matrix, args.out))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0 if len(matrix.unavailable) < len(versions) else 1
 
