@@ -432,6 +432,49 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
     return {"overall": overall, "subjects": {report.subject: report.to_dict() for report in reports}}
 
 
+FIGURES_START = "<!-- figures written by: "
+FIGURES_END = "<!-- end of figures -->"
+
+
+def _seconds_or_dash(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def mutants_table(figures: dict) -> list[str]:
+    """The mutants suite's figures (as :func:`bench_mutants` returns them) as a Markdown table:
+    a row per subject, then one over all."""
+    def times(t: dict) -> str:
+        return f"{_seconds_or_dash(t['median_s'])} / {_seconds_or_dash(t['p90_s'])} / {_seconds_or_dash(t['max_s'])} s"
+
+    lines = ["| subject | made | killed | equivalent | never read | not runnable | survived "
+             "| time to kill median / p90 / max |", "|---|---|---|---|---|---|---|---|"]
+    for name, report in figures["subjects"].items():
+        adversarial = report["killed_by_profile"].get("adversarial", 0)
+        killed = f"{report['killed']}" + (f" ({adversarial} adversarial)" if adversarial else "")
+        lines.append(f"| `{name}` | {report['made']} | {killed} | {report['equivalent']} | {report['never_read']} "
+                     f"| {report['not_runnable']} | {report['survived']} | {times(report['time_to_kill'])} |")
+    overall = figures["overall"]
+    rate = "-" if overall["kill_rate"] is None else f"{overall['kill_rate']:.1%}"
+    lines.append(f"| all | {overall['made']} | {overall['killed']} of {overall['counted']} ({rate}) "
+                 f"| {overall['equivalent']} | {overall['never_read']} | {overall['not_runnable']} "
+                 f"| {overall['survived']} | {times(overall['time_to_kill'])} |")
+    return lines
+
+
+def write_figures(page: Path, command: str, lines: list[str]) -> None:
+    """Put ``lines`` in ``page`` in place of the figures the same ``command`` wrote there
+    before, between ``<!-- figures written by: COMMAND -->`` and ``<!-- end of figures -->``,
+    so measured figures reach the page that shows them without being copied by hand."""
+    start = f"{FIGURES_START}{command} -->"
+    text = page.read_text(encoding="utf-8")
+    if start not in text or FIGURES_END not in text.split(start, 1)[1]:
+        raise SystemExit(f"swafuzz bench: {page} has no place for these figures: put the lines {start!r} "
+                         f"and {FIGURES_END!r} where they belong")
+    before, rest = text.split(start, 1)
+    after = rest.split(FIGURES_END, 1)[1]
+    page.write_text(before + start + "\n" + "\n".join(lines) + "\n" + FIGURES_END + after, encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="swafuzz bench", description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=("executor", "fuzz", "peer", "cold", "scaling", "mutants", "device",
@@ -453,7 +496,12 @@ def main(argv: list[str] | None = None) -> int:
                              f"that runs on the CPU (default {','.join(SCALING_SUBJECTS)})")
     parser.add_argument("--json-out", metavar="PATH",
                         help="write the ratios measured (higher is better for each) to this JSON file")
+    parser.add_argument("--write-figures", metavar="PAGE", type=Path,
+                        help="write the mutants suite's table into PAGE (e.g. docs/benchmarks.md), in place of "
+                             "the one this command wrote there before")
     args = parser.parse_args(argv)
+    if args.write_figures and args.suite != "mutants":
+        parser.error("--write-figures writes the mutants suite's table: add --suite mutants")
     ratios: dict[str, float] = {}
     mutants = None
     if args.suite in ("executor", "all"):
@@ -472,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
         ratios.update(bench_scaling(subjects, workers=args.workers, budget_s=args.budget))
     if args.suite == "mutants":
         mutants = bench_mutants(budget_s=args.budget)
+        if args.write_figures:
+            write_figures(args.write_figures, f"swafuzz bench --suite mutants --budget {args.budget:g}",
+                          mutants_table(mutants))
         ratios.update({f"mutants/kill_rate/{name}": report["kill_rate"]
                        for name, report in mutants["subjects"].items() if report["kill_rate"] is not None})
         if mutants["overall"]["diagnosis"]["share"] is not None:
