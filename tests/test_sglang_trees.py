@@ -19,12 +19,12 @@ from conftest import released_tree, wait_until
 from swafuzz.api import ForwardMode
 from swafuzz.run.executor import run_scenario
 from swafuzz.search.fuzz import fuzz
-from swafuzz.subjects.sglang import BindError, bind_target, callsites, locate
+from swafuzz.subjects.sglang import BindError, bind_target, callsites, engine_features, locate
 from swafuzz.subjects.sglang.drivers import RING_GETTER_MODES
-from swafuzz.subjects.sglang.switches import ENVIRON
+from swafuzz.subjects.sglang.switches import ENVIRON, settings_of
 from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
 from swafuzz.strategies.examples import EXAMPLES
-from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, RAGGED_EXTEND
+from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, MICRO_BATCHES, RAGGED_EXTEND, in_mode
 
 # what a target binds, and what its call sites and switches are read from
 FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, *locate.VERSION_FILES,
@@ -310,3 +310,17 @@ def test_a_tree_whose_call_sites_cannot_be_read_is_unconfirmed_and_keeps_every_m
     subject = bind_target(target("unified-metadata-merge"), tree, "source").subject
     assert subject.target_modes is None and subject.modelled_modes == RING_GETTER_MODES
     assert subject.call_sites.describe().startswith("reachability unconfirmed: no call of get_unified_swa_loc")
+
+
+def test_two_batch_overlap_is_drawn_in_the_modes_the_models_gate_names(tmp_path):
+    gate = "global_forward_mode.is_extend_without_speculative()"
+    tree = edited_tree(tmp_path, "0.5.17", {callsites.MODEL_FILE: [(gate, "global_forward_mode.is_decode()")]})
+    unreached = engine_features.unreached(tree, settings_of(tree))
+    assert in_mode(MICRO_BATCHES, "extend") in unreached
+    assert in_mode(MICRO_BATCHES, "decode") not in unreached and in_mode(MICRO_BATCHES, "draft") not in unreached
+
+
+def test_a_tree_without_the_model_class_leaves_two_batch_overlap_unconfirmed_and_drawn(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.17", {callsites.MODEL_FILE: [("class DeepseekV4Model(", "class OtherModel(")]})
+    overlap = engine_features.read(tree, settings_of(tree))[0]
+    assert overlap.unconfirmed == "models/deepseek_v4.py defines no DeepseekV4Model" and not overlap.unreached
