@@ -56,8 +56,10 @@ def _subject(tree: locate.SourceTree, name: str):
     return bind_target(target(name), tree, "source")
 
 
-def _diverges(info, max_examples: int = 300, exclude: frozenset[str] = frozenset()) -> bool:
-    return fuzz(info, settings="ci", max_examples=max_examples, exclude=exclude).divergence is not None
+def _diverges(info, max_examples: int = 300, exclude: frozenset[str] = frozenset(),
+              profile: str = "realistic") -> bool:
+    found = fuzz(info, profile=profile, settings="ci", max_examples=max_examples, exclude=exclude)
+    return found.divergence is not None
 
 
 # ---- the pool's inline cache (0.5.12) ----------------------------------------------------------
@@ -86,10 +88,11 @@ def test_a_helper_a_pull_request_extracts_binds_and_keeps_the_releases_verdict(t
     tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: EXTRACTED})
     info = _subject(tree, "pool-fused-store")
     assert "get_cached_swa_loc" in info.subject.binding.classes["DeepSeekV4TokenToKVPool"].methods
-    assert _diverges(info)  # the release's stale cache, now inside the helper
+    # the release's stale cache, now inside the helper (its DeepSeek-V4 reaches it on no realistic path)
+    assert _diverges(info, profile="adversarial")
     fixed = edited_tree(tmp_path / "fixed", "0.5.12", {POOL_FILE: [
         *EXTRACTED, ("if layer_id == self.start_layer or self.cached_loc is None:", "if True:")]})
-    assert not _diverges(_subject(fixed, "pool-fused-store"), max_examples=150)
+    assert not _diverges(_subject(fixed, "pool-fused-store"), max_examples=150, profile="adversarial")
 
 
 def test_a_renamed_private_method_binds_under_its_new_name(tmp_path):
@@ -192,7 +195,8 @@ def _swafuzz(*arguments: str) -> subprocess.CompletedProcess:
 def test_a_replay_records_the_tree_and_reproduces_as_printed(tmp_path):
     tree = edited_tree(tmp_path / "head", "0.5.12", {POOL_FILE: EXTRACTED})
     found = _swafuzz("fuzz", "--subject", "sglang:pool-fused-store", "--sglang-source", str(tree.root),
-                     "--sglang-mode", "source", "--settings", "ci", "--report-dir", str(tmp_path / "reports"))
+                     "--sglang-mode", "source", "--profile", "adversarial", "--settings", "ci",
+                     "--report-dir", str(tmp_path / "reports"))
     assert found.returncode == 1, found.stdout + found.stderr
     command = next(line.split("reproduce:", 1)[1].strip() for line in found.stdout.splitlines() if "reproduce:" in line)
     replay_file = command.split()[-1]
@@ -215,7 +219,8 @@ def test_a_replay_records_the_tree_and_reproduces_as_printed(tmp_path):
 def test_a_replay_on_a_tree_that_does_not_bind_the_target_exits_125_for_git_bisect(tmp_path):
     tree = edited_tree(tmp_path / "head", "0.5.12", {})
     found = _swafuzz("fuzz", "--subject", "sglang:pool-fused-store", "--sglang-source", str(tree.root),
-                     "--sglang-mode", "source", "--settings", "ci", "--report-dir", str(tmp_path / "reports"))
+                     "--sglang-mode", "source", "--profile", "adversarial", "--settings", "ci",
+                     "--report-dir", str(tmp_path / "reports"))
     assert found.returncode == 1, found.stdout + found.stderr
     replay_file = next((tmp_path / "reports" / "replays").glob("*.json"))
     pool = tree.root / POOL_FILE

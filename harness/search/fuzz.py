@@ -430,7 +430,8 @@ def fuzz(
             # what was found and counted so far is the result, marked as cut short
             result.elapsed_s, result.coverage, result.interrupted = elapsed(), dict(coverage), True
             if failures:
-                return dataclasses.replace(_found(result, *failures[-1], elapsed(), coverage, unreached), interrupted=True)
+                found = _found(result, *failures[-1], elapsed(), coverage, unreached)
+                return dataclasses.replace(found, interrupted=True)
             return result
         except (Diverged, hypothesis.errors.FlakyFailure):
             return finish_divergence(shrink_complete=True)

@@ -63,6 +63,10 @@ class FeatureReading:
         return f"{self.feature}: {self.says} ({self.where})"
 
 
+# what a reading finds: the terms the tree never takes, where it read, and what it says
+Found = tuple[frozenset[str], str, str]
+
+
 def _unconfirmed(feature: str, why: str) -> FeatureReading:
     return FeatureReading(feature, frozenset(), "", "", unconfirmed=why)
 
@@ -78,9 +82,11 @@ def read(tree: SourceTree, switches: SwitchSettings) -> tuple[FeatureReading, ..
     readings = []
     for feature, reading in FEATURES.items():
         try:
-            readings.append(reading(reader))
+            unreached_terms, where, says = reading(reader)
         except Unreadable as exc:
             readings.append(_unconfirmed(feature, str(exc)))
+            continue
+        readings.append(FeatureReading(feature, frozenset(unreached_terms), where, says))
     return tuple(readings)
 
 
@@ -186,12 +192,11 @@ def _mode_names(modes) -> str:
 # ---- the readings ----------------------------------------------------------------------------
 
 
-def _two_batch_overlap(reader: _Reader) -> FeatureReading:
+def _two_batch_overlap(reader: _Reader) -> Found:
     """The model runs its layers on two micro-batches where one of its methods calls another
     that runs them on the split batch (``tbo_children``); the conditions around that call (and
     the modes in which the model reaches the calling method) say in which modes, and whether
     on a pipeline stage."""
-    feature = "two micro-batches, layers interleaved"
     module = reader.module(MODEL_FILE)
     model = _class(module, MODEL_CLASS, MODEL_FILE)
     forward = _method(model, "forward", MODEL_FILE)
@@ -201,8 +206,8 @@ def _two_batch_overlap(reader: _Reader) -> FeatureReading:
              if isinstance(call, ast.Call) and callsites._is_self_call(call) and call.func.attr in splitting
              and isinstance(call.parent, (ast.Assign, ast.Expr))]
     if not calls:
-        return FeatureReading(
-            feature, frozenset({MICRO_BATCHES}), _where(MODEL_FILE, forward, forward.lineno),
+        return (
+            frozenset({MICRO_BATCHES}), _where(MODEL_FILE, forward, forward.lineno),
             f"no method of {MODEL_CLASS} runs its layers on a split batch: no two-batch overlap")
     sites, modes, staged = [], frozenset(), frozenset()
     for method, call in calls:
@@ -219,7 +224,7 @@ def _two_batch_overlap(reader: _Reader) -> FeatureReading:
         terms = {MICRO_BATCHES}
     says = (f"two-batch overlap in {_mode_names(modes)} forwards"
             + ("" if staged else ", on a single pipeline stage only"))
-    return FeatureReading(feature, frozenset(terms), "; ".join(sites), says)
+    return frozenset(terms), "; ".join(sites), says
 
 
 def _layer_construction(reader: _Reader) -> tuple[ast.FunctionDef, ast.Assign, ast.Call]:
@@ -234,40 +239,37 @@ def _layer_construction(reader: _Reader) -> tuple[ast.FunctionDef, ast.Assign, a
     raise Unreadable(f"{MODEL_CLASS}.__init__ in {MODEL_FILE.removeprefix(PACKAGE)} builds no start_layer from a call")
 
 
-def _pipeline_stage(reader: _Reader) -> FeatureReading:
+def _pipeline_stage(reader: _Reader) -> Found:
     """A stage's layers come from a pipeline rank where the call that builds them is told
     the rank, or is the pipeline variant of the builder."""
-    feature = "pipeline stage (start_layer > 0)"
     init, statement, call = _layer_construction(reader)
     builder = ast.unparse(call.func)
     ranked = any(keyword.arg in ("pp_rank", "pp_size") for keyword in call.keywords) or "pp" in builder.split("_")
     where = _where(MODEL_FILE, init, statement.lineno)
     if ranked:
-        return FeatureReading(feature, frozenset(), where,
-                              f"{builder} builds the layers of this pipeline rank, from its start_layer")
-    return _unconfirmed(feature, f"{where}: {builder} is told no pipeline rank; whether a stage starts past "
-                                 "layer 0 is not read further")
+        return (frozenset(), where,
+                f"{builder} builds the layers of this pipeline rank, from its start_layer")
+    raise Unreadable(f"{where}: {builder} is told no pipeline rank; whether a stage starts past layer 0 "
+                     "is not read further")
 
 
-def _layers_without_swa_stores(reader: _Reader) -> FeatureReading:
+def _layers_without_swa_stores(reader: _Reader) -> Found:
     """Every layer of a stage stores SWA keys where the layer builder's factory builds one
     class for every index (no layer of another kind)."""
-    feature = "hybrid layers (first SWA layer need not be start_layer)"
     init, statement, call = _layer_construction(reader)
     factory = next((arg for arg in call.args if isinstance(arg, ast.Lambda)), None)
     where = _where(MODEL_FILE, init, statement.lineno)
     if factory is None or not isinstance(factory.body, ast.Call):
-        return _unconfirmed(feature, f"{where}: the layer factory is not one class built for every index")
+        raise Unreadable(f"{where}: the layer factory is not one class built for every index")
     built = ast.unparse(factory.body.func)
-    return FeatureReading(
-        feature, frozenset({NON_SWA_LAYERS, FIRST_SWA_LAYER_NOT_START}), where,
+    return (
+        frozenset({NON_SWA_LAYERS, FIRST_SWA_LAYER_NOT_START}), where,
         f"every layer index builds {built}, so every layer of a stage stores SWA keys as the first does")
 
 
-def _graph_replay(reader: _Reader) -> FeatureReading:
+def _graph_replay(reader: _Reader) -> Found:
     """The backend keeps captured metadata per graph bucket; ``_GraphBucket.of`` says which
     forward modes have one (its ``if`` tests), and a mode with none replays no graph."""
-    feature = "graph capture and replay with padding"
     module = reader.module(BACKEND_FILE)
     of = _method(_class(module, BUCKET_CLASS, BACKEND_FILE), "of", BACKEND_FILE)
     context = _Context(reader, BACKEND_FILE, module, of, of.end_lineno or 0)
@@ -279,21 +281,18 @@ def _graph_replay(reader: _Reader) -> FeatureReading:
         condition = callsites._or(condition, context.formula(test))
     modes = reader.modes_where(condition) & frozenset(GRAPH_MODES)
     terms = frozenset(in_mode(GRAPH_REPLAY, mode.value) for mode in GRAPH_MODES if mode not in modes)
-    return FeatureReading(feature, terms, _where(BACKEND_FILE, of, of.lineno),
-                          f"a graph bucket for {_mode_names(modes)} forwards"
-                          + ("" if modes else ": no graph replay where the profile replays graphs"))
+    return (terms, _where(BACKEND_FILE, of, of.lineno),
+            f"a graph bucket for {_mode_names(modes)} forwards"
+            + ("" if modes else ": no graph replay where the profile replays graphs"))
 
 
-def _metadata_merge(reader: _Reader) -> FeatureReading:
-    return _unconfirmed(
-        "metadata merge before replay, buckets prepared outside the graph",
-        "which buckets build their metadata outside the graph is not read; the merge a target's "
-        "driver models is read per target and switch (reachability.MODELLED_PATHS)")
+def _metadata_merge(reader: _Reader) -> Found:
+    raise Unreadable("which buckets build their metadata outside the graph is not read; the merge a "
+                     "target's driver models is read per target and switch (reachability.MODELLED_PATHS)")
 
 
-def _idle_under_dp_attention(reader: _Reader) -> FeatureReading:
+def _idle_under_dp_attention(reader: _Reader) -> Found:
     """Idle forwards come from data-parallel attention: the model reads whether it is on."""
-    feature = "idle forwards (metadata init skipped under speculative decoding)"
     module = reader.module(MODEL_FILE)
     for node in ast.walk(module):
         name = (node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
@@ -302,45 +301,44 @@ def _idle_under_dp_attention(reader: _Reader) -> FeatureReading:
             function = callsites._enclosing_function(node)
             where = (_where(MODEL_FILE, function, node.lineno) if function is not None
                      else f"{MODEL_FILE.removeprefix(PACKAGE)} line {node.lineno}")
-            return FeatureReading(feature, frozenset(), where,
-                                  f"the model reads {name}: data-parallel attention runs idle ranks")
-    return FeatureReading(feature, frozenset({IDLE}), MODEL_FILE.removeprefix(PACKAGE),
-                          "the model never reads data-parallel attention: no idle forwards")
+            return (frozenset(), where,
+                    f"the model reads {name}: data-parallel attention runs idle ranks")
+    return (frozenset({IDLE}), MODEL_FILE.removeprefix(PACKAGE),
+            "the model never reads data-parallel attention: no idle forwards")
 
 
-def _draft_model(reader: _Reader) -> FeatureReading:
+def _draft_model(reader: _Reader) -> Found:
     """Draft extend and a draft model beside the target: the tree has DeepSeek-V4's draft
     model (an ``EntryClass`` in its next-n file) and the backend builds draft-extend metadata."""
-    feature = "draft model beside the target; draft-extend forwards"
     draft = reader._module(DRAFT_MODEL_FILE)
     entry = None if draft is None else next(
         (node for node in draft.body if isinstance(node, ast.Assign)
          and any(isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets)), None)
     if entry is None:
-        return FeatureReading(feature, frozenset({DRAFT_MODEL, DRAFT_EXTEND}), DRAFT_MODEL_FILE.removeprefix(PACKAGE),
-                              "no DeepSeek-V4 draft model: no draft model and no draft-extend forwards")
+        return (frozenset({DRAFT_MODEL, DRAFT_EXTEND}), DRAFT_MODEL_FILE.removeprefix(PACKAGE),
+                "no DeepSeek-V4 draft model: no draft model and no draft-extend forwards")
     backend = reader.module(BACKEND_FILE)
     handles = next((node for node in ast.walk(backend) if isinstance(node, ast.Call)
                     and isinstance(node.func, ast.Attribute) and node.func.attr.startswith("is_draft_extend")), None)
     where = f"{DRAFT_MODEL_FILE.removeprefix(PACKAGE)} line {entry.lineno}"
     if handles is None:
-        return FeatureReading(feature, frozenset({DRAFT_EXTEND}), where,
-                              "a draft model, but the backend never builds draft-extend metadata")
+        return (frozenset({DRAFT_EXTEND}), where,
+                "a draft model, but the backend never builds draft-extend metadata")
     function = callsites._enclosing_function(handles)
-    return FeatureReading(feature, frozenset(), f"{where}; {_where(BACKEND_FILE, function, handles.lineno)}",
-                          f"the draft model is {ast.unparse(entry.value)} and the backend builds draft-extend metadata")
+    return (frozenset(), f"{where}; {_where(BACKEND_FILE, function, handles.lineno)}",
+            f"the draft model is {ast.unparse(entry.value)} and the backend builds draft-extend metadata")
 
 
-def _multi_step_draft(reader: _Reader) -> FeatureReading:
+def _multi_step_draft(reader: _Reader) -> Found:
     """Multi-step draft decode: the backend has a multi-step variant for the draft worker."""
-    feature = "multi-step draft decode"
     backend = reader.module(BACKEND_FILE)
     found = next((node for node in backend.body if isinstance(node, ast.ClassDef) and "MultiStep" in node.name), None)
     if found is None:
-        return FeatureReading(feature, frozenset({DRAFT_MULTISTEP}), BACKEND_FILE.removeprefix(PACKAGE),
-                              "the backend has no multi-step variant: one draft step per forward")
-    return FeatureReading(feature, frozenset(), f"{BACKEND_FILE.removeprefix(PACKAGE)}:{found.name} line {found.lineno}",
-                          f"{found.name} runs the draft steps of one forward")
+        return (frozenset({DRAFT_MULTISTEP}), BACKEND_FILE.removeprefix(PACKAGE),
+                "the backend has no multi-step variant: one draft step per forward")
+    where = f"{BACKEND_FILE.removeprefix(PACKAGE)}:{found.name} line {found.lineno}"
+    return (frozenset(), where,
+            f"{found.name} runs the draft steps of one forward")
 
 
 FEATURES = {
