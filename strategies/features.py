@@ -39,6 +39,50 @@ ALL_FEATURES = (
 )
 
 
+# Terms a restriction (:mod:`swafuzz.strategies.restrictions`) may name besides the features:
+# what an engine reaches only in some forward modes, or not together with another feature.
+NON_SWA_LAYERS = "non_swa_layers"  # a stage whose layers do not all store SWA keys (a hybrid model)
+# a feature of one forward, drawn per forward mode
+PER_FORWARD = (MICRO_BATCHES, GRAPH_REPLAY)
+FORWARD_MODES = ("decode", "extend", "verify", "draft", "draft_extend", "idle")
+
+
+def in_mode(feature: str, mode: str) -> str:
+    """The term for ``feature`` on a forward of ``mode``."""
+    return f"{feature}@{mode}"
+
+
+def together(feature: str, other: str) -> str:
+    """The term for two features in one scenario."""
+    return "+".join(sorted((feature, other)))
+
+
+# two features an engine may reach apart but not together: two-batch overlap on a pipeline stage
+PAIRS = ((MICRO_BATCHES, PIPELINE_STAGE),)
+RESTRICTION_TERMS = (
+    *ALL_FEATURES, NON_SWA_LAYERS,
+    *(in_mode(feature, mode) for feature in PER_FORWARD for mode in FORWARD_MODES),
+    *(together(*pair) for pair in PAIRS),
+)
+
+
+def restriction_terms_of(scenario: Scenario) -> set[str]:
+    """Every term of :data:`RESTRICTION_TERMS` the scenario exercises: its features, the
+    modes of its per-forward features, and the pairs of :data:`PAIRS` it holds."""
+    found = features_of(scenario)
+    if scenario.config.non_swa_layers:
+        found.add(NON_SWA_LAYERS)
+    for event in {id(event): event for event in scenario.events}.values():
+        if event.op != "forward":
+            continue
+        if event.micro_batches > 1:
+            found.add(in_mode(MICRO_BATCHES, event.mode))
+        if event.graph:
+            found.add(in_mode(GRAPH_REPLAY, event.mode))
+    found.update(together(*pair) for pair in PAIRS if set(pair) <= found)
+    return found
+
+
 def features_of(scenario: Scenario) -> set[str]:
     """Every feature the scenario's configuration and events exercise."""
     from ..reference import store_schedule  # here, so that the names above load without torch

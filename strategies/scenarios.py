@@ -54,6 +54,10 @@ from hypothesis import reject
 from hypothesis import strategies as st
 
 from ..reference import LIMITS, EngineConfig, Event, LimitExceeded, Mutation, Scenario, live_rows
+from .features import (
+    DRAFT_EXTEND, DRAFT_MODEL, DRAFT_MULTISTEP, FIRST_SWA_LAYER_NOT_START, GRAPH_REPLAY, IDLE, MICRO_BATCHES,
+    NON_SWA_LAYERS, PIPELINE_STAGE, TARGET_VERIFY, in_mode, restriction_terms_of, together,
+)
 from .profiles import ADVERSARIAL, PROFILES, REALISTIC
 
 MAX_FORWARDS = 6  # interesting forwards, runs left out
@@ -148,6 +152,13 @@ class _Sim:
     forwards: int = 0  # interesting forwards drawn
     # drawn when the first forward asks for a graph: an engine that replays none captures none
     graph_sizes: tuple[int, ...] = ()
+    excluded: frozenset[str] = frozenset()  # restriction terms not to draw (strategies.restrictions)
+
+    def allows(self, feature: str, mode: str) -> bool:
+        """Whether a forward of ``mode`` may exercise ``feature`` here."""
+        if feature in self.excluded or in_mode(feature, mode) in self.excluded:
+            return False
+        return not (self.stage[0] > 0 and together(feature, PIPELINE_STAGE) in self.excluded)
 
     def admit(self, count: int) -> None:
         for _ in range(count):
@@ -157,39 +168,46 @@ class _Sim:
         self.peak_live = max(self.peak_live, len(self.live))
 
 
-def scenarios(profile: str = REALISTIC, long_horizon: bool = False) -> st.SearchStrategy[Scenario]:
+def scenarios(profile: str = REALISTIC, long_horizon: bool = False,
+              excluded: frozenset[str] = frozenset()) -> st.SearchStrategy[Scenario]:
     """Valid scenarios of the given profile (the reference never rejects one); with
-    ``long_horizon``, runs of plain decode forwards long enough to wrap a step counter."""
+    ``long_horizon``, runs of plain decode forwards long enough to wrap a step counter.
+    Terms of ``excluded`` (:func:`swafuzz.strategies.restrictions.scenarios_without`) that a
+    draw can leave out are left out; with none, the draws are the profile's own."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    return _scenarios(profile == ADVERSARIAL, long_horizon)
+    return _scenarios(profile == ADVERSARIAL, long_horizon, frozenset(excluded))
 
 
 # built once per profile (a fuzz run asks again for every run of examples); building and
 # validating a strategy costs more than a draw from it
 @lru_cache(maxsize=None)
 @st.composite
-def _scenarios(draw, adversarial: bool, long_horizon: bool) -> Scenario:
+def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[str]) -> Scenario:
 
     # The run of plain decodes comes first, as the index of a branch and the branch's
     # (length, place): the shrinker's first pass lowers small indices in order, so a failure
     # that does not need the run loses it on the first attempt, and every later attempt runs
     # the short scenario.
     run_length, run_before = draw(_runs(MAX_LONG_RUN if long_horizon else MAX_RUN))
-    start_layer = draw(_small_or(0, 1, 60))
+    start_layer = 0 if PIPELINE_STAGE in excluded else draw(_small_or(0, 1, 60))
     num_layers = draw(_STAGE_LAYERS)
     stage = tuple(range(start_layer, start_layer + num_layers))
     # DeepSeek-V4 stores SWA keys in every layer; a hybrid model leaves some layers out
-    non_swa = _subset(draw, stage, max_size=num_layers - 1) if draw(st.booleans()) else []
+    non_swa = []
+    if NON_SWA_LAYERS not in excluded and draw(st.booleans()):
+        candidates = stage[1:] if FIRST_SWA_LAYER_NOT_START in excluded else stage
+        non_swa = _subset(draw, candidates, max_size=num_layers - 1)
     swa_layers = frozenset(stage) - frozenset(non_swa)
     sliding_window = draw(_small_or(1, 8, 128))
     speculative = draw(st.booleans())
-    num_draft_tokens = draw(st.integers(2, 4)) if speculative else 1
-    draft_model = speculative and draw(st.booleans())
+    # a chain drafter runs num_draft_tokens - 1 steps: one where multi-step drafts are out
+    num_draft_tokens = draw(st.integers(2, 2 if DRAFT_MULTISTEP in excluded else 4)) if speculative else 1
+    draft_model = speculative and DRAFT_MODEL not in excluded and draw(st.booleans())
     full_page = draw(_PAGE_SIZES)
     swa_page = draw(_PAGE_SIZES)
     sim = _Sim(adversarial, speculative, num_draft_tokens, stage, swa_layers,
-               run=run_length, run_before=run_before)
+               run=run_length, run_before=run_before, excluded=excluded)
     sim.admit(draw(_small_or(1, 2, 256)))
     drawing = _DRAWING.set(sim)
     try:
@@ -336,7 +354,9 @@ def _forwards_from(draw) -> list[Event]:
 def _state_event(draw, sim: _Sim) -> Event:
     ops = ("admit", "finish", "clear") + (("register_mapping", "relocate") if sim.adversarial else ())
     op = draw(_one_of_values(ops))
-    if op == "admit" or not sim.live:
+    # an engine without idle forwards never runs out of requests: it admits instead
+    emptying = op == "clear" or (op == "finish" and len(sim.live) == 1)
+    if op == "admit" or not sim.live or (emptying and IDLE in sim.excluded):
         count = draw(st.integers(1, 4))
         sim.admit(count)
         return Event(op="admit", count=count)
@@ -358,7 +378,9 @@ def _forward(draw) -> Event:
     adversarial, speculative, num_draft_tokens = sim.adversarial, sim.speculative, sim.num_draft_tokens
     stage, swa_layers = sim.stage, sim.swa_layers
     modes = ("decode", "extend") + (("verify", "draft", "draft_extend") if speculative else ())
-    mode = draw(_one_of_values(modes + ("idle",))) if sim.live else "idle"
+    unreached = {"verify": TARGET_VERIFY, "draft_extend": DRAFT_EXTEND, "idle": IDLE}
+    modes = tuple(m for m in modes + ("idle",) if unreached.get(m) not in sim.excluded)
+    mode = draw(_one_of_values(modes)) if sim.live else "idle"
     # the scheduler runs every live request, in admission order, unless a subset is drawn
     if mode == "idle":
         requests: tuple[int, ...] = ()
@@ -374,14 +396,15 @@ def _forward(draw) -> Event:
     steps = 1
     if mode == "draft":
         # a chain drafter runs its configured num_draft_tokens - 1 steps every draft forward
-        steps = draw(st.integers(1, 4)) if adversarial else max(1, num_draft_tokens - 1)
+        steps = (draw(st.integers(1, 1 if DRAFT_MULTISTEP in sim.excluded else 4)) if adversarial
+                 else max(1, num_draft_tokens - 1))
     per_request = {"decode": 1, "draft": steps, "verify": num_draft_tokens, "idle": 0}
     for i, rid in enumerate(requests):
         sim.lengths[rid] += tokens[i] if tokens else per_request[mode]
 
     live_tokens = len(requests) if mode == "decode" else 0
     graph, pad = False, 0
-    if mode in ("decode", "idle") and draw(st.booleans()):
+    if mode in ("decode", "idle") and sim.allows(GRAPH_REPLAY, mode) and draw(st.booleans()):
         if not sim.graph_sizes:
             sim.graph_sizes = tuple(sorted(_subset(draw, _GRAPH_SIZES, min_size=1)))
         pad = _idle_pad(draw, sim) if mode == "idle" else 0
@@ -392,7 +415,7 @@ def _forward(draw) -> Event:
 
     micro_batches = 1
     max_mbs = min(len(requests), 3 if adversarial else 2)
-    if not graph and max_mbs > 1 and draw(st.booleans()):
+    if not graph and max_mbs > 1 and sim.allows(MICRO_BATCHES, mode) and draw(st.booleans()):
         micro_batches = draw(st.integers(2, max_mbs))
 
     skip_init, layers, skip_layers = False, None, ()
@@ -470,10 +493,13 @@ def _interleaving(chunks: list[tuple[int, int]], micro_batches: int, stores: int
     return None if order == default else tuple(order)
 
 
-def adversarial_reasons(scenario: Scenario) -> list[str]:
-    """Why a scenario lies outside the realistic profile (empty when it does not)."""
+def adversarial_reasons(scenario: Scenario, unreached: frozenset[str] = frozenset()) -> list[str]:
+    """Why a scenario lies outside the realistic profile (empty when it does not); with
+    ``unreached``, the restriction terms the engine under test never takes (its realistic
+    profile draws none of them), each one the scenario exercises is a reason too."""
     c = scenario.config
-    reasons = []
+    reasons = [f"the engine under test never takes {term.replace('_', ' ')}"
+               for term in sorted(restriction_terms_of(scenario) & unreached)]
     for i, e in enumerate(scenario.events):
         where = f"events[{i}]"
         if e.op in ("register_mapping", "relocate"):
@@ -497,6 +523,7 @@ def adversarial_reasons(scenario: Scenario) -> list[str]:
     return reasons
 
 
-def weakest_profile(scenario: Scenario) -> str:
-    """The weakest profile whose strategy can produce this scenario."""
-    return ADVERSARIAL if adversarial_reasons(scenario) else REALISTIC
+def weakest_profile(scenario: Scenario, unreached: frozenset[str] = frozenset()) -> str:
+    """The weakest profile whose strategy can produce this scenario, for an engine that
+    never takes the restriction terms of ``unreached``."""
+    return ADVERSARIAL if adversarial_reasons(scenario, unreached) else REALISTIC

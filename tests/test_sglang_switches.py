@@ -153,7 +153,7 @@ def test_a_release_named_on_the_command_line_is_fuzzed_realistically_as_it_runs_
     from swafuzz.search.fuzz import fuzz
 
     info = sglang.resolve("sglang:unified-metadata-merge@0.5.17")
-    assert info.subject.realistic_exclusions == {GRAPH_REPLAY}
+    assert GRAPH_REPLAY in info.subject.realistic_exclusions
     realistic = fuzz(info, profile="realistic", settings="ci", max_examples=60, seed=0)
     assert realistic.coverage.get(GRAPH_REPLAY, 0) == 0 and realistic.examples == 60
     adversarial = fuzz(info, profile="adversarial", settings="ci", max_examples=60, seed=0)

@@ -230,7 +230,7 @@ def scenario_test(
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     if profile == REALISTIC:
-        exclude = frozenset(exclude) | getattr(info.subject, "realistic_exclusions", frozenset())
+        exclude = frozenset(exclude) | unreached_by(info)
 
     def check(scenario: Scenario) -> None:
         features = features_of(scenario)
@@ -253,6 +253,12 @@ def scenario_test(
     without = f":without-{'-'.join(sorted(exclude))}" if exclude else ""
     check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}{without}".encode()  # noqa: SLF001
     return given(scenarios_without(profile, exclude, long_horizon))(check)
+
+
+def unreached_by(info: SubjectInfo) -> frozenset[str]:
+    """The restriction terms the subject's engine never takes (its ``realistic_exclusions``):
+    its realistic profile draws none, and a divergence that needs one is not realistic."""
+    return frozenset(getattr(info.subject, "realistic_exclusions", frozenset()))
 
 
 class _PastHypothesis(BaseException):
@@ -336,6 +342,7 @@ def fuzz(
     freeze_the_heap_so_far()
     started = time.monotonic() if started_at is None else started_at
     result = FuzzResult(info.name, profile, chosen.name, examples=0, elapsed_s=0.0, seed=seed)
+    unreached = unreached_by(info)
     coverage: Counter[str] = Counter()
     failures: list[tuple[Scenario, Divergence]] = []
     last_progress = [0.0]
@@ -365,11 +372,11 @@ def fuzz(
                 result.examples_to_divergence = result.examples
                 result.first_divergence_s = elapsed()
                 if on_divergence is not None:
-                    on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage))
+                    on_divergence(_found(result, scenario, outcome.divergence, elapsed(), coverage, unreached))
 
     def finish_divergence(shrink_complete: bool) -> FuzzResult:
         scenario, divergence = failures[-1]
-        final = _found(result, scenario, divergence, elapsed(), coverage)
+        final = _found(result, scenario, divergence, elapsed(), coverage, unreached)
         final.shrink_complete = shrink_complete
         # a subject wrong now and then looks deterministic once shrunk: replaying says which
         replays = [run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s,
@@ -423,7 +430,8 @@ def fuzz(
             # what was found and counted so far is the result, marked as cut short
             result.elapsed_s, result.coverage, result.interrupted = elapsed(), dict(coverage), True
             if failures:
-                return dataclasses.replace(_found(result, *failures[-1], elapsed(), coverage), interrupted=True)
+                found = _found(result, *failures[-1], elapsed(), coverage, unreached)
+                return dataclasses.replace(found, interrupted=True)
             return result
         except (Diverged, hypothesis.errors.FlakyFailure):
             return finish_divergence(shrink_complete=True)
@@ -456,12 +464,12 @@ def pin_schedules(scenario: Scenario, schedules: dict[int, tuple[int, ...]]) -> 
 
 
 def _found(result: FuzzResult, scenario: Scenario, divergence: Divergence, elapsed_s: float,
-           coverage: Counter[str]) -> FuzzResult:
+           coverage: Counter[str], unreached: frozenset[str]) -> FuzzResult:
     return FuzzResult(
         subject=result.subject, profile=result.profile, settings=result.settings,
         examples=result.examples, elapsed_s=elapsed_s, divergence=divergence, checks=result.checks,
         executor_s=result.executor_s, scenario=scenario,
-        weakest_profile=weakest_profile(scenario), seed=result.seed, coverage=dict(coverage),
+        weakest_profile=weakest_profile(scenario, unreached), seed=result.seed, coverage=dict(coverage),
         examples_to_divergence=result.examples_to_divergence, first_divergence_s=result.first_divergence_s,
     )
 
@@ -498,7 +506,8 @@ def exhaustive(
         if on_progress is not None and result.examples % 500 == 0:
             on_progress(Progress(result.examples, time.monotonic() - started, None, len(coverage), 0))
         if not outcome.passed:
-            return _found(result, scenario, outcome.divergence, time.monotonic() - started, coverage)
+            return _found(result, scenario, outcome.divergence, time.monotonic() - started, coverage,
+                          unreached_by(info))
     result.elapsed_s = time.monotonic() - started
     result.coverage = dict(coverage)
     result.scope = scope_statement(result.examples, set(coverage), max_forwards, max_layers,

@@ -184,6 +184,8 @@ def read(tree: SourceTree, called_as: tuple[str, ...], switches: SwitchSettings)
 
 
 class _Reader:
+    context: type[_Context]  # how a condition is read (set below, once _Context is defined)
+
     def __init__(self, tree: SourceTree, switches: SwitchSettings):
         self.tree = tree
         self.switches = switches
@@ -262,7 +264,7 @@ class _Reader:
                    call: ast.AST) -> tuple[tuple[str, ...], Formula]:
         guards: list[str] = []
         condition: Formula = True
-        context = _Context(self, path, module, function, call.lineno)
+        context = self.context(self, path, module, function, call.lineno)
         child, node = call, call.parent
         while node is not None:
             test, holds = None, True
@@ -363,7 +365,7 @@ class _Context:
         if found is None:
             return None
         path, module, function = found
-        inner = _Context(self.reader, path, module, function, function.end_lineno or 0, self.depth + 1)
+        inner = type(self)(self.reader, path, module, function, function.end_lineno or 0, self.depth + 1)
         return inner._returns(_without_docstring(function.body))
 
     def _returns(self, body: list[ast.stmt]) -> Formula | None:
@@ -381,6 +383,9 @@ class _Context:
         if isinstance(first, ast.Expr):  # a log line, a docstring
             return self._returns(rest)
         return None
+
+
+_Reader.context = _Context
 
 
 # ---- the tree's ForwardMode ---------------------------------------------------------------------

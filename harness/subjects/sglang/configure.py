@@ -9,16 +9,18 @@ the subject carries
   driver models); in the others the engine stores through another path, which is not the
   code under test, and the driver answers for it;
 - ``call_sites``: that reading, which the reports print beside the verdict;
-- ``realistic_exclusions``: the lifecycle features the tree never takes under those
-  settings (:data:`.reachability.MODELLED_PATHS`), which the realistic profile then never
-  draws for it (:func:`swafuzz.search.fuzz.scenario_test`).
+- ``realistic_exclusions``: the lifecycle features (restriction terms) the tree never takes
+  under those settings: the engine features its DeepSeek-V4 does not reach
+  (:mod:`.engine_features`) and the paths the target's driver models that the settings leave
+  (:data:`.reachability.MODELLED_PATHS`); the realistic profile then never draws them for it,
+  and a divergence that needs one is not realistic (:func:`swafuzz.search.fuzz.scenario_test`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from ..info import SubjectInfo
-from . import callsites
+from . import callsites, engine_features
 from .locate import SourceTree
 from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features
 from .switches import SwitchSettings
@@ -30,7 +32,8 @@ def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: Sw
     of whose lifecycle the settings allow (:data:`EVERY_SCENARIO`) is the caller's to refuse."""
     reading = callsites.read(tree, target.called_as, switches)
     attributes: dict[str, object] = dict(driver_attributes(target.name, switches))
-    attributes["realistic_exclusions"] = excluded_features(target.name, switches) - {EVERY_SCENARIO}
+    attributes["realistic_exclusions"] = (excluded_features(target.name, switches) - {EVERY_SCENARIO}
+                                          | engine_features.unreached(tree, switches))
     attributes["target_modes"] = reading.modes
     attributes["call_sites"] = reading
     subject = type(info.subject.__name__, (info.subject,), attributes)

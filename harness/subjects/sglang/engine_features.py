@@ -1,0 +1,353 @@
+"""Which engine features a tree's DeepSeek-V4 reaches, read from the tree itself.
+
+The realistic profile draws lifecycle features an engine may take (two micro-batches, a
+pipeline stage, graph replays, ...); a given release's DeepSeek-V4 takes only some of them.
+Each reading here looks at the release's own files, as :mod:`.callsites` does for the forward
+modes of a target's call sites, and names the restriction terms
+(:data:`swafuzz.strategies.features.RESTRICTION_TERMS`) the tree never takes under the run's
+switches; the realistic profile of an SGLang subject then draws none of them
+(:mod:`.configure`), and a divergence that needs one is not realistic.
+
+Conditions are read as :mod:`.callsites` reads them (forward-mode predicates evaluated from the
+tree's ``ForwardMode``, the run's switches, anything else either way), with two additions: a
+``self.method(...)`` whose body returns a condition is read through, and
+``global_forward_mode`` is a forward mode like ``forward_mode``. A reading the tree does not
+allow (a file, class or function that is not there, a shape not recognised) is
+*unconfirmed*, says why, and excludes nothing: the feature is drawn as before.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from dataclasses import dataclass
+
+from ...api import ForwardMode
+from ...errors import Unreadable
+from ...strategies.features import (
+    DRAFT_EXTEND, DRAFT_MODEL, DRAFT_MULTISTEP, FIRST_SWA_LAYER_NOT_START, GRAPH_REPLAY, IDLE, MICRO_BATCHES,
+    NON_SWA_LAYERS, PIPELINE_STAGE, in_mode, together,
+)
+from . import callsites
+from .locate import SourceTree
+from .switches import SwitchSettings
+
+PACKAGE = callsites.PACKAGE
+MODEL_FILE = callsites.MODEL_FILE
+DRAFT_MODEL_FILE = "sglang/srt/models/deepseek_v4_nextn.py"
+BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend.py"
+MODEL_CLASS = "DeepseekV4Model"
+BUCKET_CLASS = "_GraphBucket"
+# the micro-batch split of two-batch overlap: the model's method that runs the layers on it
+MICRO_BATCH_SPLIT = "tbo_children"
+# a condition that holds only on a single pipeline stage
+SINGLE_STAGE = re.compile(r"pp_group\.world_size == 1$")
+# the realistic profile replays graphs in these modes only
+GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.IDLE)
+
+
+@dataclass(frozen=True)
+class FeatureReading:
+    """What a tree says of one engine feature the realistic profile draws."""
+
+    feature: str  # as the profile names it
+    unreached: frozenset[str]  # the restriction terms the tree never takes
+    where: str  # what was read: file:function line N, relative to sglang/srt/
+    says: str  # the reading, in a sentence
+    unconfirmed: str | None = None  # why the tree could not be read so (nothing is excluded)
+
+    def describe(self) -> str:
+        if self.unconfirmed is not None:
+            return f"{self.feature}: unconfirmed ({self.unconfirmed}); drawn anyway"
+        return f"{self.feature}: {self.says} ({self.where})"
+
+
+# what a reading finds: the terms the tree never takes, where it read, and what it says
+Found = tuple[frozenset[str], str, str]
+
+
+def _unconfirmed(feature: str, why: str) -> FeatureReading:
+    return FeatureReading(feature, frozenset(), "", "", unconfirmed=why)
+
+
+@functools.lru_cache(maxsize=32)  # every target of a tree asks under the same switches
+def read(tree: SourceTree, switches: SwitchSettings) -> tuple[FeatureReading, ...]:
+    """Every engine feature's reading in ``tree`` under ``switches``."""
+    try:
+        reader = _Reader(tree, switches)
+    except Unreadable as exc:
+        reason = str(exc)
+        return tuple(_unconfirmed(feature, reason) for feature in FEATURES)
+    readings = []
+    for feature, reading in FEATURES.items():
+        try:
+            unreached_terms, where, says = reading(reader)
+        except Unreadable as exc:
+            readings.append(_unconfirmed(feature, str(exc)))
+            continue
+        readings.append(FeatureReading(feature, frozenset(unreached_terms), where, says))
+    return tuple(readings)
+
+
+def unreached(tree: SourceTree, switches: SwitchSettings) -> frozenset[str]:
+    """The restriction terms ``tree`` never takes under ``switches``."""
+    return frozenset().union(*(reading.unreached for reading in read(tree, switches)))
+
+
+# ---- reading conditions ----------------------------------------------------------------------
+
+
+class _Context(callsites._Context):
+    def _is_forward_mode(self, node: ast.expr) -> bool:
+        if isinstance(node, ast.Attribute) and node.attr == "global_forward_mode":
+            return True
+        if isinstance(node, ast.Name) and node.id == "forward_mode" and _parameter(self.function, node.id):
+            return True
+        return super()._is_forward_mode(node)
+
+    def _call(self, node: ast.Call) -> callsites.Formula:
+        func = node.func
+        if isinstance(func, ast.Attribute) and callsites._is_self(func.value) and self.depth < callsites.MAX_DEPTH:
+            method = _sibling(self.function, func.attr)
+            if method is not None:
+                inner = type(self)(self.reader, self.path, self.module, method, method.end_lineno or 0,
+                                   self.depth + 1)
+                returned = inner._returns(_returning(method.body))
+                if returned is not None:
+                    return returned
+        return super()._call(node)
+
+
+class _Reader(callsites._Reader):
+    context = _Context
+
+    def module(self, path: str) -> ast.Module:
+        module = self._module(path)
+        if module is None:
+            raise Unreadable(f"the tree has no {path.removeprefix(PACKAGE)}")
+        return module
+
+    def modes_where(self, condition: callsites.Formula, also: dict[str, bool] | None = None) -> frozenset[ForwardMode]:
+        """The modes in which ``condition`` can hold, with the unknowns whose text matches a
+        key of ``also`` (a regular expression) fixed to its value."""
+        fixed_unknowns = {atom: value for atom in callsites._atoms(condition) if atom.kind == "unknown"
+                          for pattern, value in (also or {}).items() if re.search(pattern, atom.key)}
+        reached = set()
+        for mode in ForwardMode:
+            fixed = {atom: self._mode_value(mode, atom) for atom in callsites._atoms(condition) if atom.kind == "mode"}
+            if callsites._satisfiable(callsites._assign(condition, {**fixed, **fixed_unknowns})):
+                reached.add(mode)
+        return frozenset(reached)
+
+
+def _parameter(function: ast.FunctionDef, name: str) -> bool:
+    arguments = function.args
+    return name in {a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs}
+
+
+def _sibling(function: ast.FunctionDef, name: str) -> ast.FunctionDef | None:
+    """The method ``name`` of the class ``function`` is a method of."""
+    owner = function.parent
+    if not isinstance(owner, ast.ClassDef):
+        return None
+    return next((node for node in owner.body if isinstance(node, ast.FunctionDef) and node.name == name), None)
+
+
+def _returning(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of ``body`` that decide what it returns: imports, assignments (read
+    where their names are used) and ``if`` blocks that return nothing left out."""
+    kept = []
+    for statement in callsites._without_docstring(body):
+        if isinstance(statement, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign)):
+            continue
+        if isinstance(statement, ast.If) and not any(isinstance(n, ast.Return) for n in ast.walk(statement)):
+            continue
+        kept.append(statement)
+    return kept
+
+
+def _class(module: ast.Module, name: str, path: str) -> ast.ClassDef:
+    found = next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if found is None:
+        raise Unreadable(f"{path.removeprefix(PACKAGE)} defines no {name}")
+    return found
+
+
+def _method(owner: ast.ClassDef, name: str, path: str) -> ast.FunctionDef:
+    found = next((n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if found is None:
+        raise Unreadable(f"{path.removeprefix(PACKAGE)} defines no {owner.name}.{name}")
+    return found
+
+
+def _where(path: str, function: ast.FunctionDef, line: int) -> str:
+    return f"{path.removeprefix(PACKAGE)}:{callsites._qualname(function)} line {line}"
+
+
+def _mode_names(modes) -> str:
+    return ", ".join(mode.value for mode in ForwardMode if mode in modes) or "no forward mode"
+
+
+# ---- the readings ----------------------------------------------------------------------------
+
+
+def _two_batch_overlap(reader: _Reader) -> Found:
+    """The model runs its layers on two micro-batches where one of its methods calls another
+    that runs them on the split batch (``tbo_children``); the conditions around that call (and
+    the modes in which the model reaches the calling method) say in which modes, and whether
+    on a pipeline stage."""
+    module = reader.module(MODEL_FILE)
+    model = _class(module, MODEL_CLASS, MODEL_FILE)
+    forward = _method(model, "forward", MODEL_FILE)
+    methods = [node for node in model.body if isinstance(node, ast.FunctionDef)]
+    splitting = {node.name for node in methods if node.name != "forward" and MICRO_BATCH_SPLIT in ast.unparse(node)}
+    calls = [(method, call) for method in methods if method.name not in splitting for call in ast.walk(method)
+             if isinstance(call, ast.Call) and callsites._is_self_call(call) and call.func.attr in splitting
+             and isinstance(call.parent, (ast.Assign, ast.Expr))]
+    if not calls:
+        return (
+            frozenset({MICRO_BATCHES}), _where(MODEL_FILE, forward, forward.lineno),
+            f"no method of {MODEL_CLASS} runs its layers on a split batch: no two-batch overlap")
+    sites, modes, staged = [], frozenset(), frozenset()
+    for method, call in calls:
+        guards, condition = reader._condition(MODEL_FILE, module, method, call)
+        reached = reader._reached(MODEL_FILE, module, method, 0)
+        modes |= reader.modes_where(condition) & reached
+        staged |= reader.modes_where(condition, {SINGLE_STAGE.pattern: False}) & reached
+        when = f" when {' and '.join(f'`{g}`' for g in guards)}" if guards else ""
+        sites.append(f"{_where(MODEL_FILE, method, call.lineno)} calls {call.func.attr}{when}")
+    terms = {in_mode(MICRO_BATCHES, mode.value) for mode in ForwardMode if mode not in modes}
+    if not staged:
+        terms.add(together(MICRO_BATCHES, PIPELINE_STAGE))
+    if not modes:
+        terms = {MICRO_BATCHES}
+    says = (f"two-batch overlap in {_mode_names(modes)} forwards"
+            + ("" if staged else ", on a single pipeline stage only"))
+    return frozenset(terms), "; ".join(sites), says
+
+
+def _layer_construction(reader: _Reader) -> tuple[ast.FunctionDef, ast.Assign, ast.Call]:
+    """The statement of the model's ``__init__`` that builds the stage's layers and its
+    ``start_layer``."""
+    model = _class(reader.module(MODEL_FILE), MODEL_CLASS, MODEL_FILE)
+    init = _method(model, "__init__", MODEL_FILE)
+    for node in ast.walk(init):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and any("self.start_layer" in ast.unparse(target) for target in node.targets)):
+            return init, node, node.value
+    raise Unreadable(f"{MODEL_CLASS}.__init__ in {MODEL_FILE.removeprefix(PACKAGE)} builds no start_layer from a call")
+
+
+def _pipeline_stage(reader: _Reader) -> Found:
+    """A stage's layers come from a pipeline rank where the call that builds them is told
+    the rank, or is the pipeline variant of the builder."""
+    init, statement, call = _layer_construction(reader)
+    builder = ast.unparse(call.func)
+    ranked = any(keyword.arg in ("pp_rank", "pp_size") for keyword in call.keywords) or "pp" in builder.split("_")
+    where = _where(MODEL_FILE, init, statement.lineno)
+    if ranked:
+        return (frozenset(), where,
+                f"{builder} builds the layers of this pipeline rank, from its start_layer")
+    raise Unreadable(f"{where}: {builder} is told no pipeline rank; whether a stage starts past layer 0 "
+                     "is not read further")
+
+
+def _layers_without_swa_stores(reader: _Reader) -> Found:
+    """Every layer of a stage stores SWA keys where the layer builder's factory builds one
+    class for every index (no layer of another kind)."""
+    init, statement, call = _layer_construction(reader)
+    factory = next((arg for arg in call.args if isinstance(arg, ast.Lambda)), None)
+    where = _where(MODEL_FILE, init, statement.lineno)
+    if factory is None or not isinstance(factory.body, ast.Call):
+        raise Unreadable(f"{where}: the layer factory is not one class built for every index")
+    built = ast.unparse(factory.body.func)
+    return (
+        frozenset({NON_SWA_LAYERS, FIRST_SWA_LAYER_NOT_START}), where,
+        f"every layer index builds {built}, so every layer of a stage stores SWA keys as the first does")
+
+
+def _graph_replay(reader: _Reader) -> Found:
+    """The backend keeps captured metadata per graph bucket; ``_GraphBucket.of`` says which
+    forward modes have one (its ``if`` tests), and a mode with none replays no graph."""
+    module = reader.module(BACKEND_FILE)
+    of = _method(_class(module, BUCKET_CLASS, BACKEND_FILE), "of", BACKEND_FILE)
+    context = _Context(reader, BACKEND_FILE, module, of, of.end_lineno or 0)
+    tests = [node.test for node in of.body if isinstance(node, ast.If) and callsites._leaves(node.body)]
+    if not tests:
+        raise Unreadable(f"{BUCKET_CLASS}.of in {BACKEND_FILE.removeprefix(PACKAGE)} tests no forward mode")
+    condition: callsites.Formula = False
+    for test in tests:
+        condition = callsites._or(condition, context.formula(test))
+    modes = reader.modes_where(condition) & frozenset(GRAPH_MODES)
+    terms = frozenset(in_mode(GRAPH_REPLAY, mode.value) for mode in GRAPH_MODES if mode not in modes)
+    return (terms, _where(BACKEND_FILE, of, of.lineno),
+            f"a graph bucket for {_mode_names(modes)} forwards"
+            + ("" if modes else ": no graph replay where the profile replays graphs"))
+
+
+def _metadata_merge(reader: _Reader) -> Found:
+    raise Unreadable("which buckets build their metadata outside the graph is not read; the merge a "
+                     "target's driver models is read per target and switch (reachability.MODELLED_PATHS)")
+
+
+def _idle_under_dp_attention(reader: _Reader) -> Found:
+    """Idle forwards come from data-parallel attention: the model reads whether it is on."""
+    module = reader.module(MODEL_FILE)
+    for node in ast.walk(module):
+        name = (node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                else node.attr if isinstance(node, ast.Attribute) else None)
+        if name in ("is_dp_attention_enabled", "attn_dp_size"):
+            function = callsites._enclosing_function(node)
+            where = (_where(MODEL_FILE, function, node.lineno) if function is not None
+                     else f"{MODEL_FILE.removeprefix(PACKAGE)} line {node.lineno}")
+            return (frozenset(), where,
+                    f"the model reads {name}: data-parallel attention runs idle ranks")
+    return (frozenset({IDLE}), MODEL_FILE.removeprefix(PACKAGE),
+            "the model never reads data-parallel attention: no idle forwards")
+
+
+def _draft_model(reader: _Reader) -> Found:
+    """Draft extend and a draft model beside the target: the tree has DeepSeek-V4's draft
+    model (an ``EntryClass`` in its next-n file) and the backend builds draft-extend metadata."""
+    draft = reader._module(DRAFT_MODEL_FILE)
+    entry = None if draft is None else next(
+        (node for node in draft.body if isinstance(node, ast.Assign)
+         and any(isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets)), None)
+    if entry is None:
+        return (frozenset({DRAFT_MODEL, DRAFT_EXTEND}), DRAFT_MODEL_FILE.removeprefix(PACKAGE),
+                "no DeepSeek-V4 draft model: no draft model and no draft-extend forwards")
+    backend = reader.module(BACKEND_FILE)
+    handles = next((node for node in ast.walk(backend) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute) and node.func.attr.startswith("is_draft_extend")), None)
+    where = f"{DRAFT_MODEL_FILE.removeprefix(PACKAGE)} line {entry.lineno}"
+    if handles is None:
+        return (frozenset({DRAFT_EXTEND}), where,
+                "a draft model, but the backend never builds draft-extend metadata")
+    function = callsites._enclosing_function(handles)
+    return (frozenset(), f"{where}; {_where(BACKEND_FILE, function, handles.lineno)}",
+            f"the draft model is {ast.unparse(entry.value)} and the backend builds draft-extend metadata")
+
+
+def _multi_step_draft(reader: _Reader) -> Found:
+    """Multi-step draft decode: the backend has a multi-step variant for the draft worker."""
+    backend = reader.module(BACKEND_FILE)
+    found = next((node for node in backend.body if isinstance(node, ast.ClassDef) and "MultiStep" in node.name), None)
+    if found is None:
+        return (frozenset({DRAFT_MULTISTEP}), BACKEND_FILE.removeprefix(PACKAGE),
+                "the backend has no multi-step variant: one draft step per forward")
+    where = f"{BACKEND_FILE.removeprefix(PACKAGE)}:{found.name} line {found.lineno}"
+    return (frozenset(), where,
+            f"{found.name} runs the draft steps of one forward")
+
+
+FEATURES = {
+    "two micro-batches, layers interleaved": _two_batch_overlap,
+    "pipeline stage (start_layer > 0)": _pipeline_stage,
+    "hybrid layers (first SWA layer need not be start_layer)": _layers_without_swa_stores,
+    "graph capture and replay with padding": _graph_replay,
+    "metadata merge before replay, buckets prepared outside the graph": _metadata_merge,
+    "idle forwards (metadata init skipped under speculative decoding)": _idle_under_dp_attention,
+    "draft model beside the target; draft-extend forwards": _draft_model,
+    "multi-step draft decode": _multi_step_draft,
+}

@@ -1,0 +1,102 @@
+"""The engine features read from each release (harness/subjects/sglang/engine_features.py),
+and the realistic profile of an SGLang subject drawing only those its tree reaches."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import find
+
+from conftest import SUITE_RELEASES, released_tree
+from swafuzz.search.fuzz import fuzz
+from swafuzz.strategies.examples import EXAMPLES
+from swafuzz.strategies.features import (
+    DRAFT_EXTEND, FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, NON_SWA_LAYERS, PIPELINE_STAGE, features_of, in_mode,
+    restriction_terms_of, together,
+)
+from swafuzz.strategies.restrictions import scenarios_without
+from swafuzz.strategies.scenarios import ADVERSARIAL, REALISTIC, weakest_profile
+from swafuzz.subjects.sglang import engine_features
+from swafuzz.subjects.sglang.reachability import POOL_CACHE_RELEASES, question, route_problems
+from swafuzz.subjects.sglang.switches import settings_for
+
+EVERY_LAYER_STORES = {NON_SWA_LAYERS, FIRST_SWA_LAYER_NOT_START}
+NOT_IN_EXTEND = {in_mode(MICRO_BATCHES, mode) for mode in ("decode", "verify", "draft", "draft_extend", "idle")}
+STAGED_OVERLAP = together(MICRO_BATCHES, PIPELINE_STAGE)
+# what each release of the suite never takes, as read from its files: no two-batch overlap
+# before 0.5.15, then prefill-only overlap on a single stage; every layer stores SWA keys
+UNREACHED = {
+    "0.5.12": {MICRO_BATCHES, *EVERY_LAYER_STORES},
+    "0.5.12.post1": {MICRO_BATCHES, *EVERY_LAYER_STORES},
+    "0.5.17": {*NOT_IN_EXTEND, STAGED_OVERLAP, *EVERY_LAYER_STORES},
+    "0.5.19": {*NOT_IN_EXTEND, STAGED_OVERLAP, *EVERY_LAYER_STORES},
+    "0.5.20": {*NOT_IN_EXTEND, STAGED_OVERLAP, *EVERY_LAYER_STORES},
+    "0.5.23": {*NOT_IN_EXTEND, STAGED_OVERLAP, *EVERY_LAYER_STORES},
+}
+
+
+def _tree(version: str):
+    tree = released_tree(version)
+    if isinstance(tree, str):
+        pytest.skip(tree)
+    return tree
+
+
+@pytest.mark.parametrize("version", SUITE_RELEASES)
+def test_each_release_reaches_the_engine_features_its_files_say(version):
+    readings = engine_features.read(_tree(version), settings_for(version))
+    assert frozenset().union(*(r.unreached for r in readings)) == UNREACHED[version]
+    for reading in readings:
+        assert reading.unconfirmed or ".py" in reading.where, reading.describe()
+
+
+# the releases whose matrix routes read the model for these two problems (later ones have no pool cache)
+MODEL_ROUTED = [v for v in SUITE_RELEASES if v in POOL_CACHE_RELEASES]
+
+
+@pytest.mark.parametrize("version", MODEL_ROUTED)
+@pytest.mark.parametrize("key,terms", [("pool-cache-two-batch-overlap", {MICRO_BATCHES}),
+                                       ("pool-cache-first-swa-layer", {FIRST_SWA_LAYER_NOT_START})])
+def test_the_readings_agree_with_the_matrix_on_two_batch_overlap_and_hybrid_layers(version, key, terms):
+    # the matrix judges these problems not reached on a route through the model that has no
+    # two-batch overlap and stores SWA keys in every layer: the reading excludes the feature
+    tree = _tree(version)
+    route = question(key).routes_for(version)[0]
+    assert not route.reached and not route_problems(tree, route)
+    assert terms <= engine_features.unreached(tree, settings_for(version))
+
+
+def test_the_merge_before_replay_is_drawn_and_says_why_it_is_unconfirmed():
+    readings = engine_features.read(_tree("0.5.17"), settings_for("0.5.17"))
+    merge = next(r for r in readings if r.feature.startswith("metadata merge"))
+    assert merge.unreached == frozenset() and "MODELLED_PATHS" in merge.describe()
+
+
+def test_the_realistic_profile_of_0_5_12_post1_has_no_two_batch_overlap():
+    import swafuzz.subjects.sglang as sglang
+
+    _tree("0.5.12.post1")
+    info = sglang.resolve("sglang:pool-fused-store@0.5.12.post1")
+    assert {MICRO_BATCHES, FIRST_SWA_LAYER_NOT_START} <= info.subject.realistic_exclusions
+    assert weakest_profile(EXAMPLES["two-batch-overlap"], info.subject.realistic_exclusions) == ADVERSARIAL
+    result = fuzz(info, profile=REALISTIC, settings="ci", max_examples=200, seed=0)
+    assert result.coverage.get(MICRO_BATCHES, 0) == 0
+    found = result.divergence
+    assert found is None or MICRO_BATCHES not in features_of(result.scenario), found.sentence
+
+
+RESTRICTED = frozenset({*NOT_IN_EXTEND, STAGED_OVERLAP, *EVERY_LAYER_STORES, DRAFT_EXTEND})
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(scenarios_without(REALISTIC, RESTRICTED))
+def test_a_restricted_profile_draws_its_restriction_without_rejecting_draws(scenario):
+    assert not restriction_terms_of(scenario) & RESTRICTED
+    assert weakest_profile(scenario, RESTRICTED) == REALISTIC
+
+
+def test_a_restricted_profile_still_draws_two_micro_batches_in_extend_on_a_single_stage():
+    found = find(scenarios_without(REALISTIC, RESTRICTED), lambda s: MICRO_BATCHES in features_of(s),
+                 settings=settings(database=None, derandomize=True, max_examples=2000))
+    assert found.config.start_layer == 0
+    assert all(e.mode == "extend" for e in found.events if e.op == "forward" and e.micro_batches > 1)
