@@ -364,6 +364,7 @@ def test_the_sglang_workflow_gates_every_pull_request_that_touches_a_file_the_ga
     globs = [line.split('"')[1].removeprefix("python/").replace("**", "*")
              for line in workflow.splitlines() if line.lstrip().startswith('- "python/')]
     read = set(files_the_tree_checks_read("0.5.23")) | set(FILES) | set(provenance.sglang_paths())
+    read |= {engine_features.MODEL_FILE, engine_features.DRAFT_MODEL_FILE, engine_features.BACKEND_FILE}
     for item in TARGETS:
         read |= {code.path for code in item.code}
     missed = sorted(path for path in read if release.read(path) is not None
