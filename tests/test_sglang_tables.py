@@ -153,3 +153,24 @@ def test_without_triton_the_triton_builders_are_not_checked_and_the_torch_ones_s
             assert (check.outcome, check.detail) == (tree_checks.RIGHT, "every value matches the truth")
         else:
             assert check.outcome == tree_checks.ABSENT and "checked there" in check.detail
+
+
+def test_the_matrix_shows_each_builder_as_a_column_and_each_release_as_a_row(tmp_path):
+    from swafuzz.tools.sglang_matrix import Matrix, render
+
+    checks = {version: tree_checks.check_tables(_release(version)) for version in ("0.5.12", "0.5.23")}
+    text = render(Matrix(list(checks), [], {}, "ci", 10, 0, 1.0, tables=checks), tmp_path / "sglang-matrix.md")
+    section = text.split("## Index tables by release", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| release | " + " | ".join(f"`{b.name}`" for b in tables.BUILDERS) + " |"
+    assert lines[1].startswith("| --- |")
+    for version, line in zip(checks, lines[2:], strict=True):
+        cells = line.strip("| ").split(" | ")
+        assert cells[0] == version
+        for builder, cell in zip(tables.BUILDERS, cells[1:]):
+            if not _has(version, builder.name):
+                assert cell == tree_checks.ABSENT
+            elif builder.needs_triton and not triton_available():
+                assert cell == f"not checked: {TRITON_MISSING}"
+            else:
+                assert cell == tree_checks.RIGHT
