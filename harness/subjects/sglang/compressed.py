@@ -34,7 +34,7 @@ import torch
 from ...errors import BindError
 from ...reference import compressed as truth
 from .binding import ClassCode, FunctionCode, bind
-from .interpreted import TRITON_MISSING, defines, jitted_kernels, record, triton_available
+from .interpreted import TRITON_MISSING, defines, record, triton_available, triton_stand_ins
 from .locate import SourceTree
 from .targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE
 
@@ -143,17 +143,13 @@ def bind_compression_metadata(tree: SourceTree) -> CompressionMetadataCode:
     Needs triton (the kernels are compiled as Triton's interpreter runs them); a tree
     without the kernel file raises :class:`BindError` naming where it looked.
     """
-    import triton
-    import triton.language as tl
-
     kernel_file = next((path for path in KERNEL_FILES if tree.read(path) is not None), None)
     if kernel_file is None:
         raise BindError(f"{tree.label}: has no compression metadata kernel (looked in {', '.join(KERNEL_FILES)})")
-    kernels = jitted_kernels(tree, kernel_file)
-    if KERNEL not in kernels:
+    stand_ins = triton_stand_ins(tree, kernel_file)
+    if KERNEL not in stand_ins:
         raise BindError(f"{tree.label}: {kernel_file} has no @triton.jit {KERNEL}")
     entries = [FunctionCode(kernel_file, KERNEL_ENTRY)]
-    stand_ins = {"triton": triton, "tl": tl, **kernels}
     low_ratio_record = record(tree, kernel_file, LOW_RATIO_RECORD)
     if low_ratio_record is not None:
         entries.append(FunctionCode(kernel_file, LOW_RATIO_ENTRY))
@@ -167,8 +163,7 @@ def bind_compression_metadata(tree: SourceTree) -> CompressionMetadataCode:
             unified = ClassCode(HIP_BACKEND_FILE, UNIFIED_RECORD, dataclass_fields=True)
             hip_stand_ins[UNIFIED_RECORD] = bind(tree, (unified,), {}, {}).classes[UNIFIED_RECORD].build(object)
         if defines(tree, HIP_GLUE_FILE, HIP_LOW_RATIO):
-            glue = bind(tree, (FunctionCode(HIP_GLUE_FILE, HIP_LOW_RATIO),),
-                        {"triton": triton, "tl": tl, **jitted_kernels(tree, HIP_GLUE_FILE)}, {})
+            glue = bind(tree, (FunctionCode(HIP_GLUE_FILE, HIP_LOW_RATIO),), triton_stand_ins(tree, HIP_GLUE_FILE), {})
             hip_stand_ins[HIP_LOW_RATIO] = glue.functions[HIP_LOW_RATIO]
         hip_metadata_class = metadata_class(tree, HIP_BACKEND_FILE, hip_stand_ins)
     return CompressionMetadataCode(
