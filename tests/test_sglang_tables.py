@@ -18,9 +18,9 @@ from conftest import SUITE_RELEASES, released_tree
 from swafuzz.errors import BindError
 from swafuzz.reference import compressed as truth
 from swafuzz.subjects.sglang import locate, tables, tree_checks
-from swafuzz.subjects.sglang.compressed import CompressionBatch, generated_batches
+from swafuzz.subjects.sglang.compressed import HIP_GLUE_FILE, CompressionBatch, generated_batches
 from swafuzz.subjects.sglang.interpreted import TRITON_MISSING, triton_available
-from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE
+from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE
 
 BUILDERS = {builder.name: builder for builder in tables.BUILDERS}
 # the releases that have each builder, first and last, as their wheels have them
@@ -33,6 +33,8 @@ RELEASES_WITH = {
     "DeepseekV4AttnBackend.make_core_attn_metadata": ((0, 5, 12), (0, 5, 15)),  # inline, before the builders
     "DSV4AttnMetadata.init_flashmla_related": ((0, 5, 12), None),
     "CompressStatePool.translate_from_req_position_to_state_loc": ((0, 5, 15), None),
+    "page_table_from_req_to_token": ((0, 5, 21), None),
+    "DeepseekV4HipRadixBackend.get_swa_page_indices": ((0, 5, 13), None),
 }
 
 
@@ -125,6 +127,12 @@ def test_the_generated_batches_cross_the_window_and_page_boundaries_and_read_fre
     ("CompressStatePool.translate_from_req_position_to_state_loc", "0.5.23", tables.COMPRESS_STATE_FILE,
      "positions % self.ring_size", "(positions + 1) % self.ring_size",
      "CompressStatePool.translate_from_req_position_to_state_loc (ring of 2) row 0: SGLang 2, the truth 3"),
+    ("page_table_from_req_to_token", "0.5.23", HIP_GLUE_FILE,
+     "req = tl.load(req_ptr + row).to(tl.int64)", "req = tl.load(req_ptr).to(tl.int64)",
+     "page_table_from_req_to_token: page_table row 2:"),
+    ("DeepseekV4HipRadixBackend.get_swa_page_indices", "0.5.23", HIP_BACKEND_FILE,
+     "invalid_offset_mask = offsets < 0", "invalid_offset_mask = offsets < 1",
+     "DeepseekV4HipRadixBackend.get_swa_page_indices: swa_page_indices row 0: SGLang [3090, 3087, 3084, 3081, 3078, -1, "),
     ("DeepseekV4AttnBackend.make_core_attn_metadata", "0.5.12", CUDA_BACKEND_FILE,
      "swa_topk_lengths = torch.clamp(seq_lens_casual, max=SWA_WINDOW)",
      "swa_topk_lengths = torch.clamp(seq_lens_casual, max=SWA_WINDOW + 1)",

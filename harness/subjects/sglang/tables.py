@@ -24,6 +24,9 @@ page boundaries, some padded as a CUDA graph bucket pads them):
   checked.
 - ``CompressStatePool.translate_from_req_position_to_state_loc`` (0.5.15+), on the ring
   sizes of every compressor, positions before a request's first token included.
+- ``page_table_from_req_to_token``, the HIP backend's Triton page-table kernel
+  (``attn_glue_hip.py``, 0.5.21+), and ``DeepseekV4HipRadixBackend.get_swa_page_indices``,
+  its plain causal SWA indices (0.5.13+).
 
 A builder a tree lacks is *absent*, with where it was looked for; one the tree has but that
 needs triton where triton is not installed is *not checked*, never passed.
@@ -44,7 +47,7 @@ from .binding import ClassCode, FunctionCode, bind
 from .compressed import INDEX_TOPK, CompressionBatch, first_wrong_row
 from .interpreted import TRITON_MISSING, defines, record, triton_available, triton_stand_ins
 from .locate import SourceTree
-from .targets import CUDA_BACKEND_FILE, POOL_FILE
+from .targets import CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE, POOL_FILE
 
 # where the table builders live: 0.5.23, then 0.5.16 to 0.5.22
 TABLE_FILES = ("sglang/kernels/ops/attention/dsv4/attn_metadata_kernels.py",
@@ -128,28 +131,36 @@ def _no_flashmla_schedule() -> None:
     return None
 
 
+def _backend(tree: SourceTree, path: str, name: str, methods: tuple[str, ...],
+             stand_ins: dict[str, Any]) -> Callable[[CompressionBatch], Any]:
+    """A maker of ``path``'s backend class ``name`` with ``methods`` bound, on an object that
+    carries a batch's tables and a pool with the tree's own ``translate_loc_from_full_to_swa``."""
+    code = (FunctionCode(compressed.UTILS_FILE, "ceil_align"), ClassCode(path, name, methods=methods))
+    backend = bind(tree, code, stand_ins, {}).classes[name].build(object)
+    pool = bind(tree, (ClassCode(POOL_FILE, POOL, methods=("translate_loc_from_full_to_swa",)),), {}, {}).classes[POOL].build(object)
+
+    def on(batch: CompressionBatch) -> Any:
+        made = backend()
+        made.__dict__.update(req_to_token=batch.req_to_token, page_size=batch.page_size, swa_page_size=truth.SWA_WINDOW,
+                             cuda_int32_kwargs={"device": "cpu", "dtype": torch.int32}, c4_topk=INDEX_TOPK)
+        made.token_to_kv_pool = pool()
+        made.token_to_kv_pool.full_to_swa_index_mapping = batch.mapping
+        return made
+    return on
+
+
 def _bind_inline_tables(tree: SourceTree) -> Callable[..., Any]:
-    """``make_core_attn_metadata`` of a tree that builds its tables inline (up to 0.5.15),
-    on a backend carrying the batch's tables and the tree's own full-to-SWA translation."""
+    """``make_core_attn_metadata`` of a tree that builds its tables inline (up to 0.5.15)."""
     if any(tree.read(path) is not None for path in TABLE_FILES):
         raise BindError(f"{tree.label}: builds its page table and SWA indices in {_table_file(tree, 'build_page_table_positions')}, "
                         "checked there")
     stand_ins = {"DSV4AttnMetadata": compressed.metadata_class(tree, CUDA_BACKEND_FILE, {}, methods=()),
-                 "F": torch.nn.functional,
-                 "_create_flashmla_metadata": _no_flashmla_schedule}
-    code = (FunctionCode(compressed.UTILS_FILE, "ceil_align"),
-            ClassCode(CUDA_BACKEND_FILE, CUDA_BACKEND, methods=("make_core_attn_metadata", "get_swa_page_indices")))
-    backend = bind(tree, code, stand_ins, {}).classes[CUDA_BACKEND].build(object)
-    pool = bind(tree, (ClassCode(POOL_FILE, POOL, methods=("translate_loc_from_full_to_swa",)),), {}, {}).classes[POOL].build(object)
+                 "F": torch.nn.functional, "_create_flashmla_metadata": _no_flashmla_schedule}
+    backend = _backend(tree, CUDA_BACKEND_FILE, CUDA_BACKEND, ("make_core_attn_metadata", "get_swa_page_indices"), stand_ins)
 
     def make(batch: CompressionBatch) -> Any:
-        on = backend()
-        on.__dict__.update(req_to_token=batch.req_to_token, page_size=batch.page_size, swa_page_size=truth.SWA_WINDOW,
-                           cuda_int32_kwargs={"device": "cpu", "dtype": torch.int32}, c4_topk=INDEX_TOPK)
-        on.token_to_kv_pool = pool()
-        on.token_to_kv_pool.full_to_swa_index_mapping = batch.mapping
-        return on.make_core_attn_metadata(**_causal(batch), max_seq_len=batch.max_seq_len, out_loc=batch.out_loc,
-                                          need_compress=False)
+        return backend(batch).make_core_attn_metadata(**_causal(batch), max_seq_len=batch.max_seq_len,
+                                                      out_loc=batch.out_loc, need_compress=False)
     return make
 
 
@@ -192,6 +203,37 @@ def _bind_state_slots(tree: SourceTree) -> Callable[..., Any]:
     return state_pool.methods[method]
 
 
+def _bind_hip_swa_indices(tree: SourceTree) -> Callable[..., Any]:
+    if not defines(tree, HIP_BACKEND_FILE, HIP_BACKEND):
+        raise BindError(f"{tree.label}: has no {HIP_BACKEND} (looked in {HIP_BACKEND_FILE})")
+    backend = _backend(tree, HIP_BACKEND_FILE, HIP_BACKEND, ("get_swa_page_indices",), {})
+
+    def make(batch: CompressionBatch) -> Any:
+        causal = _causal(batch)
+        return backend(batch).get_swa_page_indices(seq_lens_casual=causal["seq_lens_casual"],
+                                                   req_pool_indices_repeated=causal["req_pool_indices_repeated"])
+    return make
+
+
+def _check_hip_swa_indices(make: Callable[..., Any], batch: CompressionBatch) -> list[str]:
+    # the backend pads the table to the index alignment after this call; the window's 128
+    # columns are already a multiple of it
+    return [first_wrong_row(f"{HIP_BACKEND}.get_swa_page_indices: swa_page_indices", make(batch), batch.swa_page_indices)]
+
+
+def _bind_hip_page_table(tree: SourceTree) -> Callable[..., Any]:
+    name = "page_table_from_req_to_token"
+    if not defines(tree, compressed.HIP_GLUE_FILE, name):
+        raise BindError(f"{tree.label}: has no {name} (looked in {compressed.HIP_GLUE_FILE})")
+    stand_ins = triton_stand_ins(tree, compressed.HIP_GLUE_FILE)
+    return bind(tree, (FunctionCode(compressed.HIP_GLUE_FILE, name),), stand_ins, {}).functions[name]
+
+
+def _check_hip_page_table(build: Callable[..., Any], batch: CompressionBatch) -> list[str]:
+    table = build(batch.req_to_token, batch.req_slots, batch.max_seq_len, batch.page_size)
+    return [first_wrong_row("page_table_from_req_to_token: page_table", table, batch.pages)]
+
+
 def _check_state_slots(translate: Callable[..., Any], batch: CompressionBatch) -> list[str]:
     wrong = []
     for ring in STATE_RINGS:
@@ -221,6 +263,8 @@ BUILDERS = (
                  needs_triton=True),
     TableBuilder(f"{STATE_POOL}.translate_from_req_position_to_state_loc", _bind_state_slots, _check_state_slots,
                  needs_triton=False),
+    TableBuilder("page_table_from_req_to_token", _bind_hip_page_table, _check_hip_page_table, needs_triton=True),
+    TableBuilder(f"{HIP_BACKEND}.get_swa_page_indices", _bind_hip_swa_indices, _check_hip_swa_indices, needs_triton=False),
 )
 
 
