@@ -288,6 +288,10 @@ WINDOW_BRANCH = """        metadata = self.forward_metadata
 """
 
 
+# the verdicts of rows that do not hold the gate
+QUIET = {"clean", "not in HEAD", "not checked in either tree"}
+
+
 def _checks(tree) -> dict:
     from swafuzz.tools.pr_gate import Tree, run_checks
 
@@ -305,7 +309,9 @@ def test_the_gate_fails_a_producer_that_head_gets_wrong_and_names_its_first_wron
     # the idle forward gets the live forward's workspace rows, not the idle layout's
     assert getter.head.detail.startswith("store write_loc row 0: got ")
     assert "(idle after a live forward batch: " in getter.head.detail
-    assert {row.verdict for name, row in rows.items() if name != getter.name} <= {"clean", "not checked in either tree"}
+    # the rest hold nothing: "not in HEAD" is a check of code neither tree has (the inline
+    # index tables of 0.5.12 to 0.5.15)
+    assert {row.verdict for name, row in rows.items() if name != getter.name} <= QUIET
 
 
 def test_the_gate_says_a_release_fixed_the_idle_request_window_rows_of_the_one_before():
@@ -331,6 +337,33 @@ def test_the_tree_checks_run_the_compressed_kv_kernels_where_triton_can_and_say_
         assert (kernels.outcome, kernels.detail) == (tree_checks.RIGHT, "every value matches the truth")
     else:
         assert (kernels.outcome, kernels.detail) == (tree_checks.GAP, compressed.TRITON_MISSING)
+
+
+# 0.5.23's Triton SWA read-index kernel takes a row's position as its length minus one
+SWA_POSITION = "pos = tl.load(seq_lens_ptr + row).to(tl.int64) - 1"
+
+
+def test_a_table_builder_that_head_gets_wrong_fails_the_gate_at_its_first_wrong_row(tmp_path):
+    from swafuzz.subjects.sglang import tables
+    from swafuzz.subjects.sglang.compressed import generated_batches
+    from swafuzz.subjects.sglang.interpreted import TRITON_MISSING, triton_available
+    from swafuzz.tools.pr_gate import DIVERGES, FAILS, check_rows
+
+    if not triton_available():
+        pytest.skip(TRITON_MISSING)
+    # the window one token late: every row reads a token its request has not written
+    head = edited_tree(tmp_path, "0.5.23", {tables.TABLE_FILES[0]: [(SWA_POSITION, SWA_POSITION.removesuffix(" - 1"))]},
+                       with_tree_checks=True)
+    name = "build_causal_swa_page_indices_triton"
+    (found,) = [check for check in tree_checks.check_tree(head) if check.name == name]
+    assert (found.kind, found.outcome) == (tree_checks.KERNEL, tree_checks.WRONG)
+    assert found.detail.startswith(f"{name}: swa_page_indices row 0: SGLang [")
+    assert found.detail.endswith(f"(batch: {tables.describe(generated_batches(1)[0])})")
+    rows = {row.name: row for row in check_rows(_checks(head), _checks("0.5.23"))}
+    assert rows[name].verdict == FAILS and rows[name].head.outcome == DIVERGES
+    assert rows[name].head.detail == found.detail
+    assert rows["DeepseekV4AttnBackend.make_core_attn_metadata"].verdict == "not in HEAD"  # 0.5.12 to 0.5.15 only
+    assert {row.verdict for other, row in rows.items() if other != name} <= QUIET
 
 
 def test_code_swafuzz_cannot_run_holds_the_gate_only_where_head_brings_it():

@@ -64,11 +64,13 @@ from ..subjects.sglang.binding import BindError
 from ..subjects.sglang.configure import configured
 from ..subjects.sglang.tree_checks import (
     BATCH_KINDS,
+    GAP,
     RIGHT,
     WRONG,
     TreeCheck,
     check_compressed_values,
     check_producers,
+    check_tables,
     producer_batches,
 )
 from ..subjects.sglang.reachability import (
@@ -156,6 +158,7 @@ class Matrix:
     producers: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> producer checks
     runner_steps: dict[str, list[runner_steps.Verdict]] = field(default_factory=dict)  # version -> steps
     kernels: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> compressed-KV kernel checks
+    tables: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> index-table builder checks
 
 
 def run_matrix(
@@ -175,6 +178,7 @@ def run_matrix(
     producers: dict[str, list[TreeCheck]] = {}
     steps: dict[str, list[runner_steps.Verdict]] = {}
     kernels: dict[str, list[TreeCheck]] = {}
+    tables: dict[str, list[TreeCheck]] = {}
     for version in versions:
         try:
             tree = locate.wheel(version, cache)
@@ -187,6 +191,7 @@ def run_matrix(
         producers[version] = check_producers(tree, seed)
         steps[version] = runner_steps.verdicts(tree)
         kernels[version] = check_compressed_values(tree)
+        tables[version] = check_tables(tree)
         for target in TARGETS:
             try:
                 info = configured(target.info(tree, "source", name=f"{target.subject_name}@{version}"),
@@ -206,7 +211,7 @@ def run_matrix(
             log(f"{version} {target.name}: " + ", ".join(f"{k} {v}" for k, v in cell.runs.items()))
             cells.append(cell)
     return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started,
-                  sources, revision, overrides, producers, steps, kernels)
+                  sources, revision, overrides, producers, steps, kernels, tables)
 
 
 def concerning(target: Target, switches: SwitchSettings) -> dict[str, bool]:
@@ -536,6 +541,14 @@ def render(matrix: Matrix, report_path: Path) -> str:
                   *(f"| {version} | " + "; ".join(
                       f"{'**wrong**' if c.outcome == WRONG else c.outcome}: {_generic(c.detail, version)}"
                       .replace("|", "\\|") for c in checks) + " |" for version, checks in matrix.kernels.items())]
+    if matrix.tables:
+        lines += ["", "## Index tables by release", "",
+                  "SGLang's own builders of the per-step index tables (`harness/subjects/sglang/tables.py`: "
+                  "page table, SWA read indices and lengths, the C4 top-k table, compress-state ring rows), "
+                  "one column per SGLang function, run on CPU (the Triton ones under Triton's interpreter) on "
+                  "generated batches and compared row by row with `reference/compressed.py`; **absent** where "
+                  "the release builds the table elsewhere or not at all.", "",
+                  *_tables_table(matrix)]
     lines += ["", "## Engine switches by release", "",
               "Defaults read from each release (`harness/subjects/sglang/switches.py`); a route that needs a "
               "switch set against its default makes a divergence *reachable off-default*.", "",
@@ -693,6 +706,26 @@ def _table(matrix: Matrix, column: str) -> str:
             cells.append("n/a" if cell is None or not cell.bound else cell.runs.get(column, ""))
         rows.append(f"| {version} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _tables_table(matrix: Matrix) -> list[str]:
+    names = list(dict.fromkeys(c.name for checks in matrix.tables.values() for c in checks))
+    rows = ["| release | " + " | ".join(f"`{name}`" for name in names) + " |",
+            "| --- |" + " --- |" * len(names)]
+    for version, checks in matrix.tables.items():
+        by_name = {c.name: c for c in checks}
+        rows.append(f"| {version} | " + " | ".join(_table_cell(by_name.get(name), version) for name in names) + " |")
+    return rows
+
+
+def _table_cell(check: TreeCheck | None, version: str) -> str:
+    if check is None:
+        return "n/a"
+    if check.outcome == WRONG:
+        return f"**wrong**: {_generic(check.detail, version)}".replace("|", "\\|")
+    if check.outcome == GAP:
+        return f"not checked: {_generic(check.detail, version)}".replace("|", "\\|")
+    return check.outcome
 
 
 def _generic(message: str, version: str) -> str:

@@ -22,24 +22,19 @@ without it :func:`check_release` says the values were not checked, never passes 
 
 from __future__ import annotations
 
-import ast
-import collections
-import contextlib
 import dataclasses
-import importlib.util
 import inspect
-import linecache
-import os
 import random
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
 from ...errors import BindError
 from ...reference import compressed as truth
 from .binding import ClassCode, FunctionCode, bind
+from .interpreted import TRITON_MISSING, defines, record, triton_available, triton_stand_ins
 from .locate import SourceTree
 from .targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE
 
@@ -57,7 +52,6 @@ UNIFIED_RECORD = "UnifiedKvMetadata"  # the HIP per-forward record of unified-KV
 UNIFIED_PAGES = "unified_swa_pages"  # the HIP init's parameter (0.5.14+)
 METADATA_CLASS = "DSV4AttnMetadata"
 HIP_METADATA = f"HIP {METADATA_CLASS}"
-TRITON_MISSING = "not checked on CPU: install swafuzz[triton]"
 PAGE_SIZE = 256  # DeepSeek-V4's page size in practice
 INDEX_TOPK = 512
 
@@ -88,49 +82,6 @@ LOW_RATIO_OUTPUTS = {
 }
 # what the metadata needs to carry for init_compression_metadata: every ratio present
 PRESENT_RATIOS = (1, 2, 4, 128)
-
-
-def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-@contextlib.contextmanager
-def _interpreted() -> Iterator[None]:
-    """``@triton.jit`` decorates as Triton's CPU interpreter while this is open; the
-    process's own setting is back afterwards."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
-
-
-def _is_triton_jit(decorator: ast.expr) -> bool:
-    target = decorator.func if isinstance(decorator, ast.Call) else decorator
-    return ast.unparse(target) == "triton.jit"
-
-
-def _jitted_kernels(tree: SourceTree, path: str) -> dict[str, Any]:
-    """Each ``@triton.jit`` function of ``path``, compiled from the tree's own text as an
-    interpreted kernel (Triton reads a kernel's source through linecache, so the tree's
-    text is registered under its location)."""
-    import triton
-    import triton.language as tl
-
-    text = tree.read(path)
-    filename = tree.location(path)
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    namespace: dict[str, Any] = {"triton": triton, "tl": tl, "__name__": "swafuzz_sglang_kernels"}
-    kernels = [node for node in ast.parse(text, filename=filename).body
-               if isinstance(node, ast.FunctionDef) and any(_is_triton_jit(d) for d in node.decorator_list)]
-    with _interpreted():
-        for node in kernels:
-            exec(compile(ast.Module(body=[node], type_ignores=[]), filename, "exec"), namespace)
-    return {node.name: namespace[node.name] for node in kernels}
 
 
 @dataclass
@@ -170,7 +121,7 @@ class CompressionMetadataCode:
             "cuda_int32_kwargs": {"device": "cpu", "dtype": torch.int32},
             "seq_lens_casual": positions + 1, "positions_casual": positions,
             "swa_page_indices": batch.swa_page_indices, "swa_topk_lengths": truth.swa_topk_lengths(batch.positions),
-            "index_topk": INDEX_TOPK, "present_ratios": PRESENT_RATIOS, "low_ratios": truth.LOW_RATIOS,
+            "index_topk": INDEX_TOPK, "c4_sparse_topk": INDEX_TOPK, "present_ratios": PRESENT_RATIOS, "low_ratios": truth.LOW_RATIOS,
         }
         # each release declares its own fields (which ratios a stage has: 0.5.21+)
         declared = {f.name for f in dataclasses.fields(metadata_class)}
@@ -192,63 +143,47 @@ def bind_compression_metadata(tree: SourceTree) -> CompressionMetadataCode:
     Needs triton (the kernels are compiled as Triton's interpreter runs them); a tree
     without the kernel file raises :class:`BindError` naming where it looked.
     """
-    import triton
-    import triton.language as tl
-
     kernel_file = next((path for path in KERNEL_FILES if tree.read(path) is not None), None)
     if kernel_file is None:
         raise BindError(f"{tree.label}: has no compression metadata kernel (looked in {', '.join(KERNEL_FILES)})")
-    kernels = _jitted_kernels(tree, kernel_file)
-    if KERNEL not in kernels:
+    stand_ins = triton_stand_ins(tree, kernel_file)
+    if KERNEL not in stand_ins:
         raise BindError(f"{tree.label}: {kernel_file} has no @triton.jit {KERNEL}")
     entries = [FunctionCode(kernel_file, KERNEL_ENTRY)]
-    stand_ins = {"triton": triton, "tl": tl, **kernels}
-    record = _record_fields(tree, kernel_file, LOW_RATIO_RECORD)
-    if record is not None:
+    low_ratio_record = record(tree, kernel_file, LOW_RATIO_RECORD)
+    if low_ratio_record is not None:
         entries.append(FunctionCode(kernel_file, LOW_RATIO_ENTRY))
-        stand_ins[LOW_RATIO_RECORD] = collections.namedtuple(LOW_RATIO_RECORD, record)
+        stand_ins[LOW_RATIO_RECORD] = low_ratio_record
     kernel_code = bind(tree, tuple(entries), stand_ins, {})
-    common = {"_init_compression_metadata_triton": kernel_code.functions[KERNEL_ENTRY],
-              "F": torch.nn.functional, "torch": torch}
+    common = backend_stand_ins(kernel_code.functions[KERNEL_ENTRY])
     hip_metadata_class = None
-    if _defines(tree, HIP_BACKEND_FILE, METADATA_CLASS):
+    if defines(tree, HIP_BACKEND_FILE, METADATA_CLASS):
         hip_stand_ins = dict(common)
-        if _defines(tree, HIP_BACKEND_FILE, UNIFIED_RECORD):
+        if defines(tree, HIP_BACKEND_FILE, UNIFIED_RECORD):
             unified = ClassCode(HIP_BACKEND_FILE, UNIFIED_RECORD, dataclass_fields=True)
             hip_stand_ins[UNIFIED_RECORD] = bind(tree, (unified,), {}, {}).classes[UNIFIED_RECORD].build(object)
-        if _defines(tree, HIP_GLUE_FILE, HIP_LOW_RATIO):
-            glue = bind(tree, (FunctionCode(HIP_GLUE_FILE, HIP_LOW_RATIO),),
-                        {"triton": triton, "tl": tl, **_jitted_kernels(tree, HIP_GLUE_FILE)}, {})
+        if defines(tree, HIP_GLUE_FILE, HIP_LOW_RATIO):
+            glue = bind(tree, (FunctionCode(HIP_GLUE_FILE, HIP_LOW_RATIO),), triton_stand_ins(tree, HIP_GLUE_FILE), {})
             hip_stand_ins[HIP_LOW_RATIO] = glue.functions[HIP_LOW_RATIO]
-        hip_metadata_class = _metadata_class(tree, HIP_BACKEND_FILE, hip_stand_ins)
+        hip_metadata_class = metadata_class(tree, HIP_BACKEND_FILE, hip_stand_ins)
     return CompressionMetadataCode(
         kernel_code.label, kernel_file, kernel_code.functions[KERNEL_ENTRY],
-        _metadata_class(tree, CUDA_BACKEND_FILE, common), kernel_code.functions.get(LOW_RATIO_ENTRY), hip_metadata_class,
+        metadata_class(tree, CUDA_BACKEND_FILE, common), kernel_code.functions.get(LOW_RATIO_ENTRY), hip_metadata_class,
     )
 
 
-def _metadata_class(tree: SourceTree, path: str, stand_ins: dict[str, Any]) -> type:
-    """``path``'s ``DSV4AttnMetadata`` rebuilt from its fields, with ``init_compression_metadata``."""
+def backend_stand_ins(kernel: Callable[..., tuple]) -> dict[str, Any]:
+    """The globals a backend file's metadata methods read, ``kernel`` being the bound
+    kernel entry its ``init_compression_metadata`` calls."""
+    return {"_init_compression_metadata_triton": kernel, "F": torch.nn.functional, "torch": torch}
+
+
+def metadata_class(tree: SourceTree, path: str, stand_ins: dict[str, Any],
+                    methods: tuple[str, ...] = ("init_compression_metadata",)) -> type:
+    """``path``'s ``DSV4AttnMetadata`` rebuilt from its fields, with ``methods``."""
     code = (FunctionCode(UTILS_FILE, "ceil_align"),
-            ClassCode(path, METADATA_CLASS, methods=("init_compression_metadata",),
-                      if_defined=("has_c4", "has_c128"), dataclass_fields=True))
+            ClassCode(path, METADATA_CLASS, methods=methods, if_defined=("has_c4", "has_c128"), dataclass_fields=True))
     return bind(tree, code, stand_ins, {}).classes[METADATA_CLASS].build(object)
-
-
-def _defines(tree: SourceTree, path: str, name: str) -> bool:
-    """Whether ``path`` in ``tree`` defines a top-level function or class ``name``."""
-    text = tree.read(path)
-    return text is not None and any(
-        isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name for node in ast.parse(text).body)
-
-
-def _record_fields(tree: SourceTree, path: str, name: str) -> tuple[str, ...] | None:
-    """The fields of ``path``'s NamedTuple ``name`` in order, or None where it has none."""
-    module = ast.parse(tree.read(path))
-    record = next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name), None)
-    if record is None:
-        return None
-    return tuple(n.target.id for n in record.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
 
 
 @dataclass(frozen=True)
@@ -259,7 +194,7 @@ class CompressionBatch:
     out_loc: torch.Tensor  # int64 per write row (the first rows), its full-pool location
     req_slots: torch.Tensor  # int64 per row
     req_to_token: torch.Tensor  # int32 [request slots, columns]
-    mapping: torch.Tensor  # int64 full slot -> SWA slot
+    mapping: torch.Tensor  # int64 full slot -> SWA slot, ending in -1 (what a free entry, -1, reads)
     page_size: int = PAGE_SIZE
     unified_swa_pages: int = 0  # the HIP unified-KV SWA region's size (0: no unified layout)
 
@@ -360,8 +295,11 @@ def _batch(rng: random.Random, max_rows: int) -> CompressionBatch:
     free = list(range(1, slots * columns + 1))
     rng.shuffle(free)
     req_to_token = torch.tensor(free[: slots * columns], dtype=torch.int64).reshape(slots, columns)
-    mapping = torch.zeros(slots * columns + 1, dtype=torch.int64)
-    mapping[1:] = torch.randperm(slots * columns, generator=torch.Generator().manual_seed(rng.getrandbits(32))) + 1
+    # full slot 0 is the pool's dummy; like SGLang's, the mapping ends in -1, which a free
+    # entry (-1) reads
+    mapping = torch.full((slots * columns + 2,), truth.NO_SLOT, dtype=torch.int64)
+    mapping[0] = 0
+    mapping[1:-1] = torch.randperm(slots * columns, generator=torch.Generator().manual_seed(rng.getrandbits(32))) + 1
     near = [1, 2, 3, 4, 5, 127, 128, 129, 255, 256, 257, 383, 384, 385, 512, 640]
     tokens_per_request = rng.choice([1, 1, 2, 4])
     positions, req_slots = [], []

@@ -7,7 +7,10 @@ Three tables of SGLang code are checked this way, each against :mod:`swafuzz.ref
   graph-padded batch and an idle forward right after a live one;
 - the graph runner's merge steps before replay (:mod:`.runner_steps`);
 - the compressed-KV metadata kernels (:mod:`.compressed`), under Triton's interpreter where
-  the ``triton`` extra is installed, and *not checked* where it is not.
+  the ``triton`` extra is installed, and *not checked* where it is not;
+- the builders of the per-step index tables (:mod:`.tables`: page table, SWA indices and
+  lengths, the C4 top-k table, compress-state ring rows), one check per SGLang function,
+  the Triton ones likewise only where triton is installed.
 
 Each check of a tree ends as one :class:`TreeCheck`: *right*, *wrong* (the first wrong row
 and the batch that showed it), *absent* (the tree lacks the code, with why) or *not checked*
@@ -31,7 +34,7 @@ import torch
 
 from ...errors import BindError, StandInGap, SglangUnavailable
 from ...names import EXIT_OK, EXIT_USAGE
-from . import compressed, locate, runner_steps
+from . import compressed, locate, runner_steps, tables
 from .producers import Batch, bind_producers, check, idle
 
 PRODUCER, RUNNER_STEP, KERNEL = "producer", "runner step", "kernel"
@@ -139,8 +142,27 @@ def check_compressed_values(tree: locate.SourceTree) -> list[TreeCheck]:
     return [TreeCheck(KERNEL, COMPRESSED_VALUES, RIGHT, "every value matches the truth" + absent)]
 
 
+def check_tables(tree: locate.SourceTree) -> list[TreeCheck]:
+    """Each builder of :data:`tables.BUILDERS` (:func:`tables.check_builder`) as a check."""
+    checks = []
+    for builder in tables.BUILDERS:
+        try:
+            found = tables.check_builder(builder, tree)
+        except BindError as exc:
+            checks.append(_not_there(KERNEL, builder.name, str(exc)))
+            continue
+        if not found.bound:
+            checks.append(TreeCheck(KERNEL, builder.name, GAP, found.reason))
+        elif found.wrong:
+            checks.append(TreeCheck(KERNEL, builder.name, WRONG,
+                                    f"{'; '.join(found.wrong)} (batch: {tables.describe(found.batch)})"))
+        else:
+            checks.append(TreeCheck(KERNEL, builder.name, RIGHT, "every value matches the truth"))
+    return checks
+
+
 def check_tree(tree: locate.SourceTree, seed: int = 0) -> list[TreeCheck]:
-    return check_producers(tree, seed) + check_runner_steps(tree) + check_compressed_values(tree)
+    return check_producers(tree, seed) + check_runner_steps(tree) + check_compressed_values(tree) + check_tables(tree)
 
 
 _ROWS = re.compile(r"^(?P<field>\w[\w ]*?): got (?P<got>\[[^\]]*\]), want (?P<want>\[[^\]]*\])$")
