@@ -765,16 +765,26 @@ def verdict_row(matrix: Matrix, version: str) -> str:
     stale = [v.step for v in steps if v.findings]
     cells.append(f"stale: {', '.join(stale)}" if stale else f"all kept ({len(steps)} run)")
     cells.append("; ".join(c.outcome for c in matrix.kernels.get(version, [])) or "-")
+    cells.append(_outcomes(matrix.tables.get(version, [])))
     return f"| {version} | " + " | ".join(cells) + " |"
 
 
+def _outcomes(checks: list[TreeCheck]) -> str:
+    """What a release's checks of one kind found: the wrong ones named, the rest counted."""
+    wrong = [c.name for c in checks if c.outcome == WRONG]
+    counts = {outcome: sum(c.outcome == outcome for c in checks) for outcome in (RIGHT, GAP)}
+    said = [f"{counts[RIGHT]} right"] + ([f"{counts[GAP]} not checked"] if counts[GAP] else [])
+    return (f"wrong: {', '.join(wrong)}; " if wrong else "") + ", ".join(said)
+
+
 def verdicts_table(matrix: Matrix) -> str:
-    header = ["release", *(t.name for t in TARGETS), "producers", "runner steps", "compressed-KV values"]
+    header = ["release", *(t.name for t in TARGETS), "producers", "runner steps", "compressed-KV values",
+              "index tables"]
     return "\n".join([
         "# SGLang verdicts by release", "",
         f"The fast part of [sglang-matrix.md](sglang-matrix.md), in seconds a release: each target's "
         f"hand-written examples (`strategies/examples.py`: how many diverge, and which), and each release's "
-        f"producers of the rows, graph-runner steps and compressed-KV kernels. Written by `{VERDICTS_COMMAND}`; "
+        f"producers of the rows, graph-runner steps, compressed-KV kernels and index-table builders. Written by `{VERDICTS_COMMAND}`; "
         f"`tests/test_sglang_verdicts.py` makes the rows of the releases the suite reads again and "
         f"compares them, so this table is what the code says now. The full report's searches are rebuilt "
         f"with `tox -e sglang-matrix`, and its examples and producers columns must agree with this table.", "",
