@@ -230,7 +230,7 @@ class _Run:
             self.on_device = lambda t: t.device.type == device.type and t.get_device() == index
         self.truth = subject_cls.truth.value
         answered_by = getattr(subject_cls, "answered_by", None)
-        self.answered_by = answered_by if type(answered_by) is str else None
+        self.answered_by = quoted(answered_by) if type(answered_by) is str else None
         self.state = EngineState(scenario.config)
         self.history = dx.History()
         self.guard: CallGuard
