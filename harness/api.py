@@ -191,6 +191,9 @@ class Subject:
     truth: ClassVar[Truth]
     # "gpu_streams": the subject orders work with streams, so only a GPU can check it
     requires: ClassVar[frozenset[str]] = frozenset()
+    # the code that gives the answer, and how, named in finding sentences instead of
+    # swa_write_location: "Backend.get_loc (backend.py:120) returned"; None: not named
+    answered_by: ClassVar[str | None] = None
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec

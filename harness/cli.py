@@ -106,8 +106,8 @@ def _add_sglang_options(parser: argparse.ArgumentParser) -> None:
                              "default: $SWAFUZZ_SGLANG_SWITCHES, else each release's defaults)")
     parser.add_argument("--sglang-attr", action="append", default=[], metavar="NAME=VALUE",
                         help="a value (a Python literal) for a name the bound SGLang code reads that "
-                             "swafuzz cannot derive from the tree: self.NAME of a stand-in, or a global "
-                             "(repeatable; a binding that lacks one names it)")
+                             "swafuzz cannot derive from the tree or the engine model: self.NAME of a "
+                             "stand-in, or a global (repeatable; a binding that lacks one names it and why)")
 
 
 def _add_device(parser: argparse.ArgumentParser, default: str | None = "cpu") -> None:

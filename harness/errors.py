@@ -98,6 +98,19 @@ class Diverged(SwafuzzError, AssertionError):
         self.divergence = divergence
 
 
+class CodeFault(SwafuzzError):
+    """The code under test raised, or handed on a value no caller can take (a store given
+    the location None): a finding, told at the function of that code which did it.
+    ``function``: its qualified name; ``place``: ``file:line`` in the tree; ``what``: a verb
+    phrase ("handed set_key_buffer_fused the location None")."""
+
+    exit_code = EXIT_DIVERGENCE
+
+    def __init__(self, function: str, place: str, what: str):
+        super().__init__(f"{function} ({place}) {what}")
+        self.function, self.place, self.what = function, place, what
+
+
 # ---- swafuzz's own gaps: the command says it is a bug in swafuzz --------------------------
 
 

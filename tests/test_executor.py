@@ -17,6 +17,7 @@ from swafuzz.run.diagnosis import Divergence
 from swafuzz.run import executor
 from swafuzz.run.devices import HostTimeline
 from swafuzz.run.executor import check_subject
+from swafuzz.errors import CodeFault
 from swafuzz.subjects.registry import resolve_subject
 from swafuzz.reference import Scenario
 from swafuzz.strategies.examples import EXAMPLES
@@ -68,6 +69,30 @@ class _RaisesAtSecondForwardLayer1(_Correct):
         if batch.forward_id == 2 and layer_id == 1:
             raise ValueError("boom 42")
         return self.right(batch)
+
+
+class _FaultAtSecondForwardLayer1(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        if batch.forward_id == 2 and layer_id == 1:
+            raise CodeFault("Pool.store", "pool.py:12", "handed the key store the location None")
+        return self.right(batch)
+
+
+def test_a_code_fault_is_told_as_the_faulty_code_not_as_swa_write_location():
+    d = _diverges(_FaultAtSecondForwardLayer1)
+    assert d.kind == "raised"
+    assert d.sentence == "At forward 2 (decode), layer 1, Pool.store (pool.py:12) handed the key store the location None."
+
+
+class _NamedStaleCache(PoolStartLayer):
+    answered_by = "Pool.store (pool.py:10) handed the key store"
+
+
+def test_a_subject_that_names_its_code_gets_sentences_about_that_code():
+    d = run_scenario(_NamedStaleCache, EXAMPLES["first-swa-layer-not-start"]).divergence
+    assert d.sentence == (
+        "Stale cache: at forward 2 (decode), layer 1, all live rows that Pool.store (pool.py:10) handed the key store "
+        "hold the rows of forward 1 (decode): a cached value was not refreshed for this forward.")
 
 
 def test_a_raising_subject_is_a_raised_divergence_naming_the_exception():

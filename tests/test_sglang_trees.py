@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import released_tree, wait_until
 
-from swafuzz.api import ForwardMode
+from swafuzz.api import ForwardMode, ModelSpec
 from swafuzz.run.executor import run_scenario
 from swafuzz.search.fuzz import fuzz
 from swafuzz.subjects.sglang import BindError, bind_target, callsites, engine_features, locate, tree_checks
@@ -153,6 +155,59 @@ def test_supplied_attributes_complete_the_binding(tmp_path, monkeypatch):
     assert run_scenario(_subject(tree, "pool-fused-store").subject, EXAMPLES["pipeline-stage"]).passed
 
 
+# ---- findings told in SGLang's terms (0.5.12) --------------------------------------------------
+
+REFRESHED_AT_START = "            if layer_id == self.start_layer or self.cached_loc is None:\n"
+REFRESHED_AT_LAYER_0 = "            if layer_id == 0:\n"
+
+
+def _line_of(tree: locate.SourceTree, path: str, after: str, text: str) -> int:
+    """The line of the first ``text`` in ``path`` past ``after``."""
+    source = tree.read(path)
+    return source[:source.index(text, source.index(after))].count("\n") + 1
+
+
+@pytest.mark.parametrize("name, store, callee, call", [
+    ("pool-fused-store", "set_swa_key_buffer_radix_fused", "set_key_buffer_fused",
+     "return self.swa_kv_pool.set_key_buffer_fused("),
+    ("pool-norm-rope-store", "set_swa_key_buffer_radix_fused_norm_rope", "fused_k_norm_rope_flashmla",
+     "fused_k_norm_rope_flashmla("),
+])
+def test_a_store_handed_no_location_is_told_at_the_sglang_line_that_handed_it(tmp_path, name, store, callee, call):
+    # refreshed only at layer 0: a stage starting later never fills its cache
+    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: [(REFRESHED_AT_START, REFRESHED_AT_LAYER_0)]})
+    found = fuzz(_subject(tree, name), settings="ci", max_examples=300).divergence
+    assert found is not None and found.kind == "raised"
+    line = _line_of(tree, POOL_FILE, f"def {store}(", call)
+    assert (f"DeepSeekV4TokenToKVPool.{store} (sglang/srt/mem_cache/deepseek_v4_memory_pool.py:{line}) "
+            f"handed {callee} the location None") in found.sentence
+    assert "swa_write_location" not in found.sentence and "RuntimeError" not in found.sentence
+
+
+def test_what_sglang_code_raises_is_told_at_the_sglang_line_that_raised_it(tmp_path):
+    signature_end = "        cache_k: torch.Tensor,\n    ) -> None:\n        if self._should_cache_swa:\n"
+    tree = edited_tree(tmp_path, "0.5.12", {POOL_FILE: [
+        (signature_end, signature_end.replace("None:\n", "None:\n        second_token = raw_loc[1]\n"))]})
+    found = fuzz(_subject(tree, "pool-fused-store"), settings="ci", max_examples=100).divergence
+    line = _line_of(tree, POOL_FILE, "def set_swa_key_buffer_radix_fused(", "second_token = raw_loc[1]")
+    assert found is not None and found.kind == "raised"
+    assert (f"DeepSeekV4TokenToKVPool.set_swa_key_buffer_radix_fused (sglang/srt/mem_cache/deepseek_v4_memory_pool.py:"
+            f"{line}) raised IndexError") in found.sentence
+    assert "swa_write_location" not in found.sentence
+
+
+def test_wrong_rows_are_told_as_what_the_sglang_function_handed_on(tmp_path):
+    release = released_tree("0.5.12")
+    if isinstance(release, str):
+        pytest.skip(release)
+    found = run_scenario(_subject(release, "pool-fused-store").subject, EXAMPLES["first-swa-layer-not-start"]).divergence
+    line = _line_of(release, POOL_FILE, "class DeepSeekV4TokenToKVPool", "def set_swa_key_buffer_radix_fused(")
+    assert found.sentence == (
+        "Stale cache: at forward 2 (decode), layer 1, all live rows that DeepSeekV4TokenToKVPool."
+        f"set_swa_key_buffer_radix_fused (sglang/srt/mem_cache/deepseek_v4_memory_pool.py:{line}) handed the key "
+        "store hold the rows of forward 1 (decode): a cached value was not refreshed for this forward.")
+
+
 # ---- the ring getter reading a per-forward field (0.5.23) --------------------------------------
 
 FIELD = "    unified: Optional[UnifiedKvMetadata] = None\n"
@@ -201,6 +256,55 @@ def test_a_gap_met_while_fuzzing_a_tree_exits_2_naming_it(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "'spec_info'" in done.stderr and "does not model" in done.stderr
     assert "divergence" not in done.stdout
+
+
+# ---- attributes the backend's __init__ derives from the engine model (0.5.23) --------------------
+
+MULTISTEP = """        is_multistep_draft_decode = (
+            forward_batch.forward_mode.is_decode_or_idle()
+            and self.speculative_num_steps > 1
+        )
+"""
+
+
+def _getter_reading(tmp_path: Path, branch: str) -> locate.SourceTree:
+    """0.5.23's HIP backend whose ring getter runs ``branch`` after its multi-step test."""
+    return edited_tree(tmp_path, "0.5.23", {HIP_BACKEND_FILE: [(MULTISTEP, MULTISTEP + branch)]})
+
+
+DSPARK_BRANCH = """        if self.is_dspark_draft and forward_batch.forward_mode.is_target_verify():
+            # a DSpark draft verifies gamma rows, one fewer than the target's
+            is_multistep_draft_decode = (
+                positions.shape[0] != self.target_verify_num_draft_tokens * forward_batch.batch_size
+            )
+"""
+
+
+def test_what_the_backend_init_derives_from_the_worker_and_the_scenario_binds_without_being_supplied(tmp_path):
+    tree = _getter_reading(tmp_path, DSPARK_BRANCH)
+    subject = _subject(tree, "hip-unified-swa-loc").subject  # no --sglang-attr
+    scenario = EXAMPLES["multi-step-draft"]
+    backends = {}
+    for role in ("target", "draft"):
+        batch = SimpleNamespace(backend=SimpleNamespace(), mode=ForwardMode.DECODE)
+        backends[role] = subject(ModelSpec.of(scenario.config, role, torch.device("cpu")))._backend(batch, 0)
+    # the role of the worker the backend serves, as SGLang's draft worker sets it
+    assert backends["draft"].is_draft_worker and not backends["target"].is_draft_worker
+    assert backends["target"].need_compress and not backends["draft"].need_compress
+    for backend in backends.values():  # DSpark is no algorithm the engine model runs
+        assert backend.is_dspark_draft is False
+        assert backend.target_verify_num_draft_tokens == scenario.config.num_draft_tokens
+    assert run_scenario(subject, scenario).passed
+
+
+def test_only_what_no_model_of_the_engine_knows_is_asked_for_and_the_message_says_why(tmp_path):
+    tree = _getter_reading(tmp_path, "        if self.is_dsv41 and self.is_dspark_draft:\n            pass\n")
+    with pytest.raises(BindError) as caught:
+        _subject(tree, "hip-unified-swa-loc")
+    message = str(caught.value)
+    assert "--sglang-attr is_dsv41=VALUE" in message and "model_runner.model_config" in message
+    assert "no model of the engine knows" in message
+    assert "is_dspark_draft" not in message
 
 
 # ---- replays of a tree ---------------------------------------------------------------------------

@@ -551,8 +551,12 @@ def explain_padding(history: History, site: Site, num_live: int, actual: torch.T
     return None
 
 
-def padding_sentence(site: Site, row: int, value: int, aliases_live: bool, source: Source | None) -> str:
-    where = f"at {site.describe()}, padding row {row} writes to {value}"
+def padding_sentence(site: Site, row: int, value: int, aliases_live: bool, source: Source | None,
+                     answered_by: str | None = None) -> str:
+    """``answered_by``: the code that gave the answer and how ("X (file:line) returned"),
+    where the subject names it."""
+    padding = f"padding row {row}" + (f" that {answered_by}" if answered_by else "")
+    where = f"at {site.describe()}, {padding} writes to {value}"
     where += ", which a live request owns, instead of the dummy slot" if aliases_live else ", not to the dummy slot"
     if source is None:
         return f"{where[0].upper()}{where[1:]}."
@@ -591,12 +595,15 @@ def raised_sentence(site: Site, message: str, hint: Source | None) -> str:
     return f"At {site.describe()}, {message}; likely {hint.phrase} met this ragged batch: {hint.consequence}."
 
 
-def wrong_rows_sentence(site: Site, source: Source, n_wrong: int, n_rows: int) -> str:
-    rows = "all" if n_wrong == n_rows else f"{n_wrong} of {n_rows}"
+def wrong_rows_sentence(site: Site, source: Source, n_wrong: int, n_rows: int, answered_by: str | None = None) -> str:
+    """``answered_by``: as for :func:`padding_sentence`."""
+    rows = ("all" if n_wrong == n_rows else f"{n_wrong} of {n_rows}") + " live rows"
+    if answered_by:
+        rows += f" that {answered_by}"
     if source.kind == UNKNOWN:
-        return f"At {site.describe()}, {rows} live rows are wrong: {source.phrase}."
+        return f"At {site.describe()}, {rows} are wrong: {source.phrase}."
     label = "Stale cache" if source.kind in STALE_SOURCES else "Wrong rows"
-    return f"{label}: at {site.describe()}, {rows} live rows hold {source.phrase}: {source.consequence}."
+    return f"{label}: at {site.describe()}, {rows} hold {source.phrase}: {source.consequence}."
 
 
 # the kinds of a run whose process was lost (see swafuzz.supervisor)

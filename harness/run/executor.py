@@ -31,7 +31,7 @@ from .devices import HostTimeline, timeline_for
 from .guard import (MAX_NAME_CHARS, CallGuard, SubjectFailure, SubjectTimeout, TorchState, failure_of, load_subject,
                     quoted, type_name)
 from ..process.channel import announce_scenario
-from ..errors import ModelGap, NotCheckable, SubjectError, UnmodelledPath
+from ..errors import CodeFault, ModelGap, NotCheckable, SubjectError, UnmodelledPath
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -54,6 +54,11 @@ def model_gap(exc: BaseException | None) -> ModelGap | None:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def _told_fault(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a :class:`CodeFault` whose parts can be read as plain text."""
+    return isinstance(exc, CodeFault) and all(type(part) is str for part in (exc.function, exc.place, exc.what))
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,8 @@ def _checked(subject: Any) -> type[Subject]:
 
 _READ_FIRST = ("__name__", "truth", "api_version", "swa_write_location")
 # the class attributes that reports, search settings and device checks read
-_READ_LATER = ("requires", "realistic_exclusions", "__doc__", "__module__", "__qualname__", "call_sites")
+_READ_LATER = ("requires", "realistic_exclusions", "__doc__", "__module__", "__qualname__", "call_sites",
+               "answered_by")
 
 
 def _read_class(subject: type, names: Sequence[str]) -> list[Any]:
@@ -223,6 +229,8 @@ class _Run:
             index = device.index if device.index is not None else torch.cuda.current_device()
             self.on_device = lambda t: t.device.type == device.type and t.get_device() == index
         self.truth = subject_cls.truth.value
+        answered_by = getattr(subject_cls, "answered_by", None)
+        self.answered_by = quoted(answered_by) if type(answered_by) is str else None
         self.state = EngineState(scenario.config)
         self.history = dx.History()
         self.guard: CallGuard
@@ -607,30 +615,30 @@ class _Run:
             self.first_divergence = self.first_divergence or divergence
 
     def _shape_problem(self, site: dx.Site, out: Any, rows: int) -> dx.Divergence | None:
-        where = f"At {site.describe()}, swa_write_location"
+        said = f"At {site.describe()}, {self.answered_by or 'swa_write_location returned'}"
         # an answer is read only as a plain tensor: a subclass's methods are the subject's code
         if type(out) is not torch.Tensor:
             if isinstance(out, torch.Tensor):
                 return site.divergence(
-                    dx.NON_TENSOR, f"{where} returned a {type_name(out)} (a tensor subclass), not a torch.Tensor."
+                    dx.NON_TENSOR, f"{said} a {type_name(out)} (a tensor subclass), not a torch.Tensor."
                 )
-            return site.divergence(dx.NON_TENSOR, f"{where} returned {type_name(out)}, not a tensor.")
+            return site.divergence(dx.NON_TENSOR, f"{said} {type_name(out)}, not a tensor.")
         if out.is_nested or out.layout is not torch.strided:
             layout = "nested" if out.is_nested else str(out.layout).removeprefix("torch.")
-            return site.divergence(dx.NON_TENSOR, f"{where} returned a {layout} tensor, not a dense one.")
+            return site.divergence(dx.NON_TENSOR, f"{said} a {layout} tensor, not a dense one.")
         if not self.on_device(out):
             return site.divergence(
-                dx.WRONG_DEVICE, f"{where} returned a tensor on {out.device}, not on {self.device}."
+                dx.WRONG_DEVICE, f"{said} a tensor on {out.device}, not on {self.device}."
             )
         if out.dtype != torch.int32:
             nan = " containing NaN" if (
                 out.is_floating_point() and not self.capturing and out.numel() <= _MAX_SCANNED
                 and bool(torch.isnan(out).any())
             ) else ""
-            return site.divergence(dx.WRONG_DTYPE, f"{where} returned {out.dtype}{nan}, not torch.int32.")
+            return site.divergence(dx.WRONG_DTYPE, f"{said} {out.dtype}{nan}, not torch.int32.")
         if out.dim() != 1 or out.shape[0] != rows:
             return site.divergence(
-                dx.WRONG_LENGTH, f"{where} returned shape {tuple(out.shape)} for {rows} rows.",
+                dx.WRONG_LENGTH, f"{said} shape {tuple(out.shape)} for {rows} rows.",
                 actual=dx.stored_values(out),
             )
         return None
@@ -649,7 +657,7 @@ class _Run:
             source = dx.explain(self.history, site, self.truth, inputs, self.config, live, want)
             n_wrong = int((live != want).sum())
             return site.divergence(
-                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n),
+                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n, self.answered_by),
                 expected=dx.stored_values(want), actual=dx.stored_values(live), source=_source_dict(source),
             )
         padding = actual[n:]
@@ -661,7 +669,7 @@ class _Run:
         row = (aliased or wrong)[0]
         value = int(padding[row])
         explained = dx.explain_padding(self.history, site, n, actual, expected)
-        sentence = dx.padding_sentence(site, n + row, value, bool(aliased), explained)
+        sentence = dx.padding_sentence(site, n + row, value, bool(aliased), explained, self.answered_by)
         source = explained or (
             dx.Source(dx.ALIASES_LIVE, f"row {value}, which a live request owns",
                       "the padding write would corrupt that request's keys")
@@ -678,8 +686,10 @@ class _Run:
         stored = {"expected": dx.stored_values(expected), "actual": problem.actual}
         for source, rows in self.history.candidates(site, self.truth, inputs, self.config):
             if source.kind != dx.DUMMY and rows.shape == out.shape and torch.equal(rows, out.cpu()):
-                sentence = (f"Stale cache: at {site.describe()}, {out.shape[0]} rows came back for "
-                            f"{expected.shape[0]}: they are {source.phrase}: {source.consequence}.")
+                came = (f"{self.answered_by} {out.shape[0]} rows for" if self.answered_by
+                        else f"{out.shape[0]} rows came back for")
+                sentence = (f"Stale cache: at {site.describe()}, {came} {expected.shape[0]}: they are "
+                            f"{source.phrase}: {source.consequence}.")
                 return site.divergence(dx.WRONG_LENGTH, sentence, source=_source_dict(source), **stored)
         return site.divergence(problem.kind, problem.sentence, **stored)
 
@@ -719,14 +729,19 @@ class _Run:
             return _Stop(written)
         site = self._site(where)
         kind = dx.TIMEOUT if failure.kind == "timeout" else dx.RAISED
-        if isinstance(failure.exc, GraphCaptureError):
+        message, raised = failure.message, failure.exc
+        if _told_fault(raised):
+            # the code under test names itself: what it did, where, in its own terms
+            message = quoted(f"{raised.function} ({raised.place}) {raised.what}")
+            raised = raised.__cause__ or raised
+        if isinstance(raised, GraphCaptureError):
             kind = dx.CAPTURE
-        elif type(failure.exc).__name__ == "CUDASanitizerErrors":
+        elif type(raised).__name__ == "CUDASanitizerErrors":
             kind = dx.RACE
         hint = None
         if kind == dx.RAISED and where.plan is not None:
-            hint = dx.ragged_expansion_hint(where.plan.steps[where.step][where.micro_batch], failure.message)
-        sentence = dx.raised_sentence(site, failure.message, hint)
+            hint = dx.ragged_expansion_hint(where.plan.steps[where.step][where.micro_batch], message)
+        sentence = dx.raised_sentence(site, message, hint)
         return _Stop(site.divergence(kind, sentence, detail=failure.detail,
                                      source=_source_dict(hint) if hint is not None else None))
 

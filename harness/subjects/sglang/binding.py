@@ -40,6 +40,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .derived import ENGINE_MODEL, KNOWN, InitDerivation
 from .locate import SourceTree
 from ...errors import BindError, ImportModeUnavailable
 
@@ -96,6 +97,8 @@ class BoundClass:
     defaults: dict[str, Callable[[], Any]] = field(default_factory=dict)
     # what __init__ assigns to each attribute, as source text, for the messages of gaps
     init_sources: dict[str, str] = field(default_factory=dict)
+    # what __init__ derives from the engine model, for a stand-in that carries one
+    derivation: InitDerivation | None = None
 
     def build(self, base: type) -> type:
         """A class that runs the bound methods: the real dataclass in import mode, else a
@@ -113,7 +116,8 @@ class BoundClass:
         """``base`` (a stand-in) with the bound methods and the tree's attribute values,
         which the stand-in gives where it models no value of its own."""
         defaults = {**getattr(base, "tree_defaults", {}), **self.defaults}
-        return type(self.name, (base,), {**self.methods, "tree_defaults": defaults})
+        return type(self.name, (base,), {**self.methods, "tree_defaults": defaults,
+                                         "tree_derivation": self.derivation})
 
 
 @dataclass
@@ -270,10 +274,11 @@ class _SourceBinder:
             defaults = {name: make for name, make in declared.items() if make is not None}
             if not fields:
                 gaps.extend([f"{item.name} declares no dataclass fields (in {item.path})"])
-        elif item.role is not None and "__init__" in defined:
-            defaults = _init_literals(defined["__init__"])
+        derivation = None
+        if item.role is not None and "__init__" in defined:
+            defaults, derivation = _init_values(defined["__init__"], modelled)
         return BoundClass(item.name, methods, fields, defaults=defaults,
-                          init_sources=_init_sources(defined.get("__init__")))
+                          init_sources=_init_sources(defined.get("__init__")), derivation=derivation)
 
     def _method(self, item: ClassCode, node: ast.FunctionDef) -> Any:
         wrappers = []
@@ -329,6 +334,8 @@ class _SourceBinder:
         exec(code, namespace, defined)  # runs the def statement only
         function = defined[node.name]
         function.__qualname__ = qualname
+        # frames of it then name the class too, as an imported method's do
+        function.__code__ = function.__code__.replace(co_qualname=qualname)
         function.swafuzz_source = node  # for the self-attribute check
         return function
 
@@ -451,6 +458,18 @@ def _init_literals(init: ast.FunctionDef) -> dict[str, Callable[[], Any]]:
     for name, value in _init_assignments(init):
         literals[name] = _literal(value)
     return {name: make for name, make in literals.items() if make is not None}
+
+
+def _init_values(init: ast.FunctionDef, modelled: frozenset[str]
+                 ) -> tuple[dict[str, Callable[[], Any]], InitDerivation | None]:
+    """What a stand-in gets of ``__init__``'s values: its literals, and where the stand-in
+    carries an engine model, what ``__init__`` derives from it (which then replaces the
+    literal: a later ``if`` may set the attribute again)."""
+    literals = _init_literals(init)
+    if ENGINE_MODEL not in modelled:
+        return literals, None
+    derivation = InitDerivation(init, modelled)
+    return {name: make for name, make in literals.items() if not derivation.derives(name)}, derivation
 
 
 def _init_sources(init: ast.FunctionDef | None) -> dict[str, str]:
@@ -576,10 +595,11 @@ class _ImportBinder:
             fields = tuple(f.name for f in declared)
             defaults = {f.name: _import_default(f) for f in declared if _import_default(f) is not None}
         init = nodes.get("__init__")
+        derivation = None
         if item.role is not None and init is not None:
-            defaults = _init_literals(init)
+            defaults, derivation = _init_values(init, modelled)
         return BoundClass(item.name, methods, fields, real=cls if item.dataclass_fields else None,
-                          defaults=defaults, init_sources=_init_sources(init))
+                          defaults=defaults, init_sources=_init_sources(init), derivation=derivation)
 
     def _import(self, module_name: str) -> types.ModuleType:
         # keyed by where the package lives: another sys.path may hold another sglang
@@ -671,9 +691,15 @@ def _settle_self_reads(item: ClassCode, bound: BoundClass, attributes: frozenset
             if attribute in supplied:
                 value = supplied[attribute]
                 bound.defaults[attribute] = lambda value=value: copy.deepcopy(value)
+            elif bound.derivation is not None and bound.derivation.derives(attribute):
+                continue
             elif attribute not in assigned:
                 source = bound.init_sources.get(attribute)
                 where = f" (its __init__ sets it to {source})" if source else ""
+                reason = bound.derivation.why_not(attribute) if bound.derivation is not None else None
+                if source and reason:
+                    where = (f" (its __init__ sets it to {source}, which reads {reason}: swafuzz derives what "
+                             f"comes from {KNOWN}, and no model of the engine knows this)")
                 gaps.append(f"{item.name}.{name} reads self.{attribute}, which the stand-in {item.role} "
                             f"does not provide{where}: {SUPPLY_HINT.format(name=attribute)}")
     return gaps

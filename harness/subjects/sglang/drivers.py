@@ -28,16 +28,20 @@ import torch
 
 from ...api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
 from .binding import Binding
-from ...errors import StandInGap
+from .derived import EngineModel, InitDerivation
+from .faults import defined_at, location_fault
+from ...errors import CodeFault, StandInGap
 
 
 class StandIn:
     """An object that carries the attributes its role models, and those the bound tree's
-    own code gives the class (``tree_defaults``: made on first read, fresh per object)."""
+    own code gives the class (``tree_defaults``: made on first read, fresh per object; and
+    ``tree_derivation``: what ``__init__`` derives from the object's engine model)."""
 
     role: ClassVar[str]
     attributes: ClassVar[frozenset[str]]
     tree_defaults: ClassVar[dict[str, Callable[[], Any]]] = {}
+    tree_derivation: ClassVar[InitDerivation | None] = None
 
     def __init__(self, **values: Any) -> None:
         if set(values) != self.attributes:
@@ -51,6 +55,12 @@ class StandIn:
         if make is not None:
             value = self.__dict__[name] = make()
             return value
+        derivation = type(self).tree_derivation
+        if derivation is not None and derivation.derives(name):
+            for derived, value in derivation.values(self, self.engine_model).items():
+                self.__dict__.setdefault(derived, value)
+            if name in self.__dict__:  # else this object's __init__ path reads what no model knows
+                return self.__dict__[name]
         raise StandInGap(
             f"SGLang code read {name!r} from the stand-in {self.role}, which swafuzz does not model"
         )
@@ -72,6 +82,7 @@ class BackendStandIn(StandIn):
         "speculative_num_steps", "speculative_step_id",
         # the ring producer's fp8 speculative-draft branch (0.5.23), never taken: bf16 ring
         "is_dspark", "_fp8_decode_num_heads", "_fp8_verify_epi",
+        "engine_model",  # what __init__ derives the rest from (swafuzz.subjects.sglang.derived)
     })
 
 
@@ -161,11 +172,15 @@ class SwaKeyStore:
         return self
 
     def set_key_buffer_fused(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor) -> None:
+        if not isinstance(loc, torch.Tensor):
+            raise location_fault("set_key_buffer_fused", loc)
         self.last_loc = loc
 
 
 def fused_k_norm_rope_flashmla(*, out_loc: torch.Tensor, kvcache: SwaKeyStore, **_: Any) -> None:
     """Stands in for the fused norm-RoPE-store kernel: records where it would write."""
+    if not isinstance(out_loc, torch.Tensor):
+        raise location_fault("fused_k_norm_rope_flashmla", out_loc)
     kvcache.last_loc = out_loc
 
 
@@ -280,6 +295,7 @@ class SglangSubject(Subject):
     modelled_modes: ClassVar[frozenset[ForwardMode]] = frozenset(ForwardMode)
     call_sites: ClassVar[Any] = None  # the reading target_modes comes from (callsites.Reading)
     environment: ClassVar[EngineEnvironment]  # what the bound code's envs reads (Target.subject)
+    answer_verb: ClassVar[str]  # how the target's entry method gives its answer, for answered_by
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -356,6 +372,7 @@ class PoolStoreSubject(SglangSubject):
 
     truth = Truth.POOL
     store: ClassVar[str]
+    answer_verb = "handed the key store"
 
     def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
         key_store = self.pool.swa_kv_pool
@@ -364,7 +381,8 @@ class PoolStoreSubject(SglangSubject):
             layer_id=layer_id, raw_loc=batch.out_cache_loc, **STORE_ARGUMENTS[self.store](batch)
         )
         if key_store.last_loc is None:
-            raise RuntimeError(f"{self.store} stored no keys")
+            raise CodeFault(*defined_at(getattr(type(self.pool), self.store)),
+                            "returned without storing this layer's keys")
         return key_store.last_loc
 
 
@@ -395,6 +413,7 @@ class _MetadataSubject(SglangSubject):
     read by the real getter in every layer."""
 
     getter: ClassVar[str]
+    answer_verb = "returned"
 
     def _slot(self, batch: ForwardBatch) -> _BackendSlot:
         return batch.backend.__dict__.setdefault("sglang", _BackendSlot())
@@ -409,6 +428,8 @@ class _MetadataSubject(SglangSubject):
                 topk=1 if self.spec.speculative else 0, mtp_enabled=self.spec.speculative,
                 speculative_num_steps=0, speculative_step_id=step,
                 is_dspark=False, _fp8_decode_num_heads=None, _fp8_verify_epi=None,
+                engine_model=EngineModel(self.spec.model, self.spec.speculative, self.spec.num_draft_tokens,
+                                         self.environment),
             )
         if batch.mode is ForwardMode.DRAFT_DECODE:
             backend.speculative_num_steps = batch.num_draft_steps

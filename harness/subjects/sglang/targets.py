@@ -27,6 +27,7 @@ from .drivers import (
     SglangSubject,
     TranslatedLocSubject,
 )
+from .faults import defined_at, told_in_sglang_terms
 from .locate import SourceTree
 
 POOL_FILE = "sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
@@ -35,6 +36,10 @@ HIP_BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py
 METADATA_FILE = "sglang/srt/layers/attention/dsv4/metadata.py"
 CUDA_BACKEND = "DeepseekV4AttnBackend"
 HIP_BACKEND = "DeepseekV4HipRadixBackend"
+
+# the subject methods the executor calls, each of which runs SGLang code
+LIFECYCLE = ("register_mapping", "init_forward_metadata", "swa_write_location", "init_capture_metadata",
+             "init_graph_metadata", "init_replay_metadata")
 
 # the ring getter and the producer of the rows it caches (decode metadata)
 RING_METHODS = ("get_unified_swa_loc", "_attach_unified_kv_decode_streams")
@@ -81,10 +86,18 @@ class Target:
         return bind(tree, self.code, stand_ins, STAND_IN_ATTRIBUTES, mode, supplied)
 
     def subject(self, binding: Binding, environment: EngineEnvironment) -> type[SglangSubject]:
+        """The driver over ``binding``: its findings name the SGLang function that answers
+        (the entry method, at its ``def`` line), and what SGLang code raises in it is told
+        as that code's fault (:mod:`.faults`)."""
         version = (binding.version or "source").replace(".", "_")
         class_name = f"Sglang_{self.name.replace('-', '_')}_{version}_{binding.mode}"
+        entry = next(bound.methods[self.called_as[0]] for bound in binding.classes.values()
+                     if self.called_as[0] in bound.methods)
+        function, place = defined_at(entry)
         return type(class_name, (self.driver,), {
             "binding": binding, "environment": environment, "__doc__": f"{self.summary} ({binding.label}).",
+            "answered_by": f"{function} ({place}) {self.driver.answer_verb}",
+            **{name: told_in_sglang_terms(getattr(self.driver, name)) for name in LIFECYCLE},
             **dict(self.driver_settings),
         })
 
