@@ -45,7 +45,7 @@ from ...reference.truth import (
 
 from ...api import ForwardMode
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
-from .drivers import CoreMetadata, SglangMode, StandIn, StandInGap
+from .drivers import CoreMetadata, NotModelled, SglangMode, StandIn, StandInGap
 from .locate import SourceTree
 from .real_classes import RealClass
 from .request_window import (
@@ -899,23 +899,6 @@ def _run_draft_step_locations(producer: Producer, batch: Batch, _: int) -> list[
 
 
 # ---- the CUDA backend's in-graph metadata step (0.5.18+) ------------------------------------------
-
-
-class NotModelled:
-    """The value of an attribute or name the bound code reads only on a path these checks
-    never take (a raw-metadata upgrade, the low-ratio indexer, DSpark); any use of it says
-    so instead of answering."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def _refuse(self, *_: Any, **__: Any) -> Any:
-        raise StandInGap(f"SGLang code used {self.name}, on a path swafuzz does not model")
-
-    __call__ = __bool__ = __iter__ = _refuse
-
-    def __getattr__(self, attribute: str) -> Any:
-        self._refuse()
 
 
 class InGraphMetadata(StandIn):
