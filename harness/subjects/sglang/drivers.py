@@ -276,6 +276,10 @@ RING_GETTER_MODES = frozenset({
 })
 
 POOL_CLASS = "DeepSeekV4TokenToKVPool"
+# The request window's workspace, sized once for any forward a scenario draws (the pool sizes
+# SGLang's for its largest chunk and graph; a graph here may pad past the request slots).
+# Its rows hold no bytes here, so the size costs nothing.
+WINDOW_WORKSPACE_ROWS = 1 << 24
 METADATA_CLASS = "DSV4Metadata"
 CORE_METADATA_CLASS = "DSV4AttnMetadata"
 UNIFIED_METADATA_CLASS = "UnifiedKvMetadata"
@@ -338,12 +342,7 @@ class SglangSubject(Subject):
         a target whose code has no branch for it."""
         if self.window_code is None or not self.request_window_on() or self.spec.model != "target":
             return None
-        slots, window = self.spec.num_req_slots, self.window_code.window
-        # the pool's workspace: a history window per request row and the largest forward;
-        # graph padding may add request rows past the slots, up to the full pool's size
-        rows = max(self.spec.full_pool_size, (slots + 1) * (1 + self._draft_tokens()))
-        workspace = (slots + 1 + rows) * window + rows
-        return self.window_code.new_window(slots, self._draft_tokens(), workspace)
+        return self.window_code.new_window(self.spec.num_req_slots, self._draft_tokens(), WINDOW_WORKSPACE_ROWS)
 
     def _draft_tokens(self) -> int:
         return self.spec.num_draft_tokens if self.spec.speculative else 0

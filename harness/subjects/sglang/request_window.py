@@ -61,6 +61,13 @@ class PagedRows(StandIn):
                        size=size, kv_layout=V4_ROWS)
         return make
 
+    @classmethod
+    def unread(cls, size: int, layers: int) -> "PagedRows":
+        """A pool of ``size`` rows whose bytes nobody reads (the store targets' checks read
+        only where the rows are), so it holds none."""
+        return cls(kv_buffer=[torch.empty(0, dtype=torch.uint8) for _ in range(layers)], size=size,
+                   kv_layout=V4_ROWS)
+
 
 def cuda_only(name: str) -> Callable[..., Any]:
     """A CUDA kernel of SGLang's: a CPU run that reaches it took a path swafuzz does not run."""
@@ -138,8 +145,8 @@ class WindowCode:
 
     def new_window(self, num_slots: int, draft_tokens: int, workspace_rows: int) -> Any:
         """``RequestWindow`` as ``DeepSeekV4TokenToKVPool.__init__`` makes it under encoder
-        SWA bounded replay (one layer: the getter reads no layer's rows)."""
-        return self.window_class(PagedRows.factory(WINDOW_PAGE), num_slots=num_slots, layers=1,
+        SWA bounded replay, over pools without bytes: a store target's check reads none."""
+        return self.window_class(PagedRows.unread, num_slots=num_slots, layers=1,
                                  page_size=WINDOW_PAGE, capacity=self.window + draft_tokens,
                                  workspace_rows=workspace_rows)
 
