@@ -252,6 +252,22 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     assert 'failures="2"' in junit and 'name="sglang:unified-metadata-merge"' in junit
 
 
+def _gate_rows(table: str) -> dict[str, str]:
+    return {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()
+            if line.startswith("| `sglang:")}
+
+
+def test_the_gate_with_the_request_window_on_finds_the_idle_layout_fixed_in_0_5_23(tmp_path):
+    # --sglang-switch reaches both sides' runs: each inherits the switches the gate was given
+    head = edited_tree(tmp_path / "head", "0.5.23", {})
+    done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.22", "--max-examples", "6",
+                    "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
+                    "--report-dir", str(tmp_path / "reports"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = _gate_rows((tmp_path / "reports" / "pr-gate.md").read_text())
+    assert rows["sglang:cuda-swa-out-cache-loc"] == "fixed in HEAD", rows
+
+
 def test_a_gate_whose_base_cannot_be_had_exits_2_with_one_line_before_any_search(tmp_path):
     # the suite reads releases offline: a release outside the cache cannot be had, as one
     # that does not exist cannot
