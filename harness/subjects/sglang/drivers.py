@@ -347,6 +347,11 @@ class SglangSubject(Subject):
     def _draft_tokens(self) -> int:
         return self.spec.num_draft_tokens if self.spec.speculative else 0
 
+    @classmethod
+    def not_checked(cls) -> tuple[str, ...]:
+        """The target's branches this run does not check, each with the reason."""
+        return ()
+
     def _record(self, name: str, stand_in: type[StandIn]) -> type[StandIn]:
         bound = self.binding.classes.get(name)
         return bound.on_stand_in(stand_in) if bound is not None else stand_in
@@ -520,6 +525,25 @@ class TranslatedLocSubject(_MetadataSubject):
 
     def _request_window(self, batch: ForwardBatch) -> Any:
         return self.pool.request_window if _role(batch.mode) == "model" else None
+
+    @classmethod
+    def not_checked(cls) -> tuple[str, ...]:
+        """The getter's branches this run does not check, each with the reason."""
+        reads = cls.binding.classes[cls.backend_class_name].methods[cls.getter].__code__.co_names
+        notes = []
+        if "request_window" in reads and cls.request_window_on():
+            notes.append("request window: an idle forward with no rows stores nothing here (SGLang's layouts "
+                         "refuse an empty one); the draft model keeps translated locations, where 0.5.23's "
+                         "metadata builder fills the DSpark draft ring's rows instead")
+        elif cls.request_window_on():
+            notes.append(f"request window: {cls.window_absent}")
+        if "late_layer_tail" in reads:
+            notes.append("late-layer tail (--enable-decoder-swa-bounded-replay): the metadata never carries one, "
+                         "as the layers from the model's late_layer_start store an extend's last rows only, "
+                         "which swafuzz's layers do not model")
+        if "pre_kv_store_hook" in reads:
+            notes.append("pre_kv_store_hook: never set (the DSpark worker sets it)")
+        return tuple(notes)
 
     def _window_layout(self, batch: ForwardBatch, window: Any) -> Any:
         if batch.mode.is_idle():
