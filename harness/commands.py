@@ -144,6 +144,8 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
     print(f"  features covered: {len(report.features_covered)} of {len(ALL_FEATURES)}")
     if "reached" in report.subject_info:
         print(f"  reached: {report.subject_info['reached']['sentence']}")
+    for branch in report.subject_info.get("not_checked", ()):
+        print(f"  not checked: {branch}")
     _print_written(written)
 
 

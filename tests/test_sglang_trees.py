@@ -24,13 +24,16 @@ from swafuzz.run.executor import run_scenario
 from swafuzz.search.fuzz import fuzz
 from swafuzz.subjects.sglang import BindError, bind_target, callsites, engine_features, locate, tree_checks
 from swafuzz.subjects.sglang.drivers import RING_GETTER_MODES
-from swafuzz.subjects.sglang.switches import ENVIRON, settings_of
+from swafuzz.subjects.sglang.request_window import WINDOW_FILE
+from swafuzz.subjects.sglang.switches import ENVIRON, REQUEST_WINDOW_SWITCH, settings_of, switch
 from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, MICRO_BATCHES, RAGGED_EXTEND, in_mode
 
 # what a target binds, and what its call sites and switches are read from
-FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, *locate.VERSION_FILES,
+WINDOW_SWITCH_FILE = switch(REQUEST_WINDOW_SWITCH).declared_in[0]
+FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, WINDOW_FILE, WINDOW_SWITCH_FILE,
+         *locate.VERSION_FILES,
          *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py")
 
 
@@ -512,6 +515,22 @@ def test_the_sglang_workflow_gates_every_pull_request_that_touches_a_file_the_ga
     assert (options.sglang_source, options.sglang_base) == ("head", "base")
 
 
+def _gate_rows(table: str) -> dict[str, str]:
+    return {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()
+            if line.startswith("| `sglang:")}
+
+
+def test_the_gate_with_the_request_window_on_finds_the_idle_layout_fixed_in_0_5_23(tmp_path):
+    # --sglang-switch reaches both sides' runs: each inherits the switches the gate was given
+    head = edited_tree(tmp_path / "head", "0.5.23", {})
+    done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.22", "--max-examples", "6",
+                    "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
+                    "--report-dir", str(tmp_path / "reports"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = _gate_rows((tmp_path / "reports" / "pr-gate.md").read_text())
+    assert rows["sglang:cuda-swa-out-cache-loc"] == "fixed in HEAD", rows
+
+
 def test_a_gate_whose_base_cannot_be_had_exits_2_with_one_line_before_any_search(tmp_path):
     # the suite reads releases offline: a release outside the cache cannot be had, as one
     # that does not exist cannot
@@ -587,3 +606,64 @@ def test_a_tree_without_the_model_class_leaves_two_batch_overlap_unconfirmed_and
     tree = edited_tree(tmp_path, "0.5.17", {callsites.MODEL_FILE: [("class DeepseekV4Model(", "class OtherModel(")]})
     overlap = engine_features.read(tree, settings_of(tree))[0]
     assert overlap.unconfirmed == "models/deepseek_v4.py defines no DeepseekV4Model" and not overlap.unreached
+
+
+# ---- the getter's request-window branch (0.5.21+) ------------------------------------------------
+
+WINDOW_ON = {REQUEST_WINDOW_SWITCH: True}
+# 0.5.23's getter lays an idle forward out before it reads the window's metadata or the
+# late-layer tail; 0.5.21 and 0.5.22 test for idle after both, so an idle forward reuses
+# the metadata it left stale
+IDLE_BRANCH = """        if forward_batch.forward_mode.is_idle():
+            if window is not None:
+                return window.activate_idle(out_cache_loc.shape[0])
+            return self.token_to_kv_pool.translate_loc_from_full_to_swa(
+                out_cache_loc
+            ).to(torch.int32)
+"""
+AFTER_IDLE = "        metadata = self.forward_metadata\n        if window is not None:\n"
+TAIL_RETURN = "            return metadata.late_layer_tail.swa_out_cache_loc\n"
+IDLE_AFTER_WINDOW_AND_TAIL = [(IDLE_BRANCH + AFTER_IDLE, AFTER_IDLE), (TAIL_RETURN, TAIL_RETURN + IDLE_BRANCH)]
+
+
+def _window_getter(tree: locate.SourceTree, window: bool = True):
+    return bind_target(target("cuda-swa-out-cache-loc"), tree, "source", switches={REQUEST_WINDOW_SWITCH: window})
+
+
+def _release(version: str) -> locate.SourceTree:
+    release = released_tree(version)
+    if isinstance(release, str):
+        pytest.skip(release)
+    return release
+
+
+def _window_finding(tree: locate.SourceTree):
+    """What a short seeded search of the getter under the request window finds (None: nothing)."""
+    return fuzz(_window_getter(tree), settings="ci", max_examples=25, seed=4)
+
+
+@pytest.fixture(scope="module")
+def idle_after_window_finding():
+    found = _window_finding(_release("0.5.22"))
+    assert found.divergence is not None, "0.5.22's getter under the request window was not found wrong"
+    return found
+
+
+def test_the_cuda_getter_of_0_5_22_under_the_request_window_hands_an_idle_forward_stale_rows(
+        idle_after_window_finding):
+    sentence = idle_after_window_finding.divergence.sentence
+    assert "(idle)" in sentence and "writes to -1" in sentence, sentence
+
+
+def test_the_cuda_getter_of_0_5_23_lays_out_the_idle_forward_that_0_5_22_gets_wrong(idle_after_window_finding):
+    scenario = idle_after_window_finding.scenario
+    assert not run_scenario(_window_getter(_release("0.5.22")).subject, scenario).passed
+    assert run_scenario(_window_getter(_release("0.5.23")).subject, scenario).passed
+    # with the window off, 0.5.22's getter translates locations and stores that forward right
+    assert run_scenario(_window_getter(_release("0.5.22"), window=False).subject, scenario).passed
+
+
+def test_a_getter_that_tests_for_idle_after_the_window_and_the_tail_diverges(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: IDLE_AFTER_WINDOW_AND_TAIL})
+    divergence = _window_finding(tree).divergence
+    assert divergence is not None and "(idle)" in divergence.sentence, divergence

@@ -30,6 +30,7 @@ from ...api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slo
 from .binding import Binding
 from .derived import EngineModel, InitDerivation
 from .faults import defined_at, location_fault
+from .switches import REQUEST_WINDOW_SWITCH
 from ...errors import CodeFault, StandInGap
 
 
@@ -64,6 +65,23 @@ class StandIn:
         raise StandInGap(
             f"SGLang code read {name!r} from the stand-in {self.role}, which swafuzz does not model"
         )
+
+
+class NotModelled:
+    """The value of an attribute or name the bound code reads only on a path swafuzz does
+    not model (a raw-metadata upgrade, the low-ratio indexer, DSpark); any use of it says
+    so instead of answering."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise StandInGap(f"SGLang code used {self.name}, on a path swafuzz does not model")
+
+    __call__ = __bool__ = __iter__ = _refuse
+
+    def __getattr__(self, attribute: str) -> Any:
+        self._refuse()
 
 
 class PoolStandIn(StandIn):
@@ -273,6 +291,10 @@ RING_GETTER_MODES = frozenset({
 })
 
 POOL_CLASS = "DeepSeekV4TokenToKVPool"
+# The request window's workspace, sized once for any forward a scenario draws (the pool sizes
+# SGLang's for its largest chunk and graph; a graph here may pad past the request slots).
+# Its rows hold no bytes here, so the size costs nothing.
+WINDOW_WORKSPACE_ROWS = 1 << 24
 METADATA_CLASS = "DSV4Metadata"
 CORE_METADATA_CLASS = "DSV4AttnMetadata"
 UNIFIED_METADATA_CLASS = "UnifiedKvMetadata"
@@ -296,23 +318,55 @@ class SglangSubject(Subject):
     call_sites: ClassVar[Any] = None  # the reading target_modes comes from (callsites.Reading)
     environment: ClassVar[EngineEnvironment]  # what the bound code's envs reads (Target.subject)
     answer_verb: ClassVar[str]  # how the target's entry method gives its answer, for answered_by
+    # the tree's request window (.request_window.WindowCode; None where the target's code has
+    # no branch for it, and window_absent says why)
+    window_code: ClassVar[Any] = None
+    window_absent: ClassVar[str] = ""
 
     def __init__(self, spec):
         super().__init__(spec)
-        pool_code = self.binding.classes.get(POOL_CLASS)
-        pool_class = pool_code.build(PoolStandIn) if pool_code else PoolStandIn
-        self.pool = pool_class(
-            full_to_swa_index_mapping=None, start_layer=spec.start_layer,
-            _stage_start=spec.start_layer, cached_loc=None,
-            _should_cache_swa=self.cache_swa_translation,
-            swa_kv_pool=SwaKeyStore(), request_window=None, swa_req_ring_size=None,
-            unified_swa_ring_size=spec.ring, unified_swa_window=spec.sliding_window, unified_swa_pages=0,
-        )
+        self.pool = self._new_pool(request_window=self._new_request_window())
+        # SGLang's draft worker keeps a pool of its own, which never holds a request window
+        self.draft_pool = self._new_pool(request_window=None) if self.pool.request_window is not None else self.pool
         if self.backend_class_name is not None:
             self.backend_class = self.binding.classes[self.backend_class_name].build(BackendStandIn)
         # the tree's own metadata records where it declares them: a field a tree adds is there
         self.metadata_class = self._record(METADATA_CLASS, ForwardMetadata)
         self.core_class = self._record(CORE_METADATA_CLASS, CoreMetadata)
+
+    def _new_pool(self, request_window: Any) -> PoolStandIn:
+        spec = self.spec
+        pool_code = self.binding.classes.get(POOL_CLASS)
+        pool_class = pool_code.build(PoolStandIn) if pool_code else PoolStandIn
+        return pool_class(
+            full_to_swa_index_mapping=None, start_layer=spec.start_layer,
+            _stage_start=spec.start_layer, cached_loc=None,
+            _should_cache_swa=self.cache_swa_translation,
+            swa_kv_pool=SwaKeyStore(), request_window=request_window, swa_req_ring_size=None,
+            unified_swa_ring_size=spec.ring, unified_swa_window=spec.sliding_window, unified_swa_pages=0,
+        )
+
+    @classmethod
+    def request_window_on(cls) -> bool:
+        """Whether the run sets encoder SWA bounded replay (DeepSeek-V4.1's request window)."""
+        settings = cls.environment.settings
+        return bool(settings is not None and settings.get(REQUEST_WINDOW_SWITCH))
+
+    def _new_request_window(self) -> Any:
+        """The tree's ``RequestWindow`` as ``DeepSeekV4TokenToKVPool.__init__`` (0.5.21+) makes
+        it for the target model under the switch; None for a draft model, another setting, or
+        a target whose code has no branch for it."""
+        if self.window_code is None or not self.request_window_on() or self.spec.model != "target":
+            return None
+        return self.window_code.new_window(self.spec.num_req_slots, self._draft_tokens(), WINDOW_WORKSPACE_ROWS)
+
+    def _draft_tokens(self) -> int:
+        return self.spec.num_draft_tokens if self.spec.speculative else 0
+
+    @classmethod
+    def not_checked(cls) -> tuple[str, ...]:
+        """The target's branches this run does not check, each with the reason."""
+        return ()
 
     def _record(self, name: str, stand_in: type[StandIn]) -> type[StandIn]:
         bound = self.binding.classes.get(name)
@@ -321,7 +375,8 @@ class SglangSubject(Subject):
     def register_mapping(self, mapping: torch.Tensor) -> None:
         super().register_mapping(mapping)
         if hasattr(type(self.pool), "register_mapping"):
-            self.pool.register_mapping(mapping)
+            for pool in {id(self.pool): self.pool, id(self.draft_pool): self.draft_pool}.values():
+                pool.register_mapping(mapping)
 
     def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
         modes = self.modelled_modes if self.target_modes is None else self.target_modes
@@ -397,6 +452,9 @@ class _BackendSlot:
     built_for: dict[tuple[str, int], int] = field(default_factory=dict)  # forward id of the metadata
     initialised_forward: int | None = None
     captured: dict[int, ForwardMetadata] = field(default_factory=dict)  # graph batch size -> metadata
+    # graph batch size -> the reference's workspace rows, read before the capture (which
+    # refuses host reads)
+    window_rows: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def _role(mode: ForwardMode) -> str:
@@ -423,8 +481,9 @@ class _MetadataSubject(SglangSubject):
         key = (_role(batch.mode), step)
         backend = slot.backends.get(key)
         if backend is None:
+            pool = self.pool if key[0] == "model" else self.draft_pool
             backend = slot.backends[key] = self.backend_class(
-                forward_metadata=None, token_to_kv_pool=self.pool, pre_kv_store_hook=None,
+                forward_metadata=None, token_to_kv_pool=pool, pre_kv_store_hook=None,
                 topk=1 if self.spec.speculative else 0, mtp_enabled=self.spec.speculative,
                 speculative_num_steps=0, speculative_step_id=step,
                 is_dspark=False, _fp8_decode_num_heads=None, _fp8_verify_epi=None,
@@ -462,10 +521,97 @@ class TranslatedLocSubject(_MetadataSubject):
     backend holding that step's locations, built when the step's locations are known;
     under graphs the translation is recorded inside the captured graph, so each replay
     recomputes it from the static buffers and replay prep leaves it alone.
+
+    Under the request window (``--enable-encoder-swa-bounded-replay``, 0.5.21+, where the
+    getter has a branch for it) the target model's pool holds the tree's ``RequestWindow``
+    and the metadata the layout the tree's ``window_layout`` builds for the forward's tokens
+    (one history group per request row, as ``make_core_attn_metadata`` passes), so the
+    getter returns workspace rows. Each is read back through the reference's layout of the
+    forward (:func:`swafuzz.reference.truth.request_window_rows`, one empty history group
+    for an idle forward) to the row of the batch whose key belongs there, and answered as
+    that row's SWA slot; a workspace row that belongs to no row of this forward (a previous
+    forward's layout) is answered -1, which no slot is. The draft model's pool has no
+    window (SGLang builds one only for the target worker).
     """
 
     truth = Truth.POOL
     getter = "get_swa_out_cache_loc"
+
+    def _metadata(self, batch: ForwardBatch, swa_out_cache_loc=None, unified=None) -> ForwardMetadata:
+        metadata = super()._metadata(batch, swa_out_cache_loc, unified)
+        window = self._request_window(batch)
+        if window is not None and batch.num_tokens:
+            metadata.core_attn_metadata.request_window_layout = self._window_layout(batch, window)
+        return metadata
+
+    def _request_window(self, batch: ForwardBatch) -> Any:
+        return self.pool.request_window if _role(batch.mode) == "model" else None
+
+    @classmethod
+    def not_checked(cls) -> tuple[str, ...]:
+        """The getter's branches this run does not check, each with the reason."""
+        reads = cls.binding.classes[cls.backend_class_name].methods[cls.getter].__code__.co_names
+        notes = []
+        if "request_window" in reads and cls.request_window_on():
+            notes.append("request window: an idle forward with no rows stores nothing here (SGLang's layouts "
+                         "refuse an empty one); the draft model keeps translated locations, where 0.5.23's "
+                         "metadata builder fills the DSpark draft ring's rows instead")
+        elif cls.request_window_on():
+            notes.append(f"request window: {cls.window_absent}")
+        if "late_layer_tail" in reads:
+            notes.append("late-layer tail (--enable-decoder-swa-bounded-replay): the metadata never carries one, "
+                         "as the layers from the model's late_layer_start store an extend's last rows only, "
+                         "which swafuzz's layers do not model")
+        if "pre_kv_store_hook" in reads:
+            notes.append("pre_kv_store_hook: never set (the DSpark worker sets it)")
+        return tuple(notes)
+
+    def _window_layout(self, batch: ForwardBatch, window: Any) -> Any:
+        if batch.mode.is_idle():
+            # an idle rank's batch comes padded to the synced size (ForwardBatch's
+            # _pad_inputs_to_size): a request row at slot 0 per row, which the decode
+            # metadata builder lays out like any other
+            rows = batch.num_tokens
+            slots = torch.zeros(rows, dtype=torch.int64, device=batch.positions.device)
+            return self.window_code.layout(window, slots, batch.positions, rows)
+        live = int(batch.extend_seq_lens.sum())
+        slots = batch.req_pool_indices.repeat_interleave(batch.extend_seq_lens, output_size=live)
+        padded = batch.num_tokens if batch.num_tokens > live else None
+        return self.window_code.layout(window, slots, batch.positions[:live], batch.batch_size, padded)
+
+    def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        if self._request_window(batch) is None:
+            return super()._target_location(batch, layer_id)
+        if batch.num_tokens == 0:
+            # an idle forward that no rank pads has no rows to store (and SGLang's layouts
+            # refuse to lay out none): not checked, as the subject's notes say
+            return torch.empty(0, dtype=torch.int32, device=batch.positions.device)
+        return self._window_rows_read_back(batch, super()._target_location(batch, layer_id))
+
+    def _window_rows_read_back(self, batch: ForwardBatch, rows: torch.Tensor) -> torch.Tensor:
+        """The SWA slot of the batch row whose workspace row each of ``rows`` is, by the
+        reference's layout; -1 for a row that is none of this forward's. Tensor operations
+        only, so that a captured graph redoes the reading at each replay."""
+        if batch.in_graph:
+            want = self._slot(batch).window_rows[batch.num_tokens]
+        else:
+            want = self._window_truth(batch).write_loc.to(device=rows.device, dtype=torch.int64)
+        got = rows.to(torch.int64)
+        if want.numel() == 0:
+            return torch.full_like(got, -1, dtype=torch.int32)
+        order = torch.argsort(want)
+        place = order[torch.searchsorted(want[order], got).clamp(max=want.numel() - 1)]
+        slots = self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32)
+        return torch.where(want[place] == got, slots[place], torch.full_like(slots[place], -1))
+
+    def _window_truth(self, batch: ForwardBatch):
+        capacity = self.window_code.capacity(self._draft_tokens())
+        if batch.mode.is_idle():
+            none = torch.empty(0, dtype=torch.int64)
+            return self.window_code.truth(none, none, none, capacity, None, padding=batch.num_tokens)
+        live = int(batch.extend_seq_lens.sum())
+        return self.window_code.truth(batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens,
+                                      capacity, batch.batch_size, padding=batch.num_tokens - live)
 
     def _translated(self, batch: ForwardBatch) -> torch.Tensor:
         return self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc).to(torch.int32)
@@ -494,6 +640,10 @@ class TranslatedLocSubject(_MetadataSubject):
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         self._backend(batch, 0).forward_metadata = self._metadata(batch)
+        if self._request_window(batch) is not None:
+            rows = self._window_truth(batch).write_loc
+            self._slot(batch).window_rows[batch.num_tokens] = rows.to(device=batch.positions.device,
+                                                                       dtype=torch.int64)
 
     def init_graph_metadata(self, batch: ForwardBatch) -> None:
         # init_forward_metadata_in_graph: warm-ups run it eagerly, the capture records it

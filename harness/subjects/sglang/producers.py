@@ -36,7 +36,6 @@ from ...reference.truth import (
     draft_step_slots,
     late_layer_tail_tokens,
     prefill_rows,
-    request_window_rows,
     ring_rows,
     ring_size,
     token_state_slots,
@@ -46,15 +45,17 @@ from ...reference.truth import (
 
 from ...api import ForwardMode
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
-from .drivers import STAND_INS, STANDARD_NAMES, CoreMetadata, SglangMode, StandIn, StandInGap
+from .drivers import CoreMetadata, NotModelled, SglangMode, StandIn, StandInGap
 from .locate import SourceTree
-from .real_classes import RealClass, attributes
+from .real_classes import RealClass
+from .request_window import (
+    V4_ROWS, WINDOW_FILE, WINDOW_LAYOUT, WINDOW_PAGE, WINDOW_STAND_INS, PackedRowFormat, PagedRows, bind_request_window, build_layout, parameters, window_layout_code, window_truth,
+)
 from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE, POOL_FILE
 
 VERIFY_EXPANSION = "expand_extend_with_same_length"
 PREFILL_EXPANSION = "expand_prefill_casually"
 PREFILL_ROWS = "_attach_unified_kv_prefill_meta"
-WINDOW_LAYOUT = "window_layout"
 WINDOW_IDLE = "RequestWindow.activate_idle"
 WINDOW_COMMIT = "RequestWindow.commit"
 WINDOW_ROW = "RequestWindow.row_loc"
@@ -72,20 +73,16 @@ DRAFT_RING_ROWS = "_dspark_swa_ring_out_cache_loc"
 PREFILL_FIELDS = ("state_slot", "chunk_start", "cu_q", "final_pos")
 UNIFIED_RECORD = "UnifiedKvMetadata"  # the per-forward record of unified-KV rows
 
-WINDOW_FILE = "sglang/srt/mem_cache/dsv41_request_window.py"
-KV_LAYOUT_FILE = "sglang/kernels/ops/attention/dsv4/kv_layout.py"
-MEMORY_POOL_FILE = "sglang/srt/mem_cache/memory_pool.py"
 UTILS_FILE = "sglang/srt/utils/common.py"
 EAGLE_UTILS_FILE = "sglang/srt/speculative/eagle_utils.py"
 DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metadata.py"
 # where late_layer_tail_layout lives: 0.5.23, then 0.5.21-0.5.22
 ATTN_METADATA_FILES = ("sglang/kernels/ops/attention/dsv4/attn_metadata_kernels.py",
                        "sglang/kernels/ops/attention/dsv4_attn_metadata_kernels.py")
-# the request window's shape in the checks: DeepSeek-V4's 128-token window, a verify of up
-# to three draft tokens past it, and two-row pages (so the capacity is rounded up)
+# the request window's shape in the checks: DeepSeek-V4's 128-token window and a verify of
+# up to three draft tokens past it (in WINDOW_PAGE pages, so the capacity is rounded up)
 SLIDING_WINDOW = 128
 DRAFT_TOKENS = 3
-WINDOW_PAGE = 2
 MIN_REQ_SLOTS = 16
 
 
@@ -190,62 +187,14 @@ class DraftRingPool(StandIn):
     replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
 
 
-class PackedRowFormat(StandIn):
-    """The byte sizes of one packed key row (SGLang's ``KVLayout.V4``: 576 data bytes and
-    8 scale bytes); the row copies address pages with them."""
-
-    role = "packed row format"
-    attributes = frozenset({"data_bytes", "scale_bytes"})
-    replaces = (RealClass(KV_LAYOUT_FILE, "KVLayout"),)
-
-
-V4_ROWS = PackedRowFormat(data_bytes=576, scale_bytes=8)
-
-
-class PagedRows(StandIn):
-    """A paged key pool as the request window's ``pool_factory`` makes it: per layer a byte
-    buffer of ``size`` rows, ``page_size`` rows a page, data bytes then scale bytes."""
-
-    role = "paged key pool"
-    attributes = frozenset({"kv_buffer", "size", "kv_layout"})
-    replaces = (RealClass(POOL_FILE, "DeepSeekV4SingleKVPool"), RealClass(MEMORY_POOL_FILE, "KVCache"))
-
-    @classmethod
-    def factory(cls, page_size: int) -> Callable[[int, int], "PagedRows"]:
-        def make(size: int, layers: int) -> PagedRows:
-            pages = -(-size // page_size)
-            width = page_size * (V4_ROWS.data_bytes + V4_ROWS.scale_bytes)
-            return cls(kv_buffer=[torch.zeros(pages, width, dtype=torch.uint8) for _ in range(layers)],
-                       size=size, kv_layout=V4_ROWS)
-        return make
-
-
-def _cuda_only(name: str) -> Callable[..., Any]:
-    def refuse(*_: Any, **__: Any) -> Any:
-        raise StandInGap(f"SGLang code took its CUDA-only path ({name}); swafuzz runs the torch path")
-    return refuse
-
-
 def _unified_kv_on() -> bool:
     """Stands in for SGLang's unified-KV gate: the rows are built only when it is on."""
     return True
 
 
-# Global names the producers use that are not SGLang code under test: typing names, the
-# unified-KV gate, the invariant reporting and capture probes of the request window (the
-# runner is never capturing here), and the CUDA kernels of paths the CPU never takes.
+# Global names the producers use besides the request window's: the unified-KV gate.
 PRODUCER_STAND_INS: dict[str, Any] = {
-    **STANDARD_NAMES, **STAND_INS, "DSV4Metadata": StoreMetadata,
-    "is_unified_kv_triton": _unified_kv_on,
-    "F": torch.nn.functional, "List": list, "Optional": None, "Tuple": tuple,
-    "KVLayout": types.SimpleNamespace(V4=V4_ROWS),
-    "get_is_capture_mode": lambda: False,
-    "_is_hip": False,
-    "InvariantCheckLevel": types.SimpleNamespace(WARN=1), "resolve_level": lambda: 0,
-    "expect": _cuda_only("expect"), "_WINDOW_GROUPS_FIT": None, "_SWA_HISTORY_PRESENT": None,
-    "build_window_layout": _cuda_only("build_window_layout"),
-    # host-to-device staging: nothing is pinned on a CPU run
-    "is_pin_memory_available": lambda device=None: False,
+    **WINDOW_STAND_INS, "DSV4Metadata": StoreMetadata, "is_unified_kv_triton": _unified_kv_on,
 }
 
 
@@ -514,7 +463,7 @@ def _run_prefill_expansion(producer: Producer, batch: Batch, _: int) -> list[str
         "extend_seq_lens": [int(c) for c in batch.extend_seq_lens], "req_pool_indices": batch.req_pool_indices,
         "padded_num_tokens": None, "seq_lens_tensor": batch.seq_lens, "extend_seq_lens_tensor": batch.extend_seq_lens,
     }
-    taken = _parameters(producer.function)
+    taken = parameters(producer.function)
     variants = {"req_pool_indices_repeated": {}}
     if "extend_start_loc" in taken:
         starts = torch.cumsum(batch.extend_seq_lens, 0) - batch.extend_seq_lens
@@ -543,17 +492,12 @@ def _run_prefill_rows(producer: Producer, batch: Batch, window: int) -> list[str
                "extend_seq_lens": batch.extend_seq_lens, "num_tokens": batch.num_tokens,
                "req_pool_indices_repeated": batch.token_slots}
     # releases differ in which of these the producer takes (num_tokens from 0.5.18)
-    producer.function(backend, **{k: v for k, v in offered.items() if k in _parameters(producer.function)})
+    producer.function(backend, **{k: v for k, v in offered.items() if k in parameters(producer.function)})
     truth = prefill_rows(batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens)
     problems = []
     for name in PREFILL_FIELDS:
         problems += _differences(f"pf_{name}", getattr(core.unified, f"pf_{name}", None), getattr(truth, name))
     return problems
-
-
-def _parameters(function: types.FunctionType) -> tuple[str, ...]:
-    code = function.__code__
-    return code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
 
 
 # ---- decode and target-verify ring rows (HIP, 0.5.14+) ---------------------------------------
@@ -576,7 +520,7 @@ def _run_decode_streams(producer: Producer, batch: Batch, window: int) -> list[s
     """The ring rows of a decode (one token per request) or a target-verify (``n`` draft
     tokens per request, ring ``window + n - 1``) and the verify store's state slots."""
     draft = int(batch.extend_seq_lens[0])
-    slot_parameter = _parameters(producer.function)[2]
+    slot_parameter = parameters(producer.function)[2]
     if draft > 1 and slot_parameter == "req_pool_indices":
         return []  # before 0.5.18 only decode builds these rows (one slot per request)
     ring = ring_size(window, speculative=draft > 1, num_draft_tokens=draft)
@@ -584,7 +528,7 @@ def _run_decode_streams(producer: Producer, batch: Batch, window: int) -> list[s
     backend = _owner(producer, token_to_kv_pool=pool, is_dspark=False, _fp8_decode_num_heads=None,
                      _fp8_verify_epi=None)
     core = CoreMetadata.of(batch.positions)
-    arguments = {"num_draft": draft} if "num_draft" in _parameters(producer.function) else {}
+    arguments = {"num_draft": draft} if "num_draft" in parameters(producer.function) else {}
     producer.function(backend, core, batch.token_slots, **arguments)
     want = ring_rows(batch.token_slots, batch.positions, ring, batch.num_req_slots)
     rows = core.unified.swa_loc
@@ -597,42 +541,15 @@ def _run_decode_streams(producer: Producer, batch: Batch, window: int) -> list[s
 # ---- the request window (0.5.21+) -----------------------------------------------------------
 
 
-def _window_layout_code(tree: SourceTree, mode: str) -> tuple[Binding, Any]:
-    """SGLang's ``window_layout`` and its helper, building SGLang's ``WindowLayout`` record
-    (rebuilt from the release's field list)."""
-    record = bind(tree, (ClassCode(WINDOW_FILE, "WindowLayout", dataclass_fields=True),), PRODUCER_STAND_INS, {}, mode)
-    layout_class = record.classes["WindowLayout"].build(object)
-    binding = bind(
-        tree, (FunctionCode(WINDOW_FILE, "_capturing"), FunctionCode(WINDOW_FILE, "_first_row_offsets"),
-               FunctionCode(WINDOW_FILE, WINDOW_LAYOUT)),
-        {**PRODUCER_STAND_INS, "WindowLayout": layout_class}, {}, mode,
-    )
-    return binding, binding.functions[WINDOW_LAYOUT]
-
-
 def _bind_window_layout(tree: SourceTree, mode: str) -> Producer:
-    binding, function = _window_layout_code(tree, mode)
+    binding, function = window_layout_code(tree, mode)
     return Producer("dsv41_request_window", WINDOW_LAYOUT, function, binding=binding)
-
-
-WINDOW_METHODS = ("__init__", "_ensure_workspace", "activate")
 
 
 def _bind_request_window(
     methods: tuple[str, ...], extra: tuple[FunctionCode, ...] = (),
 ) -> Callable[[SourceTree, str], tuple[type, Binding, Any]]:
-    """SGLang's ``RequestWindow`` with ``methods`` besides its constructor and activation
-    (and the helpers they call), and the release's ``window_layout``."""
-    def bind_window(tree: SourceTree, mode: str) -> tuple[type, Binding, Any]:
-        layout_binding, layout_function = _window_layout_code(tree, mode)
-        real = attributes(tree, (RealClass(WINDOW_FILE, "RequestWindow"),))
-        binding = bind(
-            tree, (*extra,
-                   ClassCode(WINDOW_FILE, "RequestWindow", (*WINDOW_METHODS, *methods), role="request window")),
-            {**PRODUCER_STAND_INS, **layout_binding.functions}, {"request window": real}, mode,
-        )
-        return binding.classes["RequestWindow"].build(object), binding, layout_function
-    return bind_window
+    return lambda tree, mode: bind_request_window(tree, mode, methods, extra)
 
 
 _PAGED_ROWS_USE = StandInUse(PagedRows, PagedRows.replaces)
@@ -660,31 +577,19 @@ def _new_window(window_class: type, batch: Batch) -> tuple[Any, int]:
 
 
 def _layout(layout_function: Any, batch: Batch, capacity: int, zero_row: int, per_request: bool = True) -> Any:
-    """The layout SGLang's metadata builder makes for ``batch`` (``make_core_attn_metadata``
-    passes the token slots and positions, the window's zero row and capacity, one history
-    group per request where the caller knows the requests, else one per row, and the padded
-    row count under a prefill graph)."""
-    taken = _parameters(layout_function)
     groups = len(batch.req_pool_indices) if per_request else None
-    arguments: dict[str, Any] = {"capacity": capacity, "num_groups": groups}
-    if "zero_row" in taken:
-        arguments["zero_row"] = zero_row
-    if batch.padding:
-        arguments["padded_rows"] = batch.rows
-    return layout_function(batch.token_slots, batch.positions, **arguments)
+    return build_layout(layout_function, batch.token_slots, batch.positions, capacity, zero_row, groups,
+                        batch.rows if batch.padding else None)
 
 
 def _window_truth(layout_function: Any, batch: Batch, capacity: int, per_request: bool = True):
-    return request_window_rows(
-        batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens,
-        window=layout_function.__kwdefaults__["window"], capacity=capacity,
-        history_groups=len(batch.req_pool_indices) if per_request and not batch.is_idle else None,
-        padding=batch.padding,
-    )
+    groups = len(batch.req_pool_indices) if per_request and not batch.is_idle else None
+    return window_truth(layout_function, batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens,
+                        capacity, groups, batch.padding)
 
 
 def _run_window_layout(producer: Producer, batch: Batch, _: int) -> list[str]:
-    if batch.padding and "padded_rows" not in _parameters(producer.function):
+    if batch.padding and "padded_rows" not in parameters(producer.function):
         return []  # this release never pads a layout (0.5.23 pads under a prefill graph)
     capacity = whole_page_ring(SLIDING_WINDOW, DRAFT_TOKENS, WINDOW_PAGE)
     live = batch.num_tokens
@@ -806,7 +711,7 @@ def _run_window_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
     """The backend's store target for ``batch``: live forwards build their metadata first
     (as ``init_forward_metadata`` does); idle forwards skip it, keeping ``previous``'s."""
     layout_function = producer.parts[WINDOW_LAYOUT]
-    if not batch.is_idle and batch.padding and "padded_rows" not in _parameters(layout_function):
+    if not batch.is_idle and batch.padding and "padded_rows" not in parameters(layout_function):
         return []  # this release never pads a layout
     built_for = batch.previous if batch.is_idle else batch
     window, capacity = _new_window(producer.parts["RequestWindow"], built_for or batch)
@@ -953,7 +858,7 @@ def _run_late_layer_tail(producer: Producer, batch: Batch, _: int) -> list[str]:
     extends for requests that read their prompt rows) with the first request whole."""
     counts = [int(c) for c in batch.extend_seq_lens]
     variants: list[list[bool] | None] = [None]
-    if "whole_extend" in _parameters(producer.function):
+    if "whole_extend" in parameters(producer.function):
         variants.append([r == 0 for r in range(len(counts))])
     problems = []
     for whole in variants:
@@ -994,23 +899,6 @@ def _run_draft_step_locations(producer: Producer, batch: Batch, _: int) -> list[
 
 
 # ---- the CUDA backend's in-graph metadata step (0.5.18+) ------------------------------------------
-
-
-class NotModelled:
-    """The value of an attribute or name the bound code reads only on a path these checks
-    never take (a raw-metadata upgrade, the low-ratio indexer, DSpark); any use of it says
-    so instead of answering."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def _refuse(self, *_: Any, **__: Any) -> Any:
-        raise StandInGap(f"SGLang code used {self.name}, on a path swafuzz does not model")
-
-    __call__ = __bool__ = __iter__ = _refuse
-
-    def __getattr__(self, attribute: str) -> Any:
-        self._refuse()
 
 
 class InGraphMetadata(StandIn):

@@ -26,6 +26,7 @@ from typing import Any
 from .locate import RELEASES, SourceTree, release_key
 
 ENVIRON = "sglang/srt/environ.py"
+REQUEST_WINDOW_SWITCH = "--enable-encoder-swa-bounded-replay"
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ SWITCHES: tuple[Switch, ...] = (
         fixed="before 0.5.20: bf16 ring only",
     ),
     Switch(
-        "--enable-encoder-swa-bounded-replay",
+        REQUEST_WINDOW_SWITCH,
         ("sglang/srt/arg_groups/fields/exec_.py",), "enable_encoder_swa_bounded_replay",
         "the DeepSeek-V4.1 target pool keeps SWA keys in a per-request window (RequestWindow); "
         "DeepSeek-V4.1 and CUDA only",

@@ -29,6 +29,7 @@ from .drivers import (
 )
 from .faults import defined_at, told_in_sglang_terms
 from .locate import SourceTree
+from .request_window import bind_window_code
 
 POOL_FILE = "sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
 CUDA_BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend.py"
@@ -36,6 +37,7 @@ HIP_BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py
 METADATA_FILE = "sglang/srt/layers/attention/dsv4/metadata.py"
 CUDA_BACKEND = "DeepseekV4AttnBackend"
 HIP_BACKEND = "DeepseekV4HipRadixBackend"
+WINDOW_GETTER = "get_swa_out_cache_loc"
 
 # the subject methods the executor calls, each of which runs SGLang code
 LIFECYCLE = ("register_mapping", "init_forward_metadata", "swa_write_location", "init_capture_metadata",
@@ -73,6 +75,9 @@ class Target:
     last: str | None = None
     driver_settings: tuple[tuple[str, object], ...] = ()
     called_as: tuple[str, ...] = ()  # the entry methods the engine's code calls (swafuzz.subjects.sglang.callsites)
+    # the getter's request-window branch (0.5.21+): the driver's pool holds the tree's own
+    # RequestWindow when the run sets the window's switch
+    drives_request_window: bool = False
 
     @property
     def subject_name(self) -> str:
@@ -85,29 +90,47 @@ class Target:
         stand_ins = {**STANDARD_NAMES, **STAND_INS, "envs": environment or EngineEnvironment()}
         return bind(tree, self.code, stand_ins, STAND_IN_ATTRIBUTES, mode, supplied)
 
-    def subject(self, binding: Binding, environment: EngineEnvironment) -> type[SglangSubject]:
+    def subject(self, binding: Binding, environment: EngineEnvironment,
+                window: tuple[Any, str] = (None, "")) -> type[SglangSubject]:
         """The driver over ``binding``: its findings name the SGLang function that answers
         (the entry method, at its ``def`` line), and what SGLang code raises in it is told
-        as that code's fault (:mod:`.faults`)."""
+        as that code's fault (:mod:`.faults`). ``window``: the tree's request window for the
+        driver, or None and why it has none."""
         version = (binding.version or "source").replace(".", "_")
         class_name = f"Sglang_{self.name.replace('-', '_')}_{version}_{binding.mode}"
         entry = next(bound.methods[self.called_as[0]] for bound in binding.classes.values()
                      if self.called_as[0] in bound.methods)
         function, place = defined_at(entry)
+        window_code, window_absent = window
         return type(class_name, (self.driver,), {
             "binding": binding, "environment": environment, "__doc__": f"{self.summary} ({binding.label}).",
             "answered_by": f"{function} ({place}) {self.driver.answer_verb}",
+            "window_code": window_code, "window_absent": window_absent,
             **{name: told_in_sglang_terms(getattr(self.driver, name)) for name in LIFECYCLE},
             **dict(self.driver_settings),
         })
+
+    def request_window(self, tree: SourceTree, mode: str, binding: Binding) -> tuple[Any, str]:
+        """The tree's request window where the bound getter has a branch for it, else None
+        and why not."""
+        if not self.drives_request_window:
+            return None, f"{self.subject_name} has no request-window branch"
+        getter = binding.classes[dict(self.driver_settings)["backend_class_name"]].methods[WINDOW_GETTER]
+        if "request_window" not in getter.__code__.co_names:
+            return None, f"{binding.label}: {WINDOW_GETTER} has no request-window branch"
+        try:
+            return bind_window_code(tree, mode), ""
+        except BindError as exc:
+            return None, f"{binding.label}: the request window does not bind ({exc})"
 
     def info(self, tree: SourceTree, mode: str = "source", name: str | None = None,
              supplied: Mapping[str, Any] | None = None) -> SubjectInfo:
         """The target bound from ``tree``, not yet configured (:mod:`.configure`)."""
         environment = EngineEnvironment()
         binding = self.bind(tree, mode, supplied, environment)
+        subject = self.subject(binding, environment, self.request_window(tree, mode, binding))
         return SubjectInfo(
-            name or self.subject_name, self.subject(binding, environment), expected="unknown", kind="sglang",
+            name or self.subject_name, subject, expected="unknown", kind="sglang",
             summary=f"{self.summary} ({binding.label})",
         )
 
@@ -142,7 +165,7 @@ TARGETS: tuple[Target, ...] = (
          *_metadata_records(CUDA_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", CUDA_BACKEND),),
-        called_as=("get_swa_out_cache_loc",),
+        called_as=("get_swa_out_cache_loc",), drives_request_window=True,
     ),
     Target(
         "hip-swa-out-cache-loc",
@@ -152,7 +175,7 @@ TARGETS: tuple[Target, ...] = (
          *_metadata_records(HIP_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
-        called_as=("get_swa_out_cache_loc",),
+        called_as=("get_swa_out_cache_loc",), drives_request_window=True,
     ),
     Target(
         "hip-unified-swa-loc",
