@@ -1,6 +1,7 @@
 """The truth: what every SWA store of a forward must write, from live inputs only."""
 
-from .engine import PACKED_INPUTS, EngineState, ForwardPlan, StepInputs, replay_events
+from .engine import EngineState, replay_events
+from .packing import PACKED_INPUTS, ForwardPlan, StepInputs
 from .scenario import (
     LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, live_rows,
     store_schedule,

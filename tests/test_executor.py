@@ -857,7 +857,7 @@ def _everything_seen(subject, scenario: Scenario) -> tuple:
 @pytest.mark.parametrize("scenario", [_decode_run(), _decode_run(graph=True), _decode_run(micro_batches=2)])
 def test_a_run_planned_as_blocks_is_checked_and_diagnosed_as_forward_by_forward(subject, scenario, monkeypatch):
     blocked = _everything_seen(subject, scenario)
-    monkeypatch.setattr("swafuzz.reference.engine._MAX_BLOCK", 1)
+    monkeypatch.setattr("swafuzz.reference.planning._MAX_BLOCK", 1)
     assert blocked == _everything_seen(subject, scenario)
     assert blocked[0].forwards == 12
 
@@ -865,7 +865,7 @@ def test_a_run_planned_as_blocks_is_checked_and_diagnosed_as_forward_by_forward(
 def test_a_divergence_inside_a_block_stops_the_run_where_forward_by_forward_planning_does(monkeypatch):
     blocked = run_scenario(_StaleAtFifth, _decode_run())
     assert blocked.divergence.forward == 5 and "the rows of forward 4" in blocked.divergence.sentence
-    monkeypatch.setattr("swafuzz.reference.engine._MAX_BLOCK", 1)
+    monkeypatch.setattr("swafuzz.reference.planning._MAX_BLOCK", 1)
     assert blocked == run_scenario(_StaleAtFifth, _decode_run())
 
 
