@@ -20,7 +20,8 @@ from .compressed import (
     swa_topk_lengths,
     unified_compressed_out_loc,
 )
-from .engine import PACKED_INPUTS, EngineState, ForwardPlan, StepInputs, replay_events
+from .engine import EngineState, replay_events
+from .packing import PACKED_INPUTS, ForwardPlan, StepInputs
 from .scenario import (
     LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, live_rows,
     store_schedule,

@@ -14,7 +14,7 @@ import torch
 from swafuzz import SUBJECT_API_VERSION, RunResult, Subject, SubjectError, Truth, run_scenario
 from swafuzz.subjects.builtin import PoolStartLayer, Uncached, UncachedRing
 from swafuzz.run.diagnosis import Divergence
-from swafuzz.run import executor
+from swafuzz.run import executor, mappings, progress, store_calls
 from swafuzz.run.devices import HostTimeline
 from swafuzz.run.executor import check_subject
 from swafuzz.errors import CodeFault
@@ -310,7 +310,13 @@ def test_a_deadline_passed_during_a_call_stops_the_run_after_it_with_the_stores_
     # the run's clock jumps past the deadline in the fifth call, so however slowly the machine
     # runs the first four, the deadline passes in that call and no other
     late = []
-    monkeypatch.setattr(executor, "monotonic", lambda: time.monotonic() + (3600.0 if late else 0.0))
+
+    def clock():
+        return time.monotonic() + (3600.0 if late else 0.0)
+
+    # every module of the run that reads the clock
+    for module in (executor, progress, store_calls):
+        monkeypatch.setattr(module, "monotonic", clock)
 
     class OutlastsTheDeadlineAtItsFifthStore(_CountsCalls):
         def swa_write_location(self, batch, layer_id):
@@ -876,7 +882,7 @@ def _everything_seen(subject, scenario: Scenario) -> tuple:
 @pytest.mark.parametrize("scenario", [_decode_run(), _decode_run(graph=True), _decode_run(micro_batches=2)])
 def test_a_run_planned_as_blocks_is_checked_and_diagnosed_as_forward_by_forward(subject, scenario, monkeypatch):
     blocked = _everything_seen(subject, scenario)
-    monkeypatch.setattr("swafuzz.reference.engine._MAX_BLOCK", 1)
+    monkeypatch.setattr("swafuzz.reference.planning._MAX_BLOCK", 1)
     assert blocked == _everything_seen(subject, scenario)
     assert blocked[0].forwards == 12
 
@@ -884,7 +890,7 @@ def test_a_run_planned_as_blocks_is_checked_and_diagnosed_as_forward_by_forward(
 def test_a_divergence_inside_a_block_stops_the_run_where_forward_by_forward_planning_does(monkeypatch):
     blocked = run_scenario(_StaleAtFifth, _decode_run())
     assert blocked.divergence.forward == 5 and "the rows of forward 4" in blocked.divergence.sentence
-    monkeypatch.setattr("swafuzz.reference.engine._MAX_BLOCK", 1)
+    monkeypatch.setattr("swafuzz.reference.planning._MAX_BLOCK", 1)
     assert blocked == run_scenario(_StaleAtFifth, _decode_run())
 
 
@@ -895,13 +901,13 @@ def test_mapping_rows_synced_one_by_one_keep_a_correct_subject_right(subject, pr
     # without moving it would show as a stale answer
     from swafuzz.search.fuzz import fuzz
 
-    monkeypatch.setattr(executor, "_ROWS_COPIED_WHOLE_BELOW", 0)
+    monkeypatch.setattr(mappings, "ROWS_COPIED_WHOLE_BELOW", 0)
     result = fuzz(resolve_subject(subject), profile=profile, settings="ci", seed=3, max_examples=40)
     assert result.divergence is None, result.divergence.sentence
     assert result.checks > 0
 
 
-@pytest.mark.parametrize("rows_copied_whole_below", [0, executor._ROWS_COPIED_WHOLE_BELOW])
+@pytest.mark.parametrize("rows_copied_whole_below", [0, mappings.ROWS_COPIED_WHOLE_BELOW])
 @pytest.mark.parametrize("profile", ["realistic", "adversarial"])
 def test_the_diagnosis_copy_of_every_mapping_equals_the_engine_state_after_each_sync(
         profile, rows_copied_whole_below, monkeypatch):
@@ -911,8 +917,8 @@ def test_the_diagnosis_copy_of_every_mapping_equals_the_engine_state_after_each_
     from hypothesis import given, settings
     from swafuzz.strategies.scenarios import scenarios
 
-    monkeypatch.setattr(executor, "_ROWS_COPIED_WHOLE_BELOW", rows_copied_whole_below)
-    sync, syncs = executor._Run._sync, []
+    monkeypatch.setattr(mappings, "ROWS_COPIED_WHOLE_BELOW", rows_copied_whole_below)
+    sync, syncs = mappings.MappingSync.sync, []
 
     def checked_sync(run, what, until_called=False):
         sync(run, what, until_called)
@@ -922,7 +928,7 @@ def test_the_diagnosis_copy_of_every_mapping_equals_the_engine_state_after_each_
             if not until_called:
                 assert torch.equal(run.history.mappings[model], truth), f"{model} after the sync for {what}"
 
-    monkeypatch.setattr(executor._Run, "_sync", checked_sync)
+    monkeypatch.setattr(mappings.MappingSync, "sync", checked_sync)
 
     @settings(max_examples=40, derandomize=True, database=None, deadline=None)
     @given(scenarios(profile))

@@ -137,6 +137,11 @@ class Site:
         )
 
 
+def source_dict(source: Source) -> dict[str, Any]:
+    """``source`` as a divergence carries it: its fields that are set."""
+    return {k: v for k, v in source.__dict__.items() if v is not None}
+
+
 def stored_values(tensor: torch.Tensor) -> list:
     """The first :data:`MAX_STORED_VALUES` values of ``tensor`` in row-major order, read
     without materialising the rest (an expanded tensor's rows share memory until copied)."""

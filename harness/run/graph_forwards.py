@@ -1,0 +1,161 @@
+"""Forwards run as graph replays: each batch size captured as the decode graph runner
+captures it, at its first replay, and replayed on the static inputs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+
+from ..api import ForwardBatch, ForwardMode, Subject
+from ..reference import EngineConfig, ForwardPlan
+
+from . import diagnosis as dx
+from .arena import Arena
+from .calls import SubjectCalls, call_method
+from .devices import HostTimeline
+from .graphs import make_graph
+from .guard import TorchState
+from .inputs import PACKED_FIELD, Handed, InputGuard
+from .judge import Judge
+from .progress import Progress, Stop, Where
+
+# The graph inputs a subject sees and what capture leaves in them: the decode graph runner
+# allocates them zeroed at the largest captured size (DecodeInputBuffers in SGLang); decode
+# has one token per request, so the per-request token counts are ones.
+STATIC_INPUTS = {
+    "req_pool_indices": 0, "extend_seq_lens": 1, "positions": 0, "out_cache_loc": 0,
+    # padded requests have length 1, as the runner's seq_len fill value; decode has no prefix
+    "seq_lens": 1, "extend_prefix_lens": 0,
+}
+
+MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
+
+
+class GraphForwards:
+    """The run's captured graphs, per model, batch size and store schedule, and their
+    static inputs. ``forward_id()`` numbers a new batch; ``backend(model, mb)`` is the
+    backend object a batch of that model and micro-batch carries."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, subjects: dict[str, Subject],
+                 progress: Progress, calls: SubjectCalls, inputs: InputGuard, judge: Judge, arena: Arena,
+                 timeline: HostTimeline, history: dx.History, forward_id: Callable[[], int],
+                 backend: Callable[[str, int], SimpleNamespace]):
+        self.config = config
+        self.device = device
+        self.subjects = subjects
+        self.progress = progress
+        self.calls = calls
+        self.inputs = inputs
+        self.judge = judge
+        self.arena = arena
+        self.timeline = timeline
+        self.history = history
+        self.forward_id = forward_id
+        self.backend = backend
+        self.graphs: dict[tuple, tuple[Any, ForwardBatch, list[torch.Tensor], dict[str, torch.Tensor]]] = {}
+        self.static_buffers: dict[str, dict[str, torch.Tensor]] = {}
+        self.static_seq_lens_cpu: dict[str, torch.Tensor] = {}
+
+    def forget(self, model: str) -> None:
+        """Drop ``model``'s graphs: a new mapping was registered, which capture would see."""
+        self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
+
+    def forward(self, plan: ForwardPlan) -> None:
+        key = (plan.model, plan.graph_batch_size, plan.calls)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(plan)
+        graph, static, sinks, fields = self.graphs[key]
+        inputs = plan.steps[0][0]
+        # the harness's own references to the static inputs: the batch's may be re-pointed
+        held = {name: getattr(inputs, PACKED_FIELD[name]) for name in fields}
+        for name, tensor in fields.items():
+            tensor.copy_(held[name])
+        static.forward_id = self.forward_id()
+        static.mode = MODES[plan.event.mode]
+        static.num_live_tokens = inputs.num_live
+        self.inputs.handed = Handed(plan, [static], [[fields]], held)
+        subject = self.subjects[plan.model]
+        if not plan.event.skip_init:
+            self.calls.invoke(Where(plan), "init_replay_metadata", call_method, subject, "init_replay_metadata", static)
+        self.calls.invoke(Where(plan), "graph replay", graph.replay)
+        self.timeline.settle()
+        self.inputs.check_inputs(plan)
+        replay = self.progress.call - 1
+        self.judge.check_answers(plan, 0, ((mb, layer_id, sink, replay)
+                                           for (mb, layer_id), sink in zip(plan.calls, sinks)))
+
+    def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor], dict[str, torch.Tensor]]:
+        """Capture one batch size as the decode graph runner does: metadata for capture once,
+        the forward run eagerly ``graph_warmups`` times on the static inputs, then once more
+        inside the capture. The harness captures a size at its first replay, on inputs
+        reset to what capture at start-up would see."""
+        size = plan.graph_batch_size
+        subject = self.subjects[plan.model]
+        buffers = self._static_buffers(plan.model)
+        for name, fill in STATIC_INPUTS.items():
+            buffers[name][:size].fill_(fill)
+        self.static_seq_lens_cpu[plan.model][:size].fill_(STATIC_INPUTS["seq_lens"])
+        fields = {name: buffer[:size] for name, buffer in buffers.items()}
+        fields["seq_lens_cpu"] = self.static_seq_lens_cpu[plan.model][:size]
+        static = ForwardBatch(
+            forward_id=self.forward_id(), mode=ForwardMode.DECODE, micro_batch=0,
+            backend=self.backend(plan.model, 0), num_live_tokens=0, **fields,
+        )
+        fills = {**STATIC_INPUTS, "seq_lens_cpu": STATIC_INPUTS["seq_lens"]}
+        held = {name: torch.full((size,), fills[name]) for name in fields}
+        self.inputs.handed = Handed(plan, [static], [[fields]], held, phase="the graph capture for")
+        self.calls.invoke(Where(plan), "init_capture_metadata", call_method, subject, "init_capture_metadata", static)
+        for _ in range(self.config.graph_warmups):
+            self._run_graph_forward(plan, static, "graph warm-up")
+        graph = make_graph(self.device)
+        sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
+        static.in_graph = self.progress.capturing = True
+        guard = self.calls.guard
+        outer = guard.torch_state
+        try:
+            with graph.capture():
+                guard.torch_state = TorchState()  # the capture's own mode is the harness's
+                self._run_graph_forward(plan, static, "graph capture", sinks)
+        finally:
+            self.progress.capturing = False
+            guard.torch_state = outer
+        static.in_graph = False
+        # what the captured work yields for the capture inputs (a GPU capture runs nothing)
+        self.calls.invoke(Where(plan), "graph replay", graph.replay)
+        self.timeline.settle()
+        self.inputs.check_inputs(plan)
+        if sinks:
+            self.history.record_capture(self.progress.forward, sinks[0].to("cpu", copy=True), 0)
+        return graph, static, sinks, fields
+
+    def _run_graph_forward(self, plan: ForwardPlan, static: ForwardBatch, phase: str,
+                           sinks: list[torch.Tensor] | None = None) -> None:
+        """One run of the forward on the static inputs: a warm-up, or with ``sinks`` the
+        captured run, where each layer's answer is consumed before the next layer runs."""
+        subject = self.subjects[plan.model]
+        invoke = self.calls.invoke
+        invoke(Where(plan), f"init_graph_metadata ({phase})", call_method, subject, "init_graph_metadata", static)
+        for index, (mb, layer_id) in enumerate(plan.calls):
+            where = Where(plan, 0, mb, layer_id)
+            out = invoke(where, f"swa_write_location ({phase})", call_method, subject, "swa_write_location", static,
+                         layer_id)
+            problem = self.judge.shape_problem(self.progress.site(where), out, plan.graph_batch_size)
+            if problem is not None:
+                raise Stop(problem)
+            if sinks is not None:
+                # the consumer a store kernel would be: it reads the returned tensor by address
+                sinks[index].copy_(out)
+
+    def _static_buffers(self, model: str) -> dict[str, torch.Tensor]:
+        """The graph inputs of ``model``, allocated at its first capture (a scenario may
+        have graph sizes and never replay one)."""
+        if model not in self.static_buffers:
+            largest = max(self.config.graph_batch_sizes)
+            self.static_buffers[model] = {
+                name: self.arena.buffer(("graph", model, name), largest, torch.int64) for name in STATIC_INPUTS
+            }
+            # the runner keeps a host copy of the lengths beside the device buffer
+            self.static_seq_lens_cpu[model] = torch.ones(largest, dtype=torch.int64)
+        return self.static_buffers[model]

@@ -1,0 +1,203 @@
+"""Each answer of the subject judged against the truth the engine state gives at that moment.
+
+The truth is the reference's rows for the answer's micro-batch (values, int32, length,
+device, padding on the dummy slot); a wrong answer is explained from the run's history.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..reference import EngineState, ForwardPlan, StepInputs
+
+from . import diagnosis as dx
+from .guard import type_name
+from .inputs import InputGuard
+from .progress import Progress, Stop, Where
+
+# the most values of a wrong-dtype answer scanned for NaN (an expanded one may claim 2**40)
+_MAX_SCANNED = 1 << 20
+
+
+@dataclass(frozen=True)
+class StoreOutcome:
+    """One checked store: where it ran and its divergence (None: it matched the reference)."""
+
+    forward: int
+    draft_step: int
+    micro_batch: int
+    layer_id: int | None
+    divergence: dx.Divergence | None
+
+
+class Judge:
+    """Compares answers with the reference's rows under ``truth`` ("pool" or "ring").
+
+    ``on_store`` sees every checked store. ``keep_going``: a wrong answer does not end the
+    run; :attr:`first_divergence` holds the first. ``answered_by``: the code that answers
+    and how ("X (file:line) returned"), where the subject names it, for the sentences."""
+
+    def __init__(self, state: EngineState, history: dx.History, progress: Progress, inputs: InputGuard,
+                 truth: str, device: torch.device, on_store: Callable[[StoreOutcome], None] | None,
+                 keep_going: bool, answered_by: str | None = None):
+        self.answered_by = answered_by
+        self.state = state
+        self.history = history
+        self.progress = progress
+        self.inputs = inputs
+        self.truth_kind = truth
+        self.config = state.config
+        self.device = device
+        self.on_host = device.type == "cpu"
+        if self.on_host:
+            self.on_device = operator.attrgetter("is_cpu")
+        else:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.on_device = lambda t: t.device.type == device.type and t.get_device() == index
+        self.on_store = on_store
+        self.keep_going = keep_going
+        self.first_divergence: dx.Divergence | None = None
+
+    def check_answers(self, plan: ForwardPlan, step: int, answers: Iterable[tuple[int, int, Any, int]]) -> None:
+        """Check each (micro-batch, layer, answer, call index) of one draft step against the
+        reference's rows for its micro-batch, computed at its first answer: the engine state
+        stands still while ``answers`` are made."""
+        truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
+        on_device, every_store, progress = self.on_device, self.on_store is not None, self.progress
+        for mb, layer_id, out, call in answers:
+            expected = truths[mb]
+            if expected is None:
+                expected = truths[mb] = self.truth(plan, step, mb)
+            progress.checks += 1
+            matched = matches(out, expected, on_device)
+            if not matched or every_store:
+                self.verdict(plan, step, mb, layer_id, out, expected, matched, call)
+            progress.stop_if_past_deadline()
+
+    def truth(self, plan: ForwardPlan, step: int, mb: int) -> torch.Tensor:
+        inputs = plan.steps[step][mb]
+        expected = self.state.expected(plan.model, inputs, self.truth_kind)
+        n = inputs.num_live
+        self.history.record_answer(self.progress.forward, plan.event.mode, plan.model, step, mb,
+                                   expected if n == expected.shape[0] else expected[:n])
+        return expected if self.on_host else expected.to(self.device)
+
+    def verdict(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, out: Any,
+                expected: torch.Tensor, matched: bool, call: int) -> None:
+        """What a store the fast comparison did not settle comes to: its divergence, shown to
+        ``on_store``. A wrong answer given after the subject wrote into its inputs is put
+        down to the write."""
+        divergence = None
+        if not matched:
+            where = Where(plan, step, mb, layer_id)
+            divergence = self.inputs.input_written(where) or self._diagnose(
+                self.progress.site(where, call), plan.model, plan.steps[step][mb], out, expected.cpu()
+            )
+        if self.on_store is not None:
+            self.on_store(StoreOutcome(self.progress.forward, step, mb, layer_id, divergence))
+        if divergence is not None:
+            if not self.keep_going:
+                raise Stop(divergence)
+            self.first_divergence = self.first_divergence or divergence
+
+    def shape_problem(self, site: dx.Site, out: Any, rows: int) -> dx.Divergence | None:
+        said = f"At {site.describe()}, {self.answered_by or 'swa_write_location returned'}"
+        # an answer is read only as a plain tensor: a subclass's methods are the subject's code
+        if type(out) is not torch.Tensor:
+            if isinstance(out, torch.Tensor):
+                return site.divergence(
+                    dx.NON_TENSOR, f"{said} a {type_name(out)} (a tensor subclass), not a torch.Tensor."
+                )
+            return site.divergence(dx.NON_TENSOR, f"{said} {type_name(out)}, not a tensor.")
+        if out.is_nested or out.layout is not torch.strided:
+            layout = "nested" if out.is_nested else str(out.layout).removeprefix("torch.")
+            return site.divergence(dx.NON_TENSOR, f"{said} a {layout} tensor, not a dense one.")
+        if not self.on_device(out):
+            return site.divergence(
+                dx.WRONG_DEVICE, f"{said} a tensor on {out.device}, not on {self.device}."
+            )
+        if out.dtype != torch.int32:
+            nan = " containing NaN" if (
+                out.is_floating_point() and not self.progress.capturing and out.numel() <= _MAX_SCANNED
+                and bool(torch.isnan(out).any())
+            ) else ""
+            return site.divergence(dx.WRONG_DTYPE, f"{said} {out.dtype}{nan}, not torch.int32.")
+        if out.dim() != 1 or out.shape[0] != rows:
+            return site.divergence(
+                dx.WRONG_LENGTH, f"{said} shape {tuple(out.shape)} for {rows} rows.",
+                actual=dx.stored_values(out),
+            )
+        return None
+
+    def _diagnose(self, site: dx.Site, model: str, inputs: StepInputs, out: Any,
+                  expected: torch.Tensor) -> dx.Divergence | None:
+        problem = self.shape_problem(site, out, expected.shape[0])
+        if problem is not None:
+            if problem.kind == dx.WRONG_LENGTH and out.dim() == 1:
+                return self._explain_length(site, inputs, out, expected, problem)
+            return problem
+        actual = out.to("cpu")
+        n = inputs.num_live
+        live, want = actual[:n], expected[:n]
+        if not torch.equal(live, want):
+            source = dx.explain(self.history, site, self.truth_kind, inputs, self.config, live, want)
+            n_wrong = int((live != want).sum())
+            return site.divergence(
+                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n, self.answered_by),
+                expected=dx.stored_values(want), actual=dx.stored_values(live), source=dx.source_dict(source),
+            )
+        padding = actual[n:]
+        wrong = (padding != expected[n:]).nonzero().flatten().tolist()
+        if not wrong:
+            return None
+        owned = self.state.live_targets(model, self.truth_kind)
+        aliased = [i for i in wrong if int(padding[i]) in owned]
+        row = (aliased or wrong)[0]
+        value = int(padding[row])
+        explained = dx.explain_padding(self.history, site, n, actual, expected)
+        sentence = dx.padding_sentence(site, n + row, value, bool(aliased), explained, self.answered_by)
+        source = explained or (
+            dx.Source(dx.ALIASES_LIVE, f"row {value}, which a live request owns",
+                      "the padding write would corrupt that request's keys")
+            if aliased else dx.Source(dx.UNKNOWN, f"row {value}", "padding must write to the dummy slot")
+        )
+        return site.divergence(
+            dx.PADDING, sentence, expected=dx.stored_values(expected), actual=dx.stored_values(actual),
+            source=dx.source_dict(source),
+        )
+
+    def _explain_length(self, site, inputs, out, expected, problem) -> dx.Divergence:
+        """A 1-D answer of the wrong length, read only when a candidate has its length (it
+        may claim 2**40 rows through a stride of 0)."""
+        stored = {"expected": dx.stored_values(expected), "actual": problem.actual}
+        for source, rows in self.history.candidates(site, self.truth_kind, inputs, self.config):
+            if source.kind != dx.DUMMY and rows.shape == out.shape and torch.equal(rows, out.cpu()):
+                came = (f"{self.answered_by} {out.shape[0]} rows for" if self.answered_by
+                        else f"{out.shape[0]} rows came back for")
+                sentence = (f"Stale cache: at {site.describe()}, {came} {expected.shape[0]}: they are "
+                            f"{source.phrase}: {source.consequence}.")
+                return site.divergence(dx.WRONG_LENGTH, sentence, source=dx.source_dict(source), **stored)
+        return site.divergence(problem.kind, problem.sentence, **stored)
+
+
+_equal = torch.Tensor.equal  # torch.equal less its module-function argument parsing
+
+
+def matches(out: Any, expected: torch.Tensor, on_device: Callable[[torch.Tensor], bool],
+            _tensor=torch.Tensor, _int32=torch.int32) -> bool:
+    """The fast comparison: a plain int32 tensor on the device with the reference's rows;
+    anything else goes to the verdict, which says what is wrong or finds it right after all
+    (a tensor subclass). (It runs once per answer: torch's names are bound once.)"""
+    try:
+        return (
+            type(out) is _tensor
+            and out.dtype is _int32
+            and on_device(out)
+            and _equal(out, expected)  # equal sizes included
+        )
+    except RuntimeError:  # a layout torch.equal cannot compare (sparse, nested): the verdict names it
+        return False

@@ -1,0 +1,191 @@
+"""The store calls of one draft step, made while the engine state stands still, and their
+answers handed to the judge: on the host each checked as it returns, on a device once the
+streams have settled, or (stress mode) made from a thread per micro-batch."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from time import monotonic
+from typing import Any, Iterator
+
+import torch
+
+from ..api import ForwardBatch
+from ..reference import ForwardPlan, StepInputs
+
+from .calls import SubjectCalls
+from .devices import HostTimeline
+from .guard import SubjectFailure, SubjectTimeout, failure_of
+from .judge import Judge, matches
+from .progress import DeadlinePassed, Progress, Where
+
+
+class StoreCalls:
+    """Makes a step's ``swa_write_location`` calls through ``calls`` and has ``judge`` check
+    the answers. :attr:`schedules`: per forward event index, the order in which threaded
+    micro-batches' calls entered the subject. ``timeout_s``: each call's limit, which
+    bounds the wait for the threads."""
+
+    def __init__(self, progress: Progress, calls: SubjectCalls, judge: Judge, timeline: HostTimeline,
+                 timeout_s: float):
+        self.progress = progress
+        self.calls = calls
+        self.judge = judge
+        self.timeline = timeline
+        self.timeout_s = timeout_s
+        self.schedules: dict[int, tuple[int, ...]] = {}
+
+    def make(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
+             calls: tuple[tuple[int, int], ...]) -> None:
+        """Make ``calls`` of one draft step, during which the engine state stands still, and
+        check every answer. On the host an answer is checked as it returns, before the next
+        call could overwrite it; on a device, once the streams have settled, in call order
+        (the answers are what the streams read)."""
+        if self.timeline.deferred:
+            answers = list(self._answers(plan, step, batches, store, calls))
+            self.timeline.settle()
+            self.judge.check_answers(plan, step, answers)
+        else:
+            self._call_and_check(plan, step, batches, store, calls)
+
+    def _answers(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
+                 calls: tuple[tuple[int, int], ...]) -> Iterator[tuple[int, int, Any, int]]:
+        """Each call's answer, the call made when the previous answer has been taken."""
+        guarded, progress = self.calls.guard.call, self.progress
+        for mb, layer_id in calls:
+            progress.call += 1
+            try:
+                out = guarded("swa_write_location", store, batches[mb], layer_id)
+            except SubjectFailure as failure:
+                raise self.calls.failed(Where(plan, step, mb, layer_id), failure) from None
+            progress.stop_if_past_deadline()
+            yield mb, layer_id, out, progress.call - 1
+
+    def _call_and_check(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
+                        calls: tuple[tuple[int, int], ...]) -> None:
+        """:meth:`Judge.check_answers` with the calls made in the same loop, each answer
+        checked before the next call: the host's path, where a call costs about as much as
+        its check. The guard is marked in flight once for the calls (and cleared while a
+        store that the fast comparison did not settle is judged); each call still has its
+        own serial, so a hang or exception is attributed to it."""
+        progress, judge = self.progress, self.judge
+        guard, on_device, every_store, right = self.calls.guard, judge.on_device, judge.on_store is not None, matches
+        modes_kept = guard.torch_state.modes_kept
+        deadline = progress.deadline
+        truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
+        first, checks, serial = progress.call, progress.checks, guard.serial
+        before = serial
+        guard.in_call = True
+        try:
+            for call, (mb, layer_id) in enumerate(calls, first):
+                guard.serial = serial = serial + 1
+                try:
+                    out = store(batches[mb], layer_id)
+                    if guard.fired_serial == serial:  # the subject swallowed the alarm
+                        raise SubjectTimeout()
+                except BaseException as exc:
+                    raise guard.failure("swa_write_location", exc) from None
+                if not modes_kept():  # a mode the subject left could answer the comparison
+                    guard.torch_state.restore()
+                # between calls the harness only compares (a lowered recursion limit lets the
+                # subject's own call run deeper than that, and no other torch setting changes
+                # a comparison); its other work restores the harness's state
+                expected = truths[mb]
+                if expected is None:
+                    guard.in_call = False
+                    guard.restore_harness_state()
+                    expected = truths[mb] = judge.truth(plan, step, mb)
+                    guard.in_call = True
+                matched = right(out, expected, on_device)
+                if not matched or every_store:
+                    guard.in_call = False
+                    guard.restore_harness_state()
+                    progress.call, progress.checks = call + 1, checks + call + 1 - first
+                    judge.verdict(plan, step, mb, layer_id, out, expected, matched, call)
+                    guard.in_call = True
+                if deadline is not None and monotonic() >= deadline:
+                    progress.call, progress.checks = call + 1, checks + call + 1 - first
+                    raise DeadlinePassed(progress.checks)
+        except (SubjectFailure, SubjectTimeout) as exc:
+            # the call that failed is the latest to start (an alarm may also land in its check)
+            started = guard.serial - before
+            progress.call, progress.checks = first + started, checks + started - 1
+            failure = exc if isinstance(exc, SubjectFailure) else guard.failure("swa_write_location", exc)
+            mb, layer_id = calls[started - 1]
+            raise self.calls.failed(Where(plan, step, mb, layer_id), failure) from None
+        finally:
+            guard.in_call = False
+            guard.restore_harness_state()
+        progress.call, progress.checks = first + len(calls), checks + len(calls)
+
+    def threaded(self, plan: ForwardPlan, batches: list[ForwardBatch],
+                 step_inputs: tuple[StepInputs, ...], store) -> None:
+        """Each micro-batch runs its layers on its own thread, as on concurrent streams.
+
+        Answers are cloned as they return (what the layer would write at that moment) and
+        checked afterwards in the order the calls ran.
+        """
+        count = plan.num_micro_batches
+        layers = [[layer for mb, layer in plan.calls if mb == m] for m in range(count)]
+        rows = [inputs.num_rows for inputs in step_inputs]
+        entered: list[int] = []
+        answers: list[list[Any]] = [[] for _ in range(count)]
+        lock = threading.Lock()
+        start = threading.Barrier(count)
+
+        def run_micro_batch(mb: int) -> None:
+            start.wait()
+            for layer_id in layers[mb]:
+                # one call at a time, so the recorded order is the order that happened and
+                # replays exactly; the threads decide which micro-batch goes next
+                with lock:
+                    entered.append(mb)
+                    try:
+                        out = store(batches[mb], layer_id)
+                    except BaseException as exc:  # noqa: BLE001 - reported as the subject's failure
+                        answers[mb].append(failure_of("swa_write_location", exc))
+                        return
+                    answers[mb].append(_snapshot(out, rows[mb]))
+                time.sleep(0)  # let another micro-batch take the next turn: the lock is not fair
+
+        workers = [threading.Thread(target=run_micro_batch, args=(mb,), daemon=True) for mb in range(count)]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # switch threads often, so interleavings actually vary
+        try:
+            for worker in workers:
+                worker.start()
+            budget = self.timeout_s * len(plan.calls)
+            for worker in workers:
+                worker.join(budget)
+        finally:
+            sys.setswitchinterval(interval)
+        self.calls.guard.restore_harness_state()
+        self.schedules[plan.index] = tuple(entered)
+        if any(worker.is_alive() for worker in workers):
+            failure = SubjectFailure("timeout", f"micro-batch threads did not finish within {budget:g} s")
+            raise self.calls.failed(Where(plan), failure)
+
+        def in_call_order() -> Iterator[tuple[int, int, Any, int]]:
+            taken = [0] * count
+            progress = self.progress
+            for mb in entered:
+                index = taken[mb]
+                taken[mb] += 1
+                answer = answers[mb][index]
+                progress.call += 1
+                if isinstance(answer, SubjectFailure):
+                    raise self.calls.failed(Where(plan, 0, mb, layers[mb][index]), answer)
+                yield mb, layers[mb][index], answer, progress.call - 1
+
+        self.judge.check_answers(plan, 0, in_call_order())
+
+
+def _snapshot(out: Any, rows: int) -> Any:
+    """What an answer held when it returned, copied if it is a plain dense tensor that a
+    batch of ``rows`` rows could have (any other answer is wrong by its type or shape,
+    which later calls cannot change)."""
+    if type(out) is torch.Tensor and out.layout is torch.strided and not out.is_nested and out.numel() <= rows:
+        return out.clone()
+    return out
