@@ -20,11 +20,9 @@ from .targets import TARGETS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # the packages whose every module decides verdicts, and the harness modules that do
-DECIDING_PACKAGES = ("reference", "strategies", "harness/subjects/sglang")
+DECIDING_PACKAGES = ("reference", "strategies", "harness/subjects/sglang", "harness/run")
 DECIDING_MODULES = tuple(
-    f"harness/{name}.py"
-    for name in ("api", "run/diagnosis", "run/executor", "search/fuzz", "run/graphs", "run/guard", "subjects/registry",
-                 "results/replay", "tools/sglang_matrix")
+    f"harness/{name}.py" for name in ("api", "search/fuzz", "subjects/registry", "results/replay", "tools/sglang_matrix")
 )
 
 HARNESS_LINE = re.compile(r"harness sources: `([0-9a-f]+)`")

@@ -476,12 +476,6 @@ MODELLED_PATHS: tuple[ModelledPath, ...] = (
         "in the graph does from raw decode metadata; with in-graph preparation off a release "
         "merges eagerly built rows instead (the unified-metadata-merge target's path)",
     ),
-    ModelledPath(
-        EVERY_SCENARIO, ("cuda-swa-out-cache-loc",), "--enable-encoder-swa-bounded-replay", False, True,
-        (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("request_window", "write_loc")),),
-        "with the request window on, the CUDA backend's getter returns the window's write "
-        "locations, not the pool translation the target is checked against",
-    ),
 )
 
 
