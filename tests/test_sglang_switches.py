@@ -43,7 +43,6 @@ from swafuzz.subjects.sglang.tree_checks import (
 from swafuzz.subjects.sglang.configure import configured
 from swafuzz.subjects.sglang.runner_steps import Verdict
 from swafuzz.subjects.sglang.reachability import (
-    EVERY_SCENARIO,
     PROBLEMS,
     Question,
     Route,
