@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 # short fields as columns, then each long one on a line of its own below the row
 SUBJECT_COLUMNS = (("NAME", "name"), ("KIND", "kind"), ("TRUTH", "truth"), ("EXPECTED", "expected"),
                    ("REQUIRES", "requires"), ("DIVERGES ON", "diverges_on"))
-SUBJECT_LINES = (("design", "summary"), ("reached", "reached"))
+SUBJECT_LINES = (("design", "summary"), ("reached", "reached"), ("not checked", "not_checked"))
 
 
 def _cmd_subjects(args: argparse.Namespace) -> int:
@@ -354,8 +354,8 @@ def _cmd_subjects(args: argparse.Namespace) -> int:
         print(aligned(line))
         for label, key in SUBJECT_LINES:
             value = row.get(key)  # "reached": an SGLang target's call sites, said in a sentence
-            if value:
-                print(f"  {label}: {value['sentence'] if isinstance(value, dict) else value}")
+            for said in value if isinstance(value, list) else [value] if value else []:
+                print(f"  {label}: {said['sentence'] if isinstance(said, dict) else said}")
     print("\nA user subject is given as module:attr (a Subject class or a SubjectInfo).")
     return EXIT_OK
 

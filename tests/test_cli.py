@@ -237,7 +237,8 @@ def test_subjects_text_says_every_field_that_json_lists(capsys):
     assert list(blocks) == [row["name"] for row in rows]
     for row in rows:
         text = "\n".join(blocks[row["name"]])
-        assert {"name", "kind", "truth", "expected", "diverges_on", "requires", "summary"} >= set(row) - {"reached"}
+        assert {"name", "kind", "truth", "expected", "diverges_on", "requires", "summary"} >= (
+            set(row) - {"reached", "not_checked"})
         for key in ("kind", "truth", "expected"):
             assert row[key] in blocks[row["name"]][0].split(), (key, row)
         for key in ("diverges_on", "requires"):
@@ -245,6 +246,8 @@ def test_subjects_text_says_every_field_that_json_lists(capsys):
         assert f"design: {row['summary']}" in text
         if "reached" in row:
             assert f"reached: {row['reached']['sentence']}" in text
+        for branch in row.get("not_checked", ()):
+            assert f"not checked: {branch}" in text
 
 
 def test_subjects_text_says_where_an_sglang_target_is_reached(capsys, monkeypatch):

@@ -522,13 +522,17 @@ def _gate_rows(table: str) -> dict[str, str]:
 
 def test_the_gate_with_the_request_window_on_finds_the_idle_layout_fixed_in_0_5_23(tmp_path):
     # --sglang-switch reaches both sides' runs: each inherits the switches the gate was given
-    head = edited_tree(tmp_path / "head", "0.5.23", {})
+    head = edited_tree(tmp_path / "head", "0.5.23", {}, with_tree_checks=True)
     done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.22", "--max-examples", "6",
                     "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
                     "--report-dir", str(tmp_path / "reports"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = _gate_rows((tmp_path / "reports" / "pr-gate.md").read_text())
+    table = (tmp_path / "reports" / "pr-gate.md").read_text()
+    rows = _gate_rows(table)
     assert rows["sglang:cuda-swa-out-cache-loc"] == "fixed in HEAD", rows
+    # 0.5.23's request-window commit is a Triton kernel swafuzz does not run, 0.5.22's was
+    # torch: what HEAD brings unchecked, the gate does not vouch for
+    unchecked = [line for line in table.splitlines() if "| not checked |" in line]
+    assert done.returncode == 2 and len(unchecked) == 1 and "`RequestWindow.commit`" in unchecked[0], table
 
 
 def test_a_gate_whose_base_cannot_be_had_exits_2_with_one_line_before_any_search(tmp_path):
@@ -637,9 +641,9 @@ def _release(version: str) -> locate.SourceTree:
     return release
 
 
-def _window_finding(tree: locate.SourceTree):
+def _window_finding(tree: locate.SourceTree, max_examples: int = 25):
     """What a short seeded search of the getter under the request window finds (None: nothing)."""
-    return fuzz(_window_getter(tree), settings="ci", max_examples=25, seed=4)
+    return fuzz(_window_getter(tree), settings="ci", max_examples=max_examples, seed=4)
 
 
 @pytest.fixture(scope="module")
@@ -665,5 +669,7 @@ def test_the_cuda_getter_of_0_5_23_lays_out_the_idle_forward_that_0_5_22_gets_wr
 
 def test_a_getter_that_tests_for_idle_after_the_window_and_the_tail_diverges(tmp_path):
     tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: IDLE_AFTER_WINDOW_AND_TAIL})
-    divergence = _window_finding(tree).divergence
+    # the realistic profile of 0.5.23 draws only what its engine reaches: the idle forward
+    # after a window forward comes later in this seed's search than in 0.5.22's
+    divergence = _window_finding(tree, max_examples=200).divergence
     assert divergence is not None and "(idle)" in divergence.sentence, divergence

@@ -16,7 +16,7 @@ import pytest
 from conftest import SUITE_RELEASES, released_tree
 
 from swafuzz.subjects.sglang import compressed, provenance
-from swafuzz.tools.sglang_matrix import VERDICTS_COMMAND, run_matrix, verdict_row
+from swafuzz.tools.sglang_matrix import VERDICTS_COMMAND, run_matrix, stale_replays, verdict_row
 
 REPORTS = provenance.REPO_ROOT / "reports"
 VERDICTS = REPORTS / "sglang-verdicts.md"
@@ -69,3 +69,12 @@ def test_the_full_report_says_what_the_fast_verdicts_say():
         said = cells[targets]
         assert wrong == (said.removeprefix("wrong: ").split(", ") if said.startswith("wrong: ") else []), (
             f"{version}: the full report's producers differ; tox -e sglang-matrix")
+
+
+def test_the_matrix_keeps_only_the_replay_files_its_report_names(tmp_path):
+    (tmp_path / "named.json").write_text("{}")
+    (tmp_path / "earlier.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("")
+    assert stale_replays(tmp_path, "| 0.5.23 | [replay](named.json) |") == [tmp_path / "earlier.json"]
+    report = (REPORTS / "sglang-matrix.md").read_text(encoding="utf-8")
+    assert stale_replays(REPORTS / "sglang-matrix", report) == [], "tox -e sglang-matrix removes them"

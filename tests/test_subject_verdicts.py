@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import pytest
 
-from swafuzz.run import executor
+from swafuzz.run import mappings
 
 from swafuzz import run_scenario
 from swafuzz.run.diagnosis import STALE_SOURCES
@@ -271,7 +271,7 @@ _MAPPING_CELLS = [(subject, example) for subject in _SUBJECTS if _checkable(subj
 @pytest.mark.parametrize("subject, example", _MAPPING_CELLS, ids=[f"{s}-{e}" for s, e in _MAPPING_CELLS])
 def test_the_verdict_holds_when_mapping_rows_reach_the_subject_one_by_one(subject, example, monkeypatch):
     # every example's pool is small enough to be synced whole; here only the changed rows are
-    monkeypatch.setattr(executor, "_ROWS_COPIED_WHOLE_BELOW", 0)
+    monkeypatch.setattr(mappings, "ROWS_COPIED_WHOLE_BELOW", 0)
     result = run_scenario(_SUBJECTS[subject].subject, EXAMPLES[example], device="cpu", timeout_s=10)
     whole = _run(subject, example)
     assert result.checks == whole.checks

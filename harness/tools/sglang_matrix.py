@@ -729,9 +729,9 @@ def _table_cell(check: TreeCheck | None, version: str) -> str:
 
 
 def _generic(message: str, version: str) -> str:
-    # the same reason reads the same in every version
-    return message.replace(f"sglang {version} wheel (source mode): ", "").replace(
-        f"sglang {version} wheel (source mode)", "the release")
+    # the same reason reads the same in every version, on one line (a table cell ends at a newline)
+    return " ".join(message.replace(f"sglang {version} wheel (source mode): ", "").replace(
+        f"sglang {version} wheel (source mode)", "the release").split())
 
 
 def _relative(path: Path, report_path: Path) -> str:
@@ -739,6 +739,12 @@ def _relative(path: Path, report_path: Path) -> str:
         return str(path.resolve().relative_to(report_path.resolve().parent))
     except ValueError:
         return str(path)
+
+
+def stale_replays(replay_dir: Path, report: str) -> list[Path]:
+    """The replay files of ``replay_dir`` (the matrix's own folder) that ``report`` does not
+    name: an earlier run's findings, which would otherwise outlive the verdicts they backed."""
+    return sorted(path for path in replay_dir.glob("*.json") if path.name not in report)
 
 
 VERDICTS_REPORT = "reports/sglang-verdicts.md"
@@ -822,7 +828,12 @@ def main(argv: list[str] | None = None) -> int:
         cache=args.cache, replay_dir=None if args.verdicts else args.replay_dir, overrides=overrides,
         log=lambda line: print(line, file=sys.stderr, flush=True), searches=not args.verdicts,
     )
-    write_atomically(args.out, verdicts_table(matrix) if args.verdicts else render(matrix, args.out))
+    text = verdicts_table(matrix) if args.verdicts else render(matrix, args.out)
+    write_atomically(args.out, text)
+    if not args.verdicts:
+        for path in stale_replays(args.replay_dir, text):
+            path.unlink()
+            print(f"removed {path}: the report no longer names it", file=sys.stderr)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0 if len(matrix.unavailable) < len(versions) else 1
 
