@@ -560,7 +560,8 @@ def render(matrix: Matrix, report_path: Path) -> str:
                 + ("" if p.setting().startswith("without ") else "with ") + p.setting()
                 + ("" if not p.without_switch else " or in releases without the switch")
                 + f": {p.why} ({p.cited()})." for p in MODELLED_PATHS),
-              *(f"- {', '.join(f'`sglang:{t}`' for t in d.targets)} follow `{d.switch}` ({d.attribute}: "
+              *(f"- {', '.join(f'`sglang:{t}`' for t in d.targets)} follow `{d.switch}` "
+                f"({d.attribute or 'read from the run settings'}: "
                 f"{' -> '.join(f'`{hop}`' for hop in d.hops)})." for d in DRIVER_SWITCHES)]
     if matrix.overrides:
         lines += ["", "Settings of this run:", "", "| release | engine switches |", "| --- | --- |"]

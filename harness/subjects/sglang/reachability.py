@@ -482,15 +482,20 @@ MODELLED_PATHS: tuple[ModelledPath, ...] = (
 @dataclass(frozen=True)
 class DriverSwitch:
     """A switch the targets' driver follows: its class attribute ``attribute`` takes the
-    switch's value in a run (``hops``: where a release reads the switch)."""
+    switch's value in a run, or (None) the driver reads the run's settings itself
+    (``hops``: where a release reads the switch)."""
 
     switch: str
     targets: tuple[str, ...]
-    attribute: str
+    attribute: str | None
     hops: tuple[Hop, ...]
 
 
 DRIVER_SWITCHES: tuple[DriverSwitch, ...] = (
+    DriverSwitch(
+        "--enable-encoder-swa-bounded-replay", ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"), None,
+        (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("request_window",)),),
+    ),
     DriverSwitch(
         "SGLANG_OPT_CACHE_SWA_TRANSLATION", POOL_TARGETS, "cache_swa_translation",
         (Hop(POOL, "DeepSeekV4TokenToKVPool.__init__",
@@ -514,7 +519,7 @@ def excluded_features(target: str, settings: SwitchSettings) -> frozenset[str]:
 def driver_attributes(target: str, settings: SwitchSettings) -> dict[str, bool]:
     """The driver class attributes that follow the run's switches, for ``target``."""
     return {d.attribute: settings.get(d.switch) for d in DRIVER_SWITCHES
-            if target in d.targets and settings.get(d.switch) is not None}
+            if target in d.targets and d.attribute is not None and settings.get(d.switch) is not None}
 
 
 def needed_settings(target: str, version: str, features: set[str]) -> tuple[list[str], list[ModelledPath]]:
