@@ -164,3 +164,22 @@ def released_tree(version: str):
         return locate.wheel(version)
     except locate.SglangUnavailable as exc:
         return f"no sglang {version} wheel: {exc}"
+
+
+def release_or_skip(version: str):
+    """The release's tree, or the test is skipped with why it cannot be had."""
+    tree = released_tree(version)
+    if isinstance(tree, str):
+        pytest.skip(tree)
+    return tree
+
+
+def edited_release(version: str, path: str, old: str, new: str, name: str):
+    """``version``'s tree with ``old`` replaced by ``new`` in ``path`` (which must hold it),
+    read in place: no file is written."""
+    from swafuzz.subjects.sglang import locate
+
+    tree = release_or_skip(version)
+    text = tree.read(path)
+    assert text is not None and old in text, f"sglang {version}'s {path} no longer holds the text this edit replaces"
+    return locate.EditedTree(root=tree.root, origin=tree.origin, path=path, text=text.replace(old, new), name=name)

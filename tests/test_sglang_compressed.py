@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import released_tree
+from conftest import edited_release, release_or_skip
 
 from swafuzz.errors import BindError
 from swafuzz.subjects.sglang.targets import HIP_BACKEND_FILE
@@ -30,20 +30,6 @@ from swafuzz.subjects.sglang.compressed import (
 needs_triton = pytest.mark.skipif(not compressed.triton_available(), reason=TRITON_MISSING)
 
 
-def _release(version: str) -> locate.SourceTree:
-    tree = released_tree(version)
-    if isinstance(tree, str):
-        pytest.skip(tree)
-    return tree
-
-
-def _edited(version: str, path: str, old: str, new: str, name: str) -> locate.SourceTree:
-    tree = _release(version)
-    text = tree.read(path)
-    assert text is not None and old in text, f"sglang {version}'s {path} no longer holds the text this edit replaces"
-    return locate.EditedTree(root=tree.root, origin=tree.origin, path=path, text=text.replace(old, new), name=name)
-
-
 def _batch() -> CompressionBatch:
     # lengths 6, 4, 1: only the second row completes a ratio-4 group; the third is graph padding
     req_to_token = torch.arange(2 * 1024, dtype=torch.int32).reshape(2, 1024)
@@ -56,7 +42,7 @@ def _batch() -> CompressionBatch:
 def test_without_triton_the_values_are_not_checked_and_the_check_says_so(monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
-    result = check_release(_release("0.5.23"))
+    result = check_release(release_or_skip("0.5.23"))
     assert not result.checked and not result.passed
     assert result.summary().endswith("not checked on CPU: install swafuzz[triton]")
 
@@ -67,7 +53,7 @@ def test_without_triton_the_values_are_not_checked_and_the_check_says_so(monkeyp
 def test_each_release_kernel_matches_the_truth(version, absent):
     # 0.5.12 returns eight values from the old file and has no HIP backend; 0.5.17 nine from
     # the new file, the HIP metadata adding the unified offsets; 0.5.23 adds the V4.1 kernels
-    result = check_release(_release(version), generated_batches(3, seed=7))
+    result = check_release(release_or_skip(version), generated_batches(3, seed=7))
     assert result.passed, result.summary()
     assert result.absent == absent
 
@@ -82,7 +68,7 @@ def test_the_generated_batches_write_both_compressed_caches_and_pad_like_a_graph
 
 @needs_triton
 def test_an_off_by_one_in_the_kernel_c4_condition_is_caught_at_its_first_wrong_row():
-    tree = _edited("0.5.23", KERNEL_FILES[0], "c4_should_compress = (seq_len % 4) == 0",
+    tree = edited_release("0.5.23", KERNEL_FILES[0], "c4_should_compress = (seq_len % 4) == 0",
                    "c4_should_compress = (seq_len % 4) == 1", "c4 condition off by one")
     result = check_release(tree, [_batch()])
     assert result.checked and not result.passed
@@ -95,7 +81,7 @@ def test_an_off_by_one_in_the_kernel_c4_condition_is_caught_at_its_first_wrong_r
 @needs_triton
 def test_metadata_that_keeps_the_wrong_kernel_output_is_caught():
     # the raw ratio-4 lengths kept where the clamped ones belong: rows shorter than 4 read 0
-    tree = _edited("0.5.23", "sglang/srt/layers/attention/deepseek_v4_backend.py",
+    tree = edited_release("0.5.23", "sglang/srt/layers/attention/deepseek_v4_backend.py",
                    "self.c4_topk_lengths_clamp1 = c4_topk_lengths_clamp1",
                    "self.c4_topk_lengths_clamp1 = c4_topk_lengths_raw", "raw lengths kept as clamped")
     result = check_release(tree, [_batch()])
@@ -108,7 +94,7 @@ def test_metadata_that_keeps_the_wrong_kernel_output_is_caught():
 @needs_triton
 def test_a_flipped_parity_in_the_low_ratio_kernel_is_caught_in_the_kernel_and_the_metadata():
     # 0.5.21+'s V4.1 kernel: ratio 2 writes where the length is even, else -1
-    tree = _edited("0.5.23", KERNEL_FILES[0], "tl.where((length & 1) == 0, loc >> 1, -1)",
+    tree = edited_release("0.5.23", KERNEL_FILES[0], "tl.where((length & 1) == 0, loc >> 1, -1)",
                    "tl.where((length & 1) == 1, loc >> 1, -1)", "c2 parity flipped")
     result = check_release(tree, [_batch()])
     # row 0 (length 6) writes 1029 >> 1; the edited kernel writes nothing there
@@ -127,14 +113,14 @@ def test_the_command_exits_2_saying_the_extra_is_missing_without_triton(monkeypa
 
 @needs_triton
 def test_the_command_checks_each_release_named(capsys):
-    _release("0.5.23")
+    release_or_skip("0.5.23")
     assert compressed.main(["0.5.23"]) == 0
     assert capsys.readouterr().out == "sglang 0.5.23 wheel (source mode): compressed-KV values match the truth\n"
 
 
 @needs_triton
 def test_hip_unified_locations_that_leave_dummy_rows_unoffset_are_caught():
-    tree = _edited("0.5.23", HIP_BACKEND_FILE, "self.unified.c4_out_loc = self.c4_out_loc + unified_swa_pages",
+    tree = edited_release("0.5.23", HIP_BACKEND_FILE, "self.unified.c4_out_loc = self.c4_out_loc + unified_swa_pages",
                    "self.unified.c4_out_loc = torch.where(self.c4_out_loc > 0, self.c4_out_loc + unified_swa_pages, 0)",
                    "dummy rows not offset")
     result = check_release(tree, [replace(_batch(), unified_swa_pages=1000)])
@@ -144,7 +130,7 @@ def test_hip_unified_locations_that_leave_dummy_rows_unoffset_are_caught():
 
 @needs_triton
 def test_a_flipped_parity_in_the_hip_low_ratio_kernel_is_caught():
-    tree = _edited("0.5.23", HIP_GLUE_FILE, "completes = (seq_len % 2) == 0", "completes = (seq_len % 2) == 1",
+    tree = edited_release("0.5.23", HIP_GLUE_FILE, "completes = (seq_len % 2) == 0", "completes = (seq_len % 2) == 1",
                    "HIP c2 parity flipped")
     result = check_release(tree, [_batch()])
     assert result.wrong == ("HIP DSV4AttnMetadata.c2_out_loc row 0: SGLang -1, the truth 514",)
@@ -152,7 +138,7 @@ def test_a_flipped_parity_in_the_hip_low_ratio_kernel_is_caught():
 
 @needs_triton
 def test_a_tree_without_the_kernel_file_names_where_it_looked():
-    tree = _release("0.5.23")
+    tree = release_or_skip("0.5.23")
     without = locate.EditedTree(root=tree.root, origin=tree.origin, path=KERNEL_FILES[0], text=None, name="no kernel")
     with pytest.raises(BindError, match="has no compression metadata kernel"):
         check_release(without)

@@ -13,11 +13,11 @@ import importlib.util
 
 import pytest
 import torch
-from conftest import SUITE_RELEASES, released_tree
+from conftest import SUITE_RELEASES, edited_release, release_or_skip
 
 from swafuzz.errors import BindError
 from swafuzz.reference import compressed as truth
-from swafuzz.subjects.sglang import locate, tables, tree_checks
+from swafuzz.subjects.sglang import tables, tree_checks
 from swafuzz.subjects.sglang.compressed import HIP_GLUE_FILE, CompressionBatch, generated_batches
 from swafuzz.subjects.sglang.interpreted import TRITON_MISSING, triton_available
 from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE
@@ -47,20 +47,6 @@ def _has(version: str, name: str) -> bool:
     return first <= _number(version) and (last is None or _number(version) <= last)
 
 
-def _release(version: str) -> locate.SourceTree:
-    tree = released_tree(version)
-    if isinstance(tree, str):
-        pytest.skip(tree)
-    return tree
-
-
-def _edited(version: str, path: str, old: str, new: str, name: str) -> locate.SourceTree:
-    tree = _release(version)
-    text = tree.read(path)
-    assert text is not None and old in text, f"sglang {version}'s {path} no longer holds the text this edit replaces"
-    return locate.EditedTree(root=tree.root, origin=tree.origin, path=path, text=text.replace(old, new), name=name)
-
-
 def _batch() -> CompressionBatch:
     """Rows at positions 5 and 200 of request slot 1 (the second past the 128-token
     window), 300 of slot 2 (on its second 256-token page), and a graph padding row."""
@@ -82,7 +68,7 @@ def _skip_without_triton(builder: tables.TableBuilder) -> None:
 @pytest.mark.parametrize("name", list(RELEASES_WITH))
 @pytest.mark.parametrize("version", SUITE_RELEASES)
 def test_each_builder_a_release_has_matches_the_truth_and_one_it_lacks_is_named_absent(version, name):
-    builder, tree = BUILDERS[name], _release(version)
+    builder, tree = BUILDERS[name], release_or_skip(version)
     if not _has(version, name):
         with pytest.raises(BindError, match="has no|checked there"):
             builder.bind(tree)
@@ -141,13 +127,13 @@ def test_the_generated_batches_cross_the_window_and_page_boundaries_and_read_fre
 def test_an_edited_builder_is_caught_at_its_first_wrong_row(name, version, path, old, new, first_wrong):
     builder = BUILDERS[name]
     _skip_without_triton(builder)
-    result = tables.check_builder(builder, _edited(version, path, old, new, "edited"), [_batch()])
+    result = tables.check_builder(builder, edited_release(version, path, old, new, "edited"), [_batch()])
     assert result.bound and not result.passed
     assert result.wrong[0].startswith(first_wrong), result.wrong
 
 
 def test_without_triton_the_triton_builders_are_not_checked_and_the_torch_ones_still_run(monkeypatch):
-    tree = _release("0.5.23")
+    tree = release_or_skip("0.5.23")
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
     checks = {check.name: check for check in tree_checks.check_tables(tree)}
@@ -166,7 +152,7 @@ def test_without_triton_the_triton_builders_are_not_checked_and_the_torch_ones_s
 def test_the_matrix_shows_each_builder_as_a_column_and_each_release_as_a_row(tmp_path):
     from swafuzz.tools.sglang_matrix import Matrix, render
 
-    checks = {version: tree_checks.check_tables(_release(version)) for version in ("0.5.12", "0.5.23")}
+    checks = {version: tree_checks.check_tables(release_or_skip(version)) for version in ("0.5.12", "0.5.23")}
     text = render(Matrix(list(checks), [], {}, "ci", 10, 0, 1.0, tables=checks), tmp_path / "sglang-matrix.md")
     section = text.split("## Index tables by release", 1)[1].split("\n## ", 1)[0]
     lines = [line for line in section.splitlines() if line.startswith("| ")]

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import released_tree, wait_until
+from conftest import release_or_skip, released_tree, wait_until
 
 from swafuzz.api import ForwardMode, ModelSpec
 from swafuzz.run.executor import run_scenario
@@ -634,13 +634,6 @@ def _window_getter(tree: locate.SourceTree, window: bool = True):
     return bind_target(target("cuda-swa-out-cache-loc"), tree, "source", switches={REQUEST_WINDOW_SWITCH: window})
 
 
-def _release(version: str) -> locate.SourceTree:
-    release = released_tree(version)
-    if isinstance(release, str):
-        pytest.skip(release)
-    return release
-
-
 def _window_finding(tree: locate.SourceTree, max_examples: int = 25):
     """What a short seeded search of the getter under the request window finds (None: nothing)."""
     return fuzz(_window_getter(tree), settings="ci", max_examples=max_examples, seed=4)
@@ -648,7 +641,7 @@ def _window_finding(tree: locate.SourceTree, max_examples: int = 25):
 
 @pytest.fixture(scope="module")
 def idle_after_window_finding():
-    found = _window_finding(_release("0.5.22"))
+    found = _window_finding(release_or_skip("0.5.22"))
     assert found.divergence is not None, "0.5.22's getter under the request window was not found wrong"
     return found
 
@@ -661,10 +654,10 @@ def test_the_cuda_getter_of_0_5_22_under_the_request_window_hands_an_idle_forwar
 
 def test_the_cuda_getter_of_0_5_23_lays_out_the_idle_forward_that_0_5_22_gets_wrong(idle_after_window_finding):
     scenario = idle_after_window_finding.scenario
-    assert not run_scenario(_window_getter(_release("0.5.22")).subject, scenario).passed
-    assert run_scenario(_window_getter(_release("0.5.23")).subject, scenario).passed
+    assert not run_scenario(_window_getter(release_or_skip("0.5.22")).subject, scenario).passed
+    assert run_scenario(_window_getter(release_or_skip("0.5.23")).subject, scenario).passed
     # with the window off, 0.5.22's getter translates locations and stores that forward right
-    assert run_scenario(_window_getter(_release("0.5.22"), window=False).subject, scenario).passed
+    assert run_scenario(_window_getter(release_or_skip("0.5.22"), window=False).subject, scenario).passed
 
 
 def test_a_getter_that_tests_for_idle_after_the_window_and_the_tail_diverges(tmp_path):
