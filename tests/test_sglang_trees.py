@@ -527,6 +527,7 @@ def test_the_gate_with_the_request_window_on_finds_the_idle_layout_fixed_in_0_5_
                     "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
                     "--report-dir", str(tmp_path / "reports"))
     table = (tmp_path / "reports" / "pr-gate.md").read_text()
+    assert "engine switches `enable-encoder-swa-bounded-replay=1`" in table.splitlines()[2]
     rows = _gate_rows(table)
     assert rows["sglang:cuda-swa-out-cache-loc"] == "fixed in HEAD", rows
     # 0.5.23's request-window commit is a Triton kernel swafuzz does not run, 0.5.22's was

@@ -43,7 +43,7 @@ from ..names import EXIT_DIVERGENCE, EXIT_OK, EXIT_USAGE
 from ..results.reports import write_atomically
 from ..process.channel import CHANNEL_ENV
 from ..process.signals import Signals
-from ..subjects.sglang import BindError, SOURCE_ENV, TARGETS, Target, bind_target, locate
+from ..subjects.sglang import BindError, SOURCE_ENV, SWITCHES_ENV, TARGETS, Target, bind_target, locate
 from ..subjects.sglang.binding import ClassCode
 from ..subjects.sglang.tree_checks import BATCH_KINDS, TreeCheck, producer_batches
 from ..subjects.sglang import tree_checks
@@ -266,9 +266,11 @@ def _table(rows: list[Row], first: str) -> list[str]:
 def markdown(rows: list[Row], head: Tree, base: Tree, budget_s: float, seed: int) -> str:
     targets = [row for row in rows if row.kind == TARGET]
     checks = [row for row in rows if row.kind != TARGET]
+    switches = os.environ.get(SWITCHES_ENV, "").strip()
     lines = [f"# swafuzz pull-request gate: {head.label} against {base.label}", "",
-             f"Each target on each tree: the `ci` settings, seed {seed}, a budget of {budget_s:g} s; a clean "
-             "side names the scenarios it ran.", "", *_table(targets, "target")]
+             f"Each target on each tree: the `ci` settings, seed {seed}, a budget of {budget_s:g} s, "
+             + (f"engine switches `{switches}`" if switches else "each tree's default engine switches")
+             + "; a clean side names the scenarios it ran.", "", *_table(targets, "target")]
     if checks:
         lines += ["", "## Producers of the rows and graph-runner steps", "",
                   f"Each tree's own code on {len(producer_batches(seed))} generated batches "
