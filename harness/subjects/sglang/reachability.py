@@ -40,6 +40,7 @@ DECODE_RUNNER = "model_executor/runner/decode_cuda_graph_runner.py"
 
 PREP_IN_GRAPH_OFF = switch("SGLANG_PREP_IN_CUDA_GRAPH").setting(False)
 UNIFIED_KV_FP8_ON = switch("SGLANG_DSV4_UNIFIED_KV_FP8").setting(True)
+REQUEST_WINDOW_ON = switch("--enable-encoder-swa-bounded-replay").setting(True)
 
 
 @dataclass(frozen=True)
@@ -360,6 +361,17 @@ QUESTIONS: tuple[Question, ...] = (
                  Hop(DECODE_RUNNER, _RUNNER_0_5_23[0], mentions=("init_forward_metadata_out_graph",)),
                  _IDLE_REPLAY_PREP),
                 _IDLE_WHY,
+            ),
+            Route(
+                releases("0.5.21", "0.5.22"), True,
+                (Hop(POOL, "DeepSeekV4TokenToKVPool.__init__", mentions=("RequestWindow",)),
+                 Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc",
+                     mentions=("request_window", "core_attn_metadata", "is_idle"))),
+                "under the request window the getter activates the layout of the forward's metadata "
+                "before it tests for an idle forward, so an idle forward gets the rows of the forward "
+                "that set the metadata last, or fails where none has (the HIP getter of 0.5.22 reads "
+                "them in the same order)",
+                setting=REQUEST_WINDOW_ON,
             ),
         ),
     ),
