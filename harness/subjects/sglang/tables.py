@@ -288,6 +288,12 @@ def check_builder(builder: TableBuilder, tree: SourceTree, batches: list[Compres
     not given) until the first batch with a wrong row. A builder the tree lacks raises
     :class:`BindError`; one needing triton where triton is missing is not bound."""
     if builder.needs_triton and not triton_available():
+        try:
+            builder.bind(tree)  # a builder the tree lacks is absent, whether or not triton is there
+        except BindError:
+            raise
+        except Exception:  # noqa: BLE001 - what binding a Triton kernel needs of triton is not the question here
+            pass
         return BuilderCheck(builder.name, bound=False, reason=TRITON_MISSING)
     build = builder.bind(tree)
     for batch in batches if batches is not None else compressed.generated_batches(4):
