@@ -83,6 +83,26 @@ def test_a_reached_route_cites_the_code_it_passes_through():
                 assert len(route.hops) >= 2
 
 
+def test_a_route_scoped_to_some_targets_cites_only_their_code():
+    for item in QUESTIONS:
+        for route in item.routes:
+            if route.targets is not None:
+                assert set(route.targets) <= set(item.targets), f"{item.key}: a route for a target it does not ask of"
+
+
+def test_the_request_window_idle_route_cites_each_getter_for_its_own_target_only():
+    item = question("skipped-metadata-init-idle")
+    switched = {target: [r for r in item.routes_for("0.5.22", target) if r.reached]
+                for target in ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc", "hip-unified-swa-loc")}
+    assert "DeepseekV4AttnBackend.get_swa_out_cache_loc" in switched["cuda-swa-out-cache-loc"][0].cited()
+    assert "DeepseekV4HipRadixBackend.get_swa_out_cache_loc" in switched["hip-swa-out-cache-loc"][0].cited()
+    assert "DeepseekV4AttnBackend" not in switched["hip-swa-out-cache-loc"][0].cited()
+    assert switched["hip-unified-swa-loc"] == []  # the ring getter reads no request window
+    # 0.5.21's HIP getter has no request window, so nothing reaches it there
+    assert item.verdict("0.5.21", "hip-swa-out-cache-loc")[0] == "not reached"
+    assert item.verdict("0.5.21", "cuda-swa-out-cache-loc")[0] == "reachable off-default"
+
+
 def test_releases_are_ordered_with_their_post_releases():
     assert releases("0.5.12", "0.5.13") == ("0.5.12", "0.5.12.post1", "0.5.13")
     assert locate.release_key("0.5.15.post1") < locate.release_key("0.5.16")

@@ -334,12 +334,16 @@ class MutatedTarget:
     def version(self) -> str:
         return self.subject.partition("@")[2]
 
+    @property
+    def target(self) -> str:
+        return self.subject.partition("@")[0].removeprefix("sglang:")
+
     def reasons(self) -> list[str]:
         from ..subjects.sglang.reachability import question
 
         lines = []
         for feature, key in self.excluded:
-            verdict, routes = question(key).verdict(self.version)
+            verdict, routes = question(key).verdict(self.version, self.target)
             lines.append(f"{feature}: {key} is {verdict} in {self.version}"
                          + (f" ({routes[0].why})" if routes else ""))
         return lines

@@ -317,7 +317,7 @@ def reachability(finding: Finding) -> tuple[str, str]:
     facts = [f"{DOMAIN_FACTS[f][1]} (DOMAIN.md {DOMAIN_FACTS[f][0]})" for f in sorted(features) if f in DOMAIN_FACTS]
     cause = question_key(finding, features)
     keys = [k for k in (_mode_question(target, event.mode), cause) if k is not None]
-    readings = [(key, question(key).routes_for(version)) for key in keys]
+    readings = [(key, question(key).routes_for(version, target.name)) for key in keys]
     readings = [(key, routes) for key, routes in readings if routes]
     for key, routes in readings:
         if not any(route.reached for route in routes):
@@ -512,7 +512,8 @@ def render(matrix: Matrix, report_path: Path) -> str:
               "", "Where SGLang's model reads the ring getter at all (a condition of the ring problems):", "",
               *_question_table(tuple(question(key) for key in MODE_QUESTIONS), matrix.versions, marks, evidence),
               "", "Call paths:", "",
-              *(f"- <a id=\"{mark.lower()}\"></a>{mark}: {route.why}: {route.cited()}" for route, mark in marks.items())]
+              *(f"- <a id=\"{mark.lower()}\"></a>{mark}: {_scope(route)}{route.why}: {route.cited()}"
+                for route, mark in marks.items())]
     lines += ["", "## Producers of the rows by release", "",
               f"SGLang's own producers of the per-token rows the unified-KV stores read "
               f"(`harness/subjects/sglang/producers.py`), run on {len(producer_batches(matrix.seed))} generated batches "
@@ -607,6 +608,10 @@ def _run_label(finding: Finding) -> str:
     if finding.column != SWITCHED_COLUMN or finding.switches is None:
         return finding.column
     return f"{REALISTIC} with {', '.join(finding.switches.off_default()) or finding.switches.label()}"
+
+
+def _scope(route: Route) -> str:
+    return f"({', '.join(f'`{t}`' for t in route.targets)} only) " if route.targets else ""
 
 
 def _question_table(items: tuple[Question, ...], versions: list[str], marks: dict[Route, str],

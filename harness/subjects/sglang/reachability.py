@@ -63,6 +63,11 @@ class Route:
     hops: tuple[Hop, ...]
     why: str
     setting: str | None = None  # the non-default engine setting the route needs (switches.SWITCHES)
+    # the targets whose code the hops read, where that is not every target of the question
+    targets: tuple[str, ...] | None = None
+
+    def covers(self, target: str | None) -> bool:
+        return target is None or self.targets is None or target in self.targets
 
     def cited(self) -> str:
         return " -> ".join(f"`{hop}`" for hop in self.hops)
@@ -80,17 +85,18 @@ class Question:
     targets: tuple[str, ...]  # the targets whose code the routes read
     routes: tuple[Route, ...]
 
-    def routes_for(self, version: str) -> tuple[Route, ...]:
-        """The routes read for ``version``: the default one first, then any that need a setting."""
-        found = [r for r in self.routes if version in r.releases]
+    def routes_for(self, version: str, target: str | None = None) -> tuple[Route, ...]:
+        """The routes read for ``version`` (and for ``target``'s code, when given): the
+        default one first, then any that need a setting."""
+        found = [r for r in self.routes if version in r.releases and r.covers(target)]
         return tuple(sorted(found, key=lambda r: r.setting is not None))
 
-    def verdict(self, version: str) -> tuple[str, tuple[Route, ...]]:
+    def verdict(self, version: str, target: str | None = None) -> tuple[str, tuple[Route, ...]]:
         """Whether ``version`` reaches the problem: ``reachable`` (its default route does),
         ``reachable off-default`` (only a route that needs a setting does; those routes
         come first, then the default one), ``not reached``, or ``not read``; with the routes
         that say so."""
-        routes = self.routes_for(version)
+        routes = self.routes_for(version, target)
         if not routes:
             return "not read", ()
         default, switched = routes[0], tuple(r for r in routes[1:] if r.reached)
@@ -189,6 +195,11 @@ _IDLE_WHY = (
     "both getters never trust metadata on idle forwards (idle recomputes from the zero-padded "
     "inputs, which address the dummy slot), and graph replay prep runs on every replay, idle "
     "included, rebuilding the metadata from zeroed request slots and locations"
+)
+_WINDOW_BEFORE_IDLE_WHY = (
+    "under the request window the getter activates the layout of the forward's metadata before "
+    "it tests for an idle forward, so an idle forward gets the rows of the forward that set the "
+    "metadata last, or fails where none has"
 )
 
 # ---- the questions ---------------------------------------------------------------------------
@@ -367,11 +378,16 @@ QUESTIONS: tuple[Question, ...] = (
                 (Hop(POOL, "DeepSeekV4TokenToKVPool.__init__", mentions=("RequestWindow",)),
                  Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc",
                      mentions=("request_window", "core_attn_metadata", "is_idle"))),
-                "under the request window the getter activates the layout of the forward's metadata "
-                "before it tests for an idle forward, so an idle forward gets the rows of the forward "
-                "that set the metadata last, or fails where none has (the HIP getter of 0.5.22 reads "
-                "them in the same order)",
-                setting=REQUEST_WINDOW_ON,
+                _WINDOW_BEFORE_IDLE_WHY,
+                setting=REQUEST_WINDOW_ON, targets=("cuda-swa-out-cache-loc",),
+            ),
+            Route(
+                releases("0.5.22"), True,
+                (Hop(POOL, "DeepSeekV4TokenToKVPool.__init__", mentions=("RequestWindow",)),
+                 Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.get_swa_out_cache_loc",
+                     mentions=("request_window", "core_attn_metadata", "is_idle"))),
+                _WINDOW_BEFORE_IDLE_WHY,
+                setting=REQUEST_WINDOW_ON, targets=("hip-swa-out-cache-loc",),
             ),
         ),
     ),
