@@ -300,6 +300,22 @@ def test_what_the_backend_init_derives_from_the_worker_and_the_scenario_binds_wi
     assert run_scenario(subject, scenario).passed
 
 
+def test_what_the_pool_init_derives_from_the_worker_binds_without_being_supplied(tmp_path):
+    # a pool that keeps its worker's role, and a translation that reads it
+    kept = "        self.full_to_swa_index_mapping = None\n"
+    tree = edited_tree(tmp_path, "0.5.23", {POOL_FILE: [
+        (kept, kept + "        self.is_draft_worker = is_draft_worker\n"),
+        ("    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor):\n",
+         "    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor):\n"
+         "        assert self.is_draft_worker in (True, False)\n"),
+    ]})
+    subject = _subject(tree, "cuda-swa-out-cache-loc").subject  # no --sglang-attr
+    scenario = EXAMPLES["multi-step-draft"]
+    spec = ModelSpec.of(scenario.config, "target", torch.device("cpu"))
+    assert subject(spec).pool.is_draft_worker is False
+    assert run_scenario(subject, scenario).passed
+
+
 def test_only_what_no_model_of_the_engine_knows_is_asked_for_and_the_message_says_why(tmp_path):
     tree = _getter_reading(tmp_path, "        if self.is_dsv41 and self.is_dspark_draft:\n            pass\n")
     with pytest.raises(BindError) as caught:
@@ -314,7 +330,8 @@ def test_only_what_no_model_of_the_engine_knows_is_asked_for_and_the_message_say
 
 
 def _swafuzz(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swafuzz", *arguments], capture_output=True, text=True, timeout=300)
+    # a safety net only: every run that must find something is bounded by examples, not time
+    return subprocess.run([sys.executable, "-m", "swafuzz", *arguments], capture_output=True, text=True, timeout=3600)
 
 
 def test_a_replay_records_the_tree_and_reproduces_as_printed(tmp_path):
@@ -362,7 +379,7 @@ def test_a_replay_on_a_tree_that_does_not_bind_the_target_exits_125_for_git_bise
 def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     head = _ring_field_tree(tmp_path / "head", "core.unified_swa_loc", (BYPASS, ""))
     done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.23", "--max-examples", "150",
-                    "--budget", "60", "--report-dir", str(tmp_path / "reports"))
+                    "--budget", "600", "--report-dir", str(tmp_path / "reports"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "swafuzz gate: [14/14] " in done.stderr  # each run's outcome as it ends
     table = (tmp_path / "reports" / "pr-gate.md").read_text()
@@ -524,7 +541,7 @@ def test_the_gate_with_the_request_window_on_finds_the_idle_layout_fixed_in_0_5_
     # --sglang-switch reaches both sides' runs: each inherits the switches the gate was given
     head = edited_tree(tmp_path / "head", "0.5.23", {}, with_tree_checks=True)
     done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.22", "--max-examples", "6",
-                    "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
+                    "--budget", "600", "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
                     "--report-dir", str(tmp_path / "reports"))
     table = (tmp_path / "reports" / "pr-gate.md").read_text()
     assert "engine switches `enable-encoder-swa-bounded-replay=1`" in table.splitlines()[2]

@@ -57,7 +57,7 @@ class StandIn:
             value = self.__dict__[name] = make()
             return value
         derivation = type(self).tree_derivation
-        if derivation is not None and derivation.derives(name):
+        if derivation is not None and derivation.derives(name) and self.__dict__.get("engine_model") is not None:
             for derived, value in derivation.values(self, self.engine_model).items():
                 self.__dict__.setdefault(derived, value)
             if name in self.__dict__:  # else this object's __init__ path reads what no model knows
@@ -90,6 +90,7 @@ class PoolStandIn(StandIn):
         "full_to_swa_index_mapping", "start_layer", "_stage_start", "cached_loc",
         "_should_cache_swa", "swa_kv_pool", "request_window", "swa_req_ring_size",
         "unified_swa_ring_size", "unified_swa_window", "unified_swa_pages",
+        "engine_model",  # what __init__ derives the rest from (swafuzz.subjects.sglang.derived)
     })
 
 
@@ -325,16 +326,16 @@ class SglangSubject(Subject):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.pool = self._new_pool(request_window=self._new_request_window())
+        self.pool = self._new_pool(request_window=self._new_request_window(), role="target")
         # SGLang's draft worker keeps a pool of its own, which never holds a request window
-        self.draft_pool = self._new_pool(request_window=None) if self.pool.request_window is not None else self.pool
+        self.draft_pool = self._new_pool(request_window=None, role="draft") if self.pool.request_window is not None else self.pool
         if self.backend_class_name is not None:
             self.backend_class = self.binding.classes[self.backend_class_name].build(BackendStandIn)
         # the tree's own metadata records where it declares them: a field a tree adds is there
         self.metadata_class = self._record(METADATA_CLASS, ForwardMetadata)
         self.core_class = self._record(CORE_METADATA_CLASS, CoreMetadata)
 
-    def _new_pool(self, request_window: Any) -> PoolStandIn:
+    def _new_pool(self, request_window: Any, role: str) -> PoolStandIn:
         spec = self.spec
         pool_code = self.binding.classes.get(POOL_CLASS)
         pool_class = pool_code.build(PoolStandIn) if pool_code else PoolStandIn
@@ -344,6 +345,7 @@ class SglangSubject(Subject):
             _should_cache_swa=self.cache_swa_translation,
             swa_kv_pool=SwaKeyStore(), request_window=request_window, swa_req_ring_size=None,
             unified_swa_ring_size=spec.ring, unified_swa_window=spec.sliding_window, unified_swa_pages=0,
+            engine_model=EngineModel(role, spec.speculative, spec.num_draft_tokens, self.environment),
         )
 
     @classmethod
