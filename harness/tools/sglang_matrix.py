@@ -519,7 +519,8 @@ def render(matrix: Matrix, report_path: Path) -> str:
               "reads (`COMPRESSED_QUESTIONS`): write plans, compressed write locations, the page table and "
               "HIP's fp4 write metadata. No target binds these values (SGLang's own kernels run under "
               "*Compressed-KV values by release* and *Index tables by release*), so no divergence is "
-              "counted here; **not read** marks a release whose call path has not been read.", "",
+              "counted here; *not read* marks a release whose call path has not been read.", "",
+              *(f"- `{item.key}`: {item.title}" for item in COMPRESSED_QUESTIONS), "",
               *_question_table(COMPRESSED_QUESTIONS, matrix.versions, marks, {}),
               "", "Call paths:", "", *_call_paths(marks, swa_paths)]
     lines += ["", "## Producers of the rows by release", "",
