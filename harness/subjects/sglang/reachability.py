@@ -468,6 +468,12 @@ KERNELS_PLANNER = (
     "sglang/kernels/ops/attention/dsv4/compress.py", "sglang/kernels/jit/csrc/deepseek_v4/c_plan.cuh",
 )
 
+_UPGRADES = ("make_forward_metadata_from_raw_decode", "make_forward_metadata_from_raw_verify")
+# where raw decode and verify metadata become built metadata: lazily at the forward's first
+# layer until 0.5.12.post1, in the backend's in-graph init (recorded by a captured graph) after
+LAZY_UPGRADE = Hop(CUDA_BACKEND, "DeepseekV4AttnBackend._maybe_upgrade_forward_metadata", mentions=_UPGRADES)
+IN_GRAPH_UPGRADE = Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata_in_graph", mentions=_UPGRADES)
+
 _RAW_VERIFY_PLAN = Hop(
     CUDA_BACKEND, "DeepseekV4AttnBackend.make_forward_metadata_from_raw_verify",
     mentions=("create_paged_compressor_data", "seq_lens_cpu=None", "compress_ratio=4"),
@@ -475,23 +481,28 @@ _RAW_VERIFY_PLAN = Hop(
 _PLAN_BUILDER = Hop(COMPRESSOR, "create_paged_compressor_data", mentions=("CompressorPrefillPlan.generate",))
 _FIXED_DRAFT_PAD = ("kMaxMTPDraftTokens = 4", "std::min(ring_size - compress_ratio, kMaxMTPDraftTokens)")
 _FIXED_DRAFT_PAD_WHY = (
-    "target-verify metadata is upgraded from raw device lengths, so the C4 write plan comes from "
+    "target-verify metadata is kept raw (SGLANG_PREP_IN_CUDA_GRAPH's default) and upgraded from "
+    "device lengths, so the C4 write plan comes from "
     "the device planner, which keeps at most min(ring - ratio, 4) trailing draft tokens resident: "
     "with more than 4 draft tokens the compress-state ring is under-written"
 )
-
-
-def _planned_verify(planner: tuple[str, str], pad: Hop, *before: Hop) -> tuple[Hop, ...]:
-    """Target verify's C4 write plan, from the raw metadata's upgrade to the planner's pad."""
-    wrapper, _ = planner
-    return (*before, _RAW_VERIFY_PLAN, _PLAN_BUILDER,
-            Hop(wrapper, "CompressorPrefillPlan.generate", mentions=("plan_prefill",)), pad)
-
-
 _VERIFY_KEPT_RAW = Hop(
     CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata_target_verify",
     mentions=("SGLANG_PREP_IN_CUDA_GRAPH", "DSV4RawVerifyMetadata"),
 )
+_COMPRESSOR_V2_DEFAULT = Hop(ENVIRON, "Envs", mentions=("SGLANG_OPT_USE_COMPRESSOR_V2 = EnvBool(True)",))
+
+
+def _planned_verify(planner: tuple[str, str], pad: tuple[str, ...], *before: Hop, lacks: tuple[str, ...] = ()
+                    ) -> tuple[Hop, ...]:
+    """Target verify's C4 write plan: from the raw metadata's upgrade to what the planner's
+    C++ source says of the resident draft tail."""
+    wrapper, source = planner
+    return (*before, _RAW_VERIFY_PLAN, _PLAN_BUILDER,
+            Hop(wrapper, "CompressorPrefillPlan.generate", mentions=("plan_prefill",)),
+            Hop(source, mentions=pad, lacks=lacks))
+
+
 _DRAFT_LAYER_UNCOMPRESSED = (
     Hop(NEXTN_MODEL, mentions=("COMPRESS_RATIO_NEXTN_LAYER = 0",)),
     Hop(NEXTN_MODEL, "DeepseekV4ModelNextN.__init__", mentions=("compress_ratio_override=COMPRESS_RATIO_NEXTN_LAYER",)),
@@ -558,21 +569,22 @@ COMPRESSED_QUESTIONS: tuple[Question, ...] = (
         "the C4 write plan keeps a fixed 4 draft tokens resident in target verify (sglang#34189)",
         (),
         (
-            Route(releases("0.5.12", "0.5.14"), True,
-                  _planned_verify(JIT_PLANNER, Hop(JIT_PLANNER[1], mentions=_FIXED_DRAFT_PAD),
-                                  Hop(ENVIRON, "Envs", mentions=("SGLANG_OPT_USE_COMPRESSOR_V2 = EnvBool(True)",)),
-                                  _VERIFY_KEPT_RAW),
+            Route(releases("0.5.12", "0.5.12.post1"), True,
+                  _planned_verify(JIT_PLANNER, _FIXED_DRAFT_PAD, _COMPRESSOR_V2_DEFAULT, _VERIFY_KEPT_RAW, LAZY_UPGRADE),
+                  _FIXED_DRAFT_PAD_WHY + " (compressor v2 is the default)"),
+            Route(releases("0.5.13", "0.5.14"), True,
+                  _planned_verify(JIT_PLANNER, _FIXED_DRAFT_PAD, _COMPRESSOR_V2_DEFAULT, _VERIFY_KEPT_RAW,
+                                  IN_GRAPH_UPGRADE),
                   _FIXED_DRAFT_PAD_WHY + " (compressor v2 is the default)"),
             Route(releases("0.5.15", "0.5.16"), True,
-                  _planned_verify(JIT_PLANNER, Hop(JIT_PLANNER[1], mentions=_FIXED_DRAFT_PAD), _VERIFY_KEPT_RAW),
+                  _planned_verify(JIT_PLANNER, _FIXED_DRAFT_PAD, _VERIFY_KEPT_RAW, IN_GRAPH_UPGRADE),
                   _FIXED_DRAFT_PAD_WHY),
             Route(releases("0.5.17", "0.5.17"), True,
-                  _planned_verify(KERNELS_PLANNER, Hop(KERNELS_PLANNER[1], mentions=_FIXED_DRAFT_PAD),
-                                  _VERIFY_KEPT_RAW),
+                  _planned_verify(KERNELS_PLANNER, _FIXED_DRAFT_PAD, _VERIFY_KEPT_RAW, IN_GRAPH_UPGRADE),
                   _FIXED_DRAFT_PAD_WHY),
             Route(releases("0.5.18"), False,
-                  _planned_verify(KERNELS_PLANNER, Hop(KERNELS_PLANNER[1], mentions=("ring_size - window_size + 2",),
-                                                       lacks=("kMaxMTPDraftTokens",))),
+                  _planned_verify(KERNELS_PLANNER, ("ring_size - window_size + 2",), IN_GRAPH_UPGRADE,
+                                  lacks=("kMaxMTPDraftTokens",)),
                   "the planner's resident tail is derived from the compress-state ring (ring - window + 2), "
                   "not from a fixed draft count"),
         ),
@@ -584,9 +596,9 @@ COMPRESSED_QUESTIONS: tuple[Question, ...] = (
         (
             Route(releases("0.5.12", "0.5.12.post1"), False,
                   (*_DRAFT_LAYER_UNCOMPRESSED, Hop(CUDA_BACKEND, lacks=("per_step_draft_out_cache_loc",))),
-                  "each draft step's metadata is built from the whole multi-step out_cache_loc, but "
+                  "the backend takes no per-step slice of out_cache_loc for draft metadata, but "
                   "DeepSeek-V4's draft layer is built with compress ratio 0: no draft step stores "
-                  "compressed KV, so no layer reads its c4/c128 locations"),
+                  "compressed KV, so no layer reads a draft step's c4/c128 locations"),
             Route(releases("0.5.13"), False,
                   (*_DRAFT_LAYER_UNCOMPRESSED,
                    Hop(CUDA_BACKEND, "DeepseekV4AttnBackend._build_forward_metadata",
@@ -636,12 +648,10 @@ COMPRESSED_QUESTIONS: tuple[Question, ...] = (
         (),
         (
             Route(releases("0.5.12", "0.5.12.post1"), False,
-                  _page_table_per_forward(Hop(CUDA_BACKEND, "DeepseekV4AttnBackend._maybe_upgrade_forward_metadata",
-                                              mentions=("make_forward_metadata_from_raw_decode",))),
+                  _page_table_per_forward(LAZY_UPGRADE),
                   _PAGE_TABLE_WHY.format(where="at its first layer (recorded in a captured graph)")),
             Route(releases("0.5.13"), False,
-                  _page_table_per_forward(Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata_in_graph",
-                                              mentions=("make_forward_metadata_from_raw_decode",))),
+                  _page_table_per_forward(IN_GRAPH_UPGRADE),
                   _PAGE_TABLE_WHY.format(where="in the prep a captured graph records")),
         ),
     ),
