@@ -95,7 +95,7 @@ RING_TARGETS = ("hip-unified-swa-loc", "unified-metadata-merge")
 class Question:
     key: str
     title: str
-    targets: tuple[str, ...]  # the targets whose code the routes read
+    targets: tuple[str, ...]  # the targets whose code the routes read; none for values no target binds
     routes: tuple[Route, ...]
 
     def routes_for(self, version: str, target: str | None = None) -> tuple[Route, ...]:
