@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import edited_release
 
 from swafuzz.subjects.sglang import locate
 from swafuzz.subjects.sglang.reachability import (
@@ -111,6 +112,15 @@ def test_questions_about_compressed_values_ask_of_no_target_and_have_keys_of_the
     keys = [item.key for item in ALL_QUESTIONS]
     assert len(keys) == len(set(keys))
     assert {question(item.key) for item in COMPRESSED_QUESTIONS} == set(COMPRESSED_QUESTIONS)
+
+
+def test_the_fixed_draft_pad_reading_fails_on_a_planner_that_pads_otherwise():
+    route = question("compress-plan-fixed-draft-pad").routes_for("0.5.12")[0]
+    planner = route.hops[-1]
+    tree = edited_release("0.5.12", planner.file, "kMaxMTPDraftTokens = 4", "kMaxMTPDraftTokens = 8",
+                          "an 8-token draft pad")
+    assert route.reached and route_problems(tree, route) == [
+        f"{planner}: does not mention 'kMaxMTPDraftTokens = 4'"]
 
 
 def test_releases_are_ordered_with_their_post_releases():
