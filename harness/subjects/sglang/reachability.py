@@ -548,7 +548,8 @@ _NO_FP4_WRITE_METADATA = Route(
 
 def _fp4_per_forward(in_graph_prep: str) -> tuple[Hop, ...]:
     return (
-        Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata", mentions=("init_forward_metadata_in_graph",)),
+        Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata",
+            mentions=("init_forward_metadata_in_graph",)),
         Hop(DECODE_RUNNER, in_graph_prep, mentions=("init_forward_metadata_in_graph",)),
         Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata_in_graph",
             mentions=("prepare_fp4_k_write_metadata", "c4_compress_metadata", "c4_out_loc")),
@@ -566,11 +567,12 @@ _FP4_WHY = (
 COMPRESSED_QUESTIONS: tuple[Question, ...] = (
     Question(
         "compress-plan-fixed-draft-pad",
-        "the C4 write plan keeps a fixed 4 draft tokens resident in target verify (sglang#34189)",
+        "the C4 write plan keeps a fixed 4 draft tokens resident in CUDA target verify (sglang#34189)",
         (),
         (
             Route(releases("0.5.12", "0.5.12.post1"), True,
-                  _planned_verify(JIT_PLANNER, _FIXED_DRAFT_PAD, _COMPRESSOR_V2_DEFAULT, _VERIFY_KEPT_RAW, LAZY_UPGRADE),
+                  _planned_verify(JIT_PLANNER, _FIXED_DRAFT_PAD, _COMPRESSOR_V2_DEFAULT, _VERIFY_KEPT_RAW,
+                                  LAZY_UPGRADE),
                   _FIXED_DRAFT_PAD_WHY + " (compressor v2 is the default)"),
             Route(releases("0.5.13", "0.5.14"), True,
                   _planned_verify(JIT_PLANNER, _FIXED_DRAFT_PAD, _COMPRESSOR_V2_DEFAULT, _VERIFY_KEPT_RAW,
@@ -591,7 +593,8 @@ COMPRESSED_QUESTIONS: tuple[Question, ...] = (
     ),
     Question(
         "draft-step-compressed-locations",
-        "every multi-step draft step given the whole out_cache_loc for its c4/c128 locations (sglang#24750, sglang#26239)",
+        "every multi-step draft step given the whole out_cache_loc for its c4/c128 locations "
+        "(sglang#24750, sglang#26239)",
         (),
         (
             Route(releases("0.5.12", "0.5.12.post1"), False,
@@ -609,7 +612,7 @@ COMPRESSED_QUESTIONS: tuple[Question, ...] = (
     ),
     Question(
         "draft-extend-bucket-zero-locations",
-        "a draft-extend graph bucket replayed with zero write locations (sglang#27091 review)",
+        "a CUDA draft-extend graph bucket replayed with zero write locations (sglang#27091 review)",
         (),
         (
             Route(releases("0.5.12", "0.5.12.post1"), False,
@@ -630,8 +633,8 @@ COMPRESSED_QUESTIONS: tuple[Question, ...] = (
     ),
     Question(
         "metadata-reallocated-per-replay",
-        "decode, verify or draft graph replay installs fresh metadata, so captured kernels read old "
-        "addresses (sglang#27664)",
+        "CUDA decode, verify or draft graph replay installs fresh metadata, so captured kernels read "
+        "old addresses (sglang#27664)",
         (),
         (
             Route(RELEASES, False, _REPLAY_MERGE,
@@ -643,8 +646,8 @@ COMPRESSED_QUESTIONS: tuple[Question, ...] = (
     ),
     Question(
         "page-table-not-repopulated",
-        "a page table never repopulated, sending every compressed read to slot 0 (decode forwards and "
-        "full-graph replays; sglang#26019 review)",
+        "a CUDA page table never repopulated, sending every compressed read to slot 0 (decode forwards "
+        "and full-graph replays; sglang#26019 review)",
         (),
         (
             Route(releases("0.5.12", "0.5.12.post1"), False,
