@@ -74,6 +74,7 @@ from ..subjects.sglang.tree_checks import (
     producer_batches,
 )
 from ..subjects.sglang.reachability import (
+    COMPRESSED_QUESTIONS,
     DRIVER_SWITCHES,
     EVERY_SCENARIO,
     MODE_QUESTIONS,
@@ -511,9 +512,17 @@ def render(matrix: Matrix, report_path: Path) -> str:
               *_question_table(PROBLEMS, matrix.versions, marks, evidence),
               "", "Where SGLang's model reads the ring getter at all (a condition of the ring problems):", "",
               *_question_table(tuple(question(key) for key in MODE_QUESTIONS), matrix.versions, marks, evidence),
-              "", "Call paths:", "",
-              *(f"- <a id=\"{mark.lower()}\"></a>{mark}: {_scope(route)}{route.why}: {route.cited()}"
-                for route, mark in marks.items())]
+              "", "Call paths:", "", *_call_paths(marks, 0)]
+    swa_paths = len(marks)
+    lines += ["", "## Compressed-KV history by release", "",
+              "The same reading for the public history of the compressed-KV values a DeepSeek-V4 layer "
+              "reads (`COMPRESSED_QUESTIONS`): write plans, compressed write locations, the page table and "
+              "HIP's fp4 write metadata. No target binds these values (SGLang's own kernels run under "
+              "*Compressed-KV values by release* and *Index tables by release*), so no divergence is "
+              "counted here; *not read* marks a release whose call path has not been read.", "",
+              *(f"- `{item.key}`: {item.title}" for item in COMPRESSED_QUESTIONS), "",
+              *_question_table(COMPRESSED_QUESTIONS, matrix.versions, marks, {}),
+              "", "Call paths:", "", *_call_paths(marks, swa_paths)]
     lines += ["", "## Producers of the rows by release", "",
               f"SGLang's own producers of the per-token rows the unified-KV stores read "
               f"(`harness/subjects/sglang/producers.py`), run on {len(producer_batches(matrix.seed))} generated batches "
@@ -612,6 +621,13 @@ def _run_label(finding: Finding) -> str:
 
 def _scope(route: Route) -> str:
     return f"({', '.join(f'`{t}`' for t in route.targets)} only) " if route.targets else ""
+
+
+def _call_paths(marks: dict[Route, str], skip: int) -> list[str]:
+    """The numbered call paths of ``marks``, from the ``skip``-th on (a later table lists
+    only the paths it added)."""
+    return [f"- <a id=\"{mark.lower()}\"></a>{mark}: {_scope(route)}{route.why}: {route.cited()}"
+            for route, mark in list(marks.items())[skip:]]
 
 
 def _question_table(items: tuple[Question, ...], versions: list[str], marks: dict[Route, str],
