@@ -25,10 +25,12 @@ request; the rows it returns or stores must be the truth's
 
 from __future__ import annotations
 
+import ast
 import enum
+import functools
 import random
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -36,13 +38,16 @@ import torch
 
 from ...api import ForwardMode
 from ...reference import compressed as truth
+from ...reference.truth import draft_step_slots
 from . import compressed
-from .binding import ClassCode, bind
+from .binding import BindError, ClassCode, FunctionCode, bind
 from .compressed import CompressionBatch, CompressionMetadataCode, first_wrong_row
-from .drivers import NotModelled, SglangMode
+from .drivers import NotModelled, SglangMode, StandIn, StandInGap
 from .interpreted import TRITON_MISSING, triton_available
 from .locate import SourceTree
+from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE
 
+DRAFT_DECODE = "multi-step draft decode"
 COMPRESSOR_FILE = "sglang/srt/layers/attention/dsv4/compressor_v2.py"
 MIXIN = "CompressorBackendMixin"
 OUT_LOC_READER = f"{MIXIN}._get_out_loc"
@@ -54,12 +59,18 @@ LAYER_ID = 0
 
 def reader_batches(seed: int = 0) -> list[tuple[str, CompressionBatch]]:
     """(kind, batch): a live decode batch, the same kind padded as a CUDA graph bucket pads
-    it, and a draft batch of four consecutive rows per request (a verify or draft window).
-    Eight rows or fewer each: the interpreter runs a kernel row in milliseconds."""
+    it, a draft batch of four consecutive rows per request (a verify or draft window), and
+    the requests of a multi-step draft decode, each of whose rows completes a ratio-4 group
+    and every other one a ratio-128 group too (so that each step's slots show in its
+    compressed locations). Eight rows or fewer each: the interpreter runs a kernel row in
+    milliseconds."""
     rng = random.Random(seed)
-    return [("live", compressed._batch(rng, 8, tokens_per_request=1, padding=0)),
-            ("padded", compressed._batch(rng, 5, tokens_per_request=1, padding=3)),
-            ("draft", compressed._batch(rng, 8, tokens_per_request=4, padding=0))]
+    batches = [("live", compressed._batch(rng, 8, tokens_per_request=1, padding=0)),
+               ("padded", compressed._batch(rng, 5, tokens_per_request=1, padding=3)),
+               ("draft", compressed._batch(rng, 8, tokens_per_request=4, padding=0))]
+    decode = compressed._batch(rng, 4, tokens_per_request=1, padding=0)
+    completing = torch.tensor([3, 127]).repeat(decode.positions.numel())[: decode.positions.numel()]
+    return batches + [(DRAFT_DECODE, replace(decode, positions=decode.positions | completing))]
 
 
 def describe(kind: str, batch: CompressionBatch) -> str:
@@ -106,6 +117,8 @@ def _run_reader(name: str, bind_it: Callable[[SourceTree], Any],
     for kind, batch in batches if batches is not None else reader_batches():
         try:
             wrong = [w for w in run(reader, code, batch) if w is not None]
+        except StandInGap as exc:
+            return ReaderCheck(name, ran=False, reason=f"{exc} ({describe(kind, batch)})")
         except Exception as exc:  # noqa: BLE001 - the tree's code may raise anything: that is its answer
             wrong = [f"{name} raised {type(exc).__name__}: {exc}"]
         if wrong:
@@ -218,16 +231,141 @@ def _run_store_path(backends: dict[bool, type], code: CompressionMetadataCode,
     return wrong
 
 
+# ---- each draft step's compressed write locations (0.5.13+) ------------------------------------
+
+
+STEP_BUILDS = "_build_forward_metadata", "init_forward_metadata"  # where the eager build is, newest first
+DRAFT_STEPS = 3
+
+
+class _LogicalForwardMode:
+    """SGLang's ``ForwardMode`` as ``_get_logical_forward_mode`` compares a batch's mode
+    with it: the draft batches here are never an extend."""
+
+    EXTEND = ForwardMode.EXTEND
+
+
+class _OnlineC128State:
+    """The online C128 compressor's per-forward state (0.5.14+): a draft decode asks it for
+    no state slot offset."""
+
+    def prepare_forward(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+def _step_build(path: str, owner: str) -> Callable[[SourceTree], Any]:
+    """The backend method that builds one step's metadata (``_build_forward_metadata``,
+    else ``init_forward_metadata``), bound on a stand-in that carries exactly what it reads
+    of the backend, and the tree's own ``per_step_draft_out_cache_loc``."""
+    def bind_it(tree: SourceTree) -> Any:
+        from .producers import DRAFT_STEP_LOCS, EAGLE_UTILS_FILE
+
+        text = tree.read(path)
+        if text is None:
+            raise BindError(f"{tree.label}: has no file {path}")
+        node = next((n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == owner), None)
+        methods = {n.name: n for n in (node.body if node is not None else []) if isinstance(n, ast.FunctionDef)}
+        method = next((name for name in STEP_BUILDS if name in methods), None)
+        if method is None:
+            raise BindError(f"{tree.label}: {path} has no {owner} with {' or '.join(STEP_BUILDS)}")
+        read = frozenset(n.attr for n in ast.walk(methods[method]) if isinstance(n, ast.Attribute)
+                         and isinstance(n.value, ast.Name) and n.value.id == "self")
+        role = f"{owner} building a draft step's metadata"
+        stand_ins = {"ForwardMode": _LogicalForwardMode,
+                     "resolve_ragged_verify_layout": NotModelled("resolve_ragged_verify_layout")}
+        code = (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS), ClassCode(path, owner, (method,), role=role))
+        bound = bind(tree, code, stand_ins, {role: read}).classes[owner]
+        backend = type("DraftStepBackend", (StandIn,), {"role": role, "attributes": read})
+        return SimpleNamespace(name=f"{owner}.{method}", build=bound.build(backend), method=method)
+    return bind_it
+
+
+def _draft(batch: CompressionBatch, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The write slots of a ``steps``-step draft of one branch per request of ``batch``'s
+    rows, as the EAGLE allocator lays them out ([requests, 1, steps]), and each step's."""
+    taken = set(batch.out_loc.tolist())
+    spare = [slot for slot in range(1, 16 * batch.out_loc.numel() * steps + 1) if slot not in taken]
+    allocated = torch.tensor(spare[: batch.out_loc.numel() * steps]).reshape(-1, 1, steps)
+    allocated[:, 0, 0] = batch.out_loc  # step 0 writes where the batch does
+    return allocated, draft_step_slots(allocated)
+
+
+def _run_step_build(bound: Any, code: CompressionMetadataCode, batch: CompressionBatch, locations: bool) -> list[str]:
+    """Each step of a multi-step draft decode over ``batch``'s requests (one row each, no
+    padding) must hand the metadata build its own step's write slots (by value), and, where
+    ``locations``, the metadata the tree's ``init_compression_metadata`` makes of what it
+    hands must hold that step's C4 / C128 locations. The positions are those the forward
+    hands every step (its ``seq_lens``)."""
+    allocated, by_step = _draft(batch, DRAFT_STEPS)
+    requests = batch.positions.numel()
+    wrong = []
+    for step in range(DRAFT_STEPS):
+        handed: list[tuple[torch.Tensor, Any]] = []
+
+        def init_forward_metadata_decode(*, max_seq_len: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                                         out_cache_loc: torch.Tensor) -> Any:
+            rows = replace(batch, positions=seq_lens.to(torch.int64) - 1, req_slots=req_pool_indices,
+                           out_loc=out_cache_loc.to(torch.int64))
+            handed.append((out_cache_loc, code.metadata(rows) if locations else None))
+            return handed[-1][1]
+
+        offered = {
+            "topk": 1, "speculative_num_steps": DRAFT_STEPS, "speculative_step_id": step, "page_size": batch.page_size,
+            "swa_page_size": truth.SWA_WINDOW, "req_to_token": batch.req_to_token,
+            "req_to_token_pool": SimpleNamespace(req_to_token=batch.req_to_token), "online_c128_mtp": _OnlineC128State(),
+            "is_dspark_draft": False, "is_draft_worker": True, "mtp_enabled": True, "encoder_replay": None,
+            "encoder_row_floor": None, "init_forward_metadata_decode": init_forward_metadata_decode,
+            # the HIP init (0.5.13-0.5.20) then refreshes the SWA rows in place, checked as a producer
+            "init_forward_metadata_in_graph": lambda _: None,
+        }
+        backend = bound.build(**{name: offered.get(name, NotModelled(f"self.{name}")) for name in bound.build.attributes})
+        seq_lens = batch.positions + 1
+        forward_batch = SimpleNamespace(
+            forward_mode=SglangMode(ForwardMode.DECODE), batch_size=requests, req_pool_indices=batch.req_slots,
+            seq_lens=seq_lens, seq_lens_cpu=seq_lens, out_cache_loc=allocated.reshape(-1), spec_info=None,
+            encoder_swa_replay=None, encoder_swa_row_floor=None, max_seq_len_override=None,
+        )
+        getattr(backend, bound.method)(forward_batch)
+        label = f"step {step} of {DRAFT_STEPS}"
+        if len(handed) != 1:
+            wrong.append(f"{bound.name}: {label} built its decode metadata {len(handed)} times, not once")
+            continue
+        slots, metadata = handed[0]
+        if not locations:
+            wrong.append(first_wrong_row(f"out_cache_loc, the write slots {bound.name} hands {label}'s decode "
+                                         "metadata", slots, by_step[step]))
+            continue
+        found = None
+        for ratio in truth.COMPRESS_RATIOS:
+            found = found or first_wrong_row(f"c{ratio}_out_loc of {label}'s metadata, built from the slots "
+                                             f"{bound.name} hands it", getattr(metadata, f"c{ratio}_out_loc"),
+                                             truth.compressed_out_loc(batch.positions, by_step[step], ratio))
+        if found is not None and not slots.is_contiguous():
+            # a Triton kernel indexes a tensor's memory from its first element, ignoring strides
+            found += (f" (the slots are a view with stride {slots.stride()[0]}, and the compression metadata "
+                      "kernel reads them as contiguous)")
+        wrong.append(found)
+    return wrong
+
+
 @dataclass(frozen=True)
 class Reader:
     name: str
     bind: Callable[[SourceTree], Any]
     run: Callable[[Any, CompressionMetadataCode, CompressionBatch], list[str]]
+    kinds: tuple[str, ...] = ("live", "padded", "draft")  # the reader batches it runs on
 
+
+DRAFT_STEP_SLOTS = "draft-step write slots"
+DRAFT_STEP_LOCATIONS = "draft-step compressed locations"
 
 READERS = (
     Reader(OUT_LOC_READER, _bind_out_loc_reader, _run_out_loc_reader),
     Reader(STORE_PATH, _bind_store_path, _run_store_path),
+    *(Reader(f"{owner} {judged}", _step_build(path, owner), functools.partial(_run_step_build, locations=locations),
+             kinds=(DRAFT_DECODE,))
+      for path, owner in ((CUDA_BACKEND_FILE, CUDA_BACKEND), (HIP_BACKEND_FILE, HIP_BACKEND))
+      for judged, locations in ((DRAFT_STEP_SLOTS, False), (DRAFT_STEP_LOCATIONS, True))),
 )
 
 
@@ -235,4 +373,6 @@ def check_reader(reader: Reader, tree: SourceTree,
                  batches: list[tuple[str, CompressionBatch]] | None = None) -> ReaderCheck:
     """``reader`` of ``tree`` on ``batches`` (:func:`reader_batches` when not given);
     :class:`BindError` where the tree lacks it."""
+    batches = [(kind, batch) for kind, batch in (batches if batches is not None else reader_batches())
+               if kind in reader.kinds]
     return _run_reader(reader.name, reader.bind, reader.run, tree, batches)

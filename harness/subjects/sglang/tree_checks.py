@@ -164,10 +164,11 @@ def check_tables(tree: locate.SourceTree) -> list[TreeCheck]:
     return checks
 
 
-def check_readers(tree: locate.SourceTree) -> list[TreeCheck]:
-    """Each reader of the compressed-KV values (:data:`readers.READERS`) as a check."""
+def check_readers(tree: locate.SourceTree, names: tuple[str, ...] | None = None) -> list[TreeCheck]:
+    """Each reader of the compressed-KV values (:data:`readers.READERS`; those ``names``
+    where given) as a check."""
     checks = []
-    for reader in readers.READERS:
+    for reader in (r for r in readers.READERS if names is None or r.name in names):
         try:
             found = readers.check_reader(reader, tree)
         except BindError as exc:
