@@ -29,6 +29,7 @@ import ast
 import enum
 import functools
 import random
+import traceback
 import typing
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -120,10 +121,18 @@ def _run_reader(name: str, bind_it: Callable[[SourceTree], Any],
         except StandInGap as exc:
             return ReaderCheck(name, ran=False, reason=f"{exc} ({describe(kind, batch)})")
         except Exception as exc:  # noqa: BLE001 - the tree's code may raise anything: that is its answer
-            wrong = [f"{name} raised {type(exc).__name__}: {exc}"]
+            wrong = [f"{name} raised {_raised(exc)}"]
         if wrong:
             return ReaderCheck(name, ran=True, wrong=tuple(wrong), batch=describe(kind, batch))
     return ReaderCheck(name, ran=True)
+
+
+def _raised(exc: Exception) -> str:
+    """An exception as the checks name it; a bare ``assert`` by its statement and file."""
+    if str(exc):
+        return f"{type(exc).__name__}: {exc}"
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{type(exc).__name__} at {where.filename.rsplit('/', 1)[-1]} line {where.lineno}: {where.line}"
 
 
 # ---- _get_out_loc ---------------------------------------------------------------------------
@@ -276,7 +285,8 @@ def _step_build(path: str, owner: str) -> Callable[[SourceTree], Any]:
         code = (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS), ClassCode(path, owner, (method,), role=role))
         bound = bind(tree, code, stand_ins, {role: read}).classes[owner]
         backend = type("DraftStepBackend", (StandIn,), {"role": role, "attributes": read})
-        return SimpleNamespace(name=f"{owner}.{method}", build=bound.build(backend), method=method)
+        return SimpleNamespace(name=f"{owner}.{method}", build=bound.build(backend), method=method,
+                               hip=path == HIP_BACKEND_FILE)
     return bind_it
 
 
@@ -306,7 +316,7 @@ def _run_step_build(bound: Any, code: CompressionMetadataCode, batch: Compressio
                                          out_cache_loc: torch.Tensor) -> Any:
             rows = replace(batch, positions=seq_lens.to(torch.int64) - 1, req_slots=req_pool_indices,
                            out_loc=out_cache_loc.to(torch.int64))
-            handed.append((out_cache_loc, code.metadata(rows) if locations else None))
+            handed.append((out_cache_loc, code.metadata(rows, hip=bound.hip) if locations else None))
             return handed[-1][1]
 
         offered = {
