@@ -46,6 +46,7 @@ from .compressed import CompressionBatch, CompressionMetadataCode, first_wrong_r
 from .drivers import NotModelled, SglangMode, StandIn, StandInGap
 from .interpreted import TRITON_MISSING, triton_available
 from .locate import SourceTree
+from .producers import DRAFT_STEP_LOCS, EAGLE_UTILS_FILE
 from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE
 
 DRAFT_DECODE = "multi-step draft decode"
@@ -267,8 +268,6 @@ def _step_build(path: str, owner: str) -> Callable[[SourceTree], Any]:
     else ``init_forward_metadata``), bound on a stand-in that carries exactly what it reads
     of the backend, and the tree's own ``per_step_draft_out_cache_loc``."""
     def bind_it(tree: SourceTree) -> Any:
-        from .producers import DRAFT_STEP_LOCS, EAGLE_UTILS_FILE
-
         text = tree.read(path)
         if text is None:
             raise BindError(f"{tree.label}: has no file {path}")
