@@ -287,13 +287,14 @@ def generated_batches(count: int, seed: int = 0, max_rows: int = 12) -> list[Com
     length 1, request slot 0, location 0). Small on purpose: the interpreter runs a kernel
     row in milliseconds."""
     rng = random.Random(seed)
-    return [_batch(rng, max_rows) for _ in range(count)]
+    return [generated_batch(rng, max_rows) for _ in range(count)]
 
 
-def _batch(rng: random.Random, max_rows: int, tokens_per_request: int | None = None,
+def generated_batch(rng: random.Random, max_rows: int, tokens_per_request: int | None = None,
            padding: int | None = None) -> CompressionBatch:
-    """A batch of ``tokens_per_request`` consecutive rows per request (1, 2 or 4 when not
-    given) and ``padding`` graph padding rows (0, 1 or 3 when not given)."""
+    """One batch of :func:`generated_batches`: ``tokens_per_request`` consecutive rows per
+    request (1, 2 or 4 when not given), then ``padding`` graph padding rows (0, 1 or 3 when
+    not given)."""
     slots, columns = 8, 4 * PAGE_SIZE
     free = list(range(1, slots * columns + 1))
     rng.shuffle(free)

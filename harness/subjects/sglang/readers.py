@@ -21,6 +21,17 @@ padded as a CUDA graph bucket pads it, and a draft batch of several consecutive 
 request; the rows it returns or stores must be the truth's
 (:func:`~swafuzz.reference.compressed.compressed_out_loc`,
 :func:`~swafuzz.reference.compressed.unified_compressed_out_loc`).
+
+Each draft step's metadata is checked the same way. A multi-step draft decode (0.5.13+)
+bakes each step's C4 / C128 write locations into that step's metadata, from its own slice
+of the shared ``out_cache_loc`` (``per_step_draft_out_cache_loc``, SGLang #26239). The
+eager build of one step, ``_build_forward_metadata`` (CUDA 0.5.13+, HIP 0.5.21+) or the HIP
+``init_forward_metadata`` (0.5.13 to 0.5.20), runs for every step on a stand-in backend with
+the tree's own slicing; its ``init_forward_metadata_decode`` is modelled as handing the rows
+to the tree's ``init_compression_metadata`` (what its chain does: 0.5.23 through the raw
+decode metadata it upgrades). Two checks per backend: the slots each step hands over, by
+value (:func:`~swafuzz.reference.truth.draft_step_slots`), and the ``c4_out_loc`` /
+``c128_out_loc`` the tree's kernel makes of them, against the truth of that step's slots.
 """
 
 from __future__ import annotations
@@ -67,10 +78,10 @@ def reader_batches(seed: int = 0) -> list[tuple[str, CompressionBatch]]:
     compressed locations). Eight rows or fewer each: the interpreter runs a kernel row in
     milliseconds."""
     rng = random.Random(seed)
-    batches = [("live", compressed._batch(rng, 8, tokens_per_request=1, padding=0)),
-               ("padded", compressed._batch(rng, 5, tokens_per_request=1, padding=3)),
-               ("draft", compressed._batch(rng, 8, tokens_per_request=4, padding=0))]
-    decode = compressed._batch(rng, 4, tokens_per_request=1, padding=0)
+    batches = [("live", compressed.generated_batch(rng, 8, tokens_per_request=1, padding=0)),
+               ("padded", compressed.generated_batch(rng, 5, tokens_per_request=1, padding=3)),
+               ("draft", compressed.generated_batch(rng, 8, tokens_per_request=4, padding=0))]
+    decode = compressed.generated_batch(rng, 4, tokens_per_request=1, padding=0)
     completing = torch.tensor([3, 127]).repeat(decode.positions.numel())[: decode.positions.numel()]
     return batches + [(DRAFT_DECODE, replace(decode, positions=decode.positions | completing))]
 

@@ -12,8 +12,9 @@ These tables of SGLang code are checked this way, each against :mod:`swafuzz.ref
   lengths, the C4 top-k table, compress-state ring rows), one check per SGLang function,
   the Triton ones likewise only where triton is installed;
 - the readers of the compressed-KV values (:mod:`.readers`: the compressor's
-  ``_get_out_loc`` and the rows ``forward_unified`` hands each compressor store), on
-  metadata the tree's own ``init_compression_metadata`` made, so likewise only with triton.
+  ``_get_out_loc``, the rows ``forward_unified`` hands each compressor store, and each
+  multi-step draft step's slots and compressed locations), on metadata the tree's own
+  ``init_compression_metadata`` made, so likewise only with triton.
 
 Each check of a tree ends as one :class:`TreeCheck`: *right*, *wrong* (the first wrong row
 and the batch that showed it), *absent* (the tree lacks the code, with why) or *not checked*
