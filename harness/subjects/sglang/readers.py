@@ -118,6 +118,13 @@ def _want(batch: CompressionBatch, ratio: int, unified: bool) -> torch.Tensor:
     return truth.compressed_out_loc(batch.positions, batch.out_loc, ratio)
 
 
+@functools.lru_cache(maxsize=4)
+def _compression_code(tree: SourceTree) -> CompressionMetadataCode:
+    """The tree's compression metadata code, bound once for all its readers (binding the
+    Triton kernels takes a second or two)."""
+    return compressed.bind_compression_metadata(tree)
+
+
 def _run_reader(name: str, bind_it: Callable[[SourceTree], Any],
                 run: Callable[[Any, CompressionMetadataCode, CompressionBatch], list[str]],
                 tree: SourceTree, batches: list[tuple[str, CompressionBatch]] | None) -> ReaderCheck:
@@ -126,7 +133,7 @@ def _run_reader(name: str, bind_it: Callable[[SourceTree], Any],
     reader = bind_it(tree)
     if not triton_available():
         return ReaderCheck(name, ran=False, reason=f"the metadata it reads is {TRITON_MISSING}")
-    code = compressed.bind_compression_metadata(tree)
+    code = _compression_code(tree)
     for kind, batch in batches if batches is not None else reader_batches():
         try:
             wrong = [w for w in run(reader, code, batch) if w is not None]
@@ -277,7 +284,9 @@ class _OnlineC128State:
 def _step_build(path: str, owner: str) -> Callable[[SourceTree], Any]:
     """The backend method that builds one step's metadata (``_build_forward_metadata``,
     else ``init_forward_metadata``), bound on a stand-in that carries exactly what it reads
-    of the backend, and the tree's own ``per_step_draft_out_cache_loc``."""
+    of the backend, and the tree's own ``per_step_draft_out_cache_loc``; bound once per
+    tree for both draft-step checks."""
+    @functools.lru_cache(maxsize=4)
     def bind_it(tree: SourceTree) -> Any:
         text = tree.read(path)
         if text is None:
@@ -379,12 +388,15 @@ class Reader:
 DRAFT_STEP_SLOTS = "draft-step write slots"
 DRAFT_STEP_LOCATIONS = "draft-step compressed locations"
 
+_STEP_BUILDS = {owner: _step_build(path, owner) for path, owner in ((CUDA_BACKEND_FILE, CUDA_BACKEND),
+                                                                    (HIP_BACKEND_FILE, HIP_BACKEND))}
+
 READERS = (
     Reader(OUT_LOC_READER, _bind_out_loc_reader, _run_out_loc_reader),
     Reader(STORE_PATH, _bind_store_path, _run_store_path),
-    *(Reader(f"{owner} {judged}", _step_build(path, owner), functools.partial(_run_step_build, locations=locations),
+    *(Reader(f"{owner} {judged}", bind_it, functools.partial(_run_step_build, locations=locations),
              kinds=(DRAFT_DECODE,))
-      for path, owner in ((CUDA_BACKEND_FILE, CUDA_BACKEND), (HIP_BACKEND_FILE, HIP_BACKEND))
+      for owner, bind_it in _STEP_BUILDS.items()
       for judged, locations in ((DRAFT_STEP_SLOTS, False), (DRAFT_STEP_LOCATIONS, True))),
 )
 
