@@ -3,7 +3,8 @@
 Before a CUDA graph replays, SGLang carries freshly built metadata into the captured
 objects (``copy_`` for a full replay, ``refresh_for_breakable_cuda_graph_replay_`` for a
 breakable one). A store inside the graph reads its rows by address, so a store-row field
-must end with the new rows in the captured tensor unless the recorded graph refills it.
+must end with the new rows in the captured tensor unless the recorded graph refills it, and
+a full replay's merge must do the same for every compressed-KV field the layers read.
 Each release's steps (the table ``STEPS``, bound in source mode with SGLang's own
 ``copy_metadata``) run on CPU tensors with distinct rows. Releases:
 ``$SWAFUZZ_SGLANG_TEST_VERSIONS`` and any already in the wheel cache.
@@ -17,7 +18,7 @@ import os
 import textwrap
 
 import pytest
-from conftest import edited_release, release_or_skip
+from conftest import release_or_skip
 
 from swafuzz.subjects.sglang import locate, tree_checks
 from swafuzz.subjects.sglang.binding import BindError
