@@ -413,7 +413,9 @@ WINDOW_BRANCH = """        metadata = self.forward_metadata
 
 
 # the verdicts of rows that do not hold the gate
-QUIET = {"clean", "not in HEAD", "not checked in either tree"}
+# what leaves the gate passing: BASE's own findings (0.5.23's draft-step compressed locations)
+# stay with it
+QUIET = {"clean", "not in HEAD", "not checked in either tree", "diverges in BASE too"}
 
 
 def _checks(tree) -> dict:
@@ -684,3 +686,38 @@ def test_a_getter_that_tests_for_idle_after_the_window_and_the_tail_diverges(tmp
     # after a window forward comes later in this seed's search than in 0.5.22's
     divergence = _window_finding(tree, max_examples=200).divergence
     assert divergence is not None and "(idle)" in divergence.sentence, divergence
+
+
+def test_the_gate_fails_each_compressed_kv_reader_that_head_gets_wrong_naming_the_quantity(tmp_path):
+    from swafuzz.subjects.sglang import readers
+    from swafuzz.subjects.sglang.interpreted import TRITON_MISSING, triton_available
+    from swafuzz.subjects.sglang.runner_steps import COMPRESSED
+    from swafuzz.tools.pr_gate import DIVERGES, FAILS, check_rows
+
+    if not triton_available():
+        pytest.skip(TRITON_MISSING)
+    copied = '                "c4_out_loc",\n                "c128_out_loc",\n                "page_table",'
+    assign = "            assign_fields=[\n"
+    head = edited_tree(tmp_path, "0.5.23", {
+        # every compressor reads the C4 locations
+        readers.COMPRESSOR_FILE: [('attr_name = f"c{compress_ratio}_out_loc"', 'attr_name = "c4_out_loc"')],
+        CUDA_BACKEND_FILE: [
+            # the merge re-points c128_out_loc instead of copying it
+            (copied, copied.replace('"c128_out_loc",\n                ', "")),
+            (assign, assign + '                "c128_out_loc",\n'),
+            # every draft step is handed the whole multi-step buffer
+            ("            if self.topk > 0 and self.speculative_num_steps > 1:\n",
+             "            if False and self.speculative_num_steps > 1:\n"),
+        ],
+    }, with_tree_checks=True)
+    rows = {row.name: row for row in check_rows(_checks(head), _checks("0.5.23"))}
+    failing = {
+        readers.OUT_LOC_READER: "c128_out_loc, the rows a C128 layer stores, as CompressorBackendMixin._get_out_loc(128)",
+        readers.STORE_PATH: "c128_out_loc, the rows the C128 store writes, as CompressorBackendMixin.forward_unified",
+        f"CUDA DSV4AttnMetadata.copy_ ({COMPRESSED})": "c128_out_loc is re-pointed to the replayed forward's tensor",
+        f"DeepseekV4AttnBackend {readers.DRAFT_STEP_SLOTS}": "out_cache_loc, the write slots DeepseekV4AttnBackend.",
+    }
+    for name, quantity in failing.items():
+        assert rows[name].verdict == FAILS and rows[name].head.outcome == DIVERGES, name
+        assert rows[name].head.detail.startswith(quantity), rows[name].head.detail
+    assert {row.verdict for name, row in rows.items() if name not in failing} <= QUIET

@@ -508,6 +508,15 @@ _DRAFT_LAYER_UNCOMPRESSED = (
     Hop(NEXTN_MODEL, "DeepseekV4ModelNextN.__init__", mentions=("compress_ratio_override=COMPRESS_RATIO_NEXTN_LAYER",)),
     Hop(MODEL, "MQALayer.__init__", mentions=("self.compress_ratio", "Compressor(")),
 )
+def draft_layers_store_no_compressed_kv(tree: SourceTree) -> str | None:
+    """Why no layer of ``tree``'s draft model reads compressed-KV values, with the code
+    that says so; None where the tree does not read so (a draft layer may compress)."""
+    route = Route((), False, _DRAFT_LAYER_UNCOMPRESSED, "")
+    if route_problems(tree, route):
+        return None
+    return f"the draft model's layers are built with compress ratio 0 and store no compressed KV ({route.cited()})"
+
+
 _DRAFT_EXTEND_LIVE_LOCATIONS = Hop(
     CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata_out_graph",
     mentions=("_GraphBucket.DRAFT_EXTEND", "init_forward_metadata_draft_extend(", "out_cache_loc=out_cache_loc,"),
