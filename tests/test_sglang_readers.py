@@ -52,6 +52,14 @@ def test_each_release_compressor_reads_the_truths_rows(version):
 
 
 @needs_triton
+def test_a_store_path_that_reads_what_swafuzz_does_not_model_is_not_checked_never_wrong():
+    # 0.5.12's forward_unified asks the backend to upgrade its metadata first
+    check = _reader_checks(release_or_skip("0.5.12"), readers.STORE_PATH)[readers.STORE_PATH]
+    assert check.outcome == tree_checks.GAP, check
+    assert "'_maybe_upgrade_forward_metadata' from the stand-in attention backend" in check.detail
+
+
+@needs_triton
 @pytest.mark.parametrize("old, new, reader, quantity", [
     # the wrong field: the C4 lengths instead of the write locations
     (GET_OUT_LOC_FIELD, 'attr_name = f"c{compress_ratio}_topk_lengths_clamp1"', readers.OUT_LOC_READER,

@@ -70,6 +70,7 @@ from ..subjects.sglang.tree_checks import (
     TreeCheck,
     check_compressed_values,
     check_producers,
+    check_readers,
     check_tables,
     producer_batches,
 )
@@ -160,6 +161,7 @@ class Matrix:
     runner_steps: dict[str, list[runner_steps.Verdict]] = field(default_factory=dict)  # version -> steps
     kernels: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> compressed-KV kernel checks
     tables: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> index-table builder checks
+    readers: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> compressed-KV reader checks
 
 
 def run_matrix(
@@ -180,6 +182,7 @@ def run_matrix(
     steps: dict[str, list[runner_steps.Verdict]] = {}
     kernels: dict[str, list[TreeCheck]] = {}
     tables: dict[str, list[TreeCheck]] = {}
+    readers: dict[str, list[TreeCheck]] = {}
     for version in versions:
         try:
             tree = locate.wheel(version, cache)
@@ -193,6 +196,7 @@ def run_matrix(
         steps[version] = runner_steps.verdicts(tree)
         kernels[version] = check_compressed_values(tree)
         tables[version] = check_tables(tree)
+        readers[version] = check_readers(tree)
         for target in TARGETS:
             try:
                 info = configured(target.info(tree, "source", name=f"{target.subject_name}@{version}"),
@@ -212,7 +216,7 @@ def run_matrix(
             log(f"{version} {target.name}: " + ", ".join(f"{k} {v}" for k, v in cell.runs.items()))
             cells.append(cell)
     return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started,
-                  sources, revision, overrides, producers, steps, kernels, tables)
+                  sources, revision, overrides, producers, steps, kernels, tables, readers)
 
 
 def concerning(target: Target, switches: SwitchSettings) -> dict[str, bool]:
@@ -558,7 +562,14 @@ def render(matrix: Matrix, report_path: Path) -> str:
                   "one column per SGLang function, run on CPU (the Triton ones under Triton's interpreter) on "
                   "generated batches and compared row by row with `reference/compressed.py`; **absent** where "
                   "the release builds the table elsewhere or not at all.", "",
-                  *_tables_table(matrix)]
+                  *_checks_table(matrix.tables)]
+    if matrix.readers:
+        lines += ["", "## Readers of the compressed values by release", "",
+                  "SGLang's own readers of the compressed-KV values (`harness/subjects/sglang/readers.py`: the "
+                  "compressor's `_get_out_loc` and store path, each draft step's slots and compressed locations), "
+                  "run on metadata the release's own `init_compression_metadata` made and compared row by row "
+                  "with `reference/`; a wrong value no layer of the release reads says `never read` and why.", "",
+                  *_checks_table(matrix.readers)]
     lines += ["", "## Engine switches by release", "",
               "Defaults read from each release (`harness/subjects/sglang/switches.py`); a route that needs a "
               "switch set against its default makes a divergence *reachable off-default*.", "",
@@ -730,11 +741,12 @@ def _table(matrix: Matrix, column: str) -> str:
     return "\n".join(rows)
 
 
-def _tables_table(matrix: Matrix) -> list[str]:
-    names = list(dict.fromkeys(c.name for checks in matrix.tables.values() for c in checks))
+def _checks_table(by_version: dict[str, list[TreeCheck]]) -> list[str]:
+    """Release x check, one column per SGLang function checked."""
+    names = list(dict.fromkeys(c.name for checks in by_version.values() for c in checks))
     rows = ["| release | " + " | ".join(f"`{name}`" for name in names) + " |",
             "| --- |" + " --- |" * len(names)]
-    for version, checks in matrix.tables.items():
+    for version, checks in by_version.items():
         by_name = {c.name: c for c in checks}
         rows.append(f"| {version} | " + " | ".join(_table_cell(by_name.get(name), version) for name in names) + " |")
     return rows
@@ -794,6 +806,7 @@ def verdict_row(matrix: Matrix, version: str) -> str:
     cells.append(f"stale: {', '.join(stale)}" if stale else f"all kept ({len(steps)} run)")
     cells.append("; ".join(c.outcome for c in matrix.kernels.get(version, [])) or "-")
     cells.append(_outcomes(matrix.tables.get(version, [])))
+    cells.append(_outcomes(matrix.readers.get(version, [])))
     return f"| {version} | " + " | ".join(cells) + " |"
 
 
@@ -807,12 +820,12 @@ def _outcomes(checks: list[TreeCheck]) -> str:
 
 def verdicts_table(matrix: Matrix) -> str:
     header = ["release", *(t.name for t in TARGETS), "producers", "runner steps", "compressed-KV values",
-              "index tables"]
+              "index tables", "compressed-KV readers"]
     return "\n".join([
         "# SGLang verdicts by release", "",
         f"The fast part of [sglang-matrix.md](sglang-matrix.md), in seconds a release: each target's "
         f"hand-written examples (`strategies/examples.py`: how many diverge, and which), and each release's "
-        f"producers of the rows, graph-runner steps, compressed-KV kernels and index-table builders. Written by `{VERDICTS_COMMAND}`; "
+        f"producers of the rows, graph-runner steps, compressed-KV kernels, index-table builders and the readers of the compressed values. Written by `{VERDICTS_COMMAND}`; "
         f"`tests/test_sglang_verdicts.py` makes the rows of the releases the suite reads again and "
         f"compares them, so this table is what the code says now. The full report's searches are rebuilt "
         f"with `tox -e sglang-matrix`, and its examples and producers columns must agree with this table.", "",

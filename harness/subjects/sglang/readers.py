@@ -186,11 +186,26 @@ class KVLayout(str, enum.Enum):
     V4 = "v4"
 
 
-class _StoreBackend:
+class _Modelled(SimpleNamespace):
+    """An engine object of which swafuzz models the attributes it is given: reading any other
+    is a gap of swafuzz's, never an answer of the tree's code."""
+
+    role = "engine object"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise StandInGap(f"SGLang code read {name!r} from the stand-in {self.role}, which swafuzz does not model")
+
+
+class _StoreBackend(_Modelled):
     """The backend a compressor runs on: the forward's metadata, a pool, and the store,
     which records the rows it is handed instead of writing a cache."""
 
+    role = "attention backend"
+
     def __init__(self, metadata: Any, pool: Any):
+        super().__init__()
         self.forward_metadata = SimpleNamespace(core_metadata=metadata)
         self.token_to_kv_pool = pool
         self.enable_deepseek_v4_fp4_indexer = False
@@ -204,7 +219,13 @@ class _StoreBackend:
         raise AssertionError("the HIP fallback store runs only on HIP, which is off here")
 
 
-def _pool() -> SimpleNamespace:
+class _Pool(_Modelled):
+    """The compressed-KV pool a compressor stores into."""
+
+    role = "compressed-KV pool"
+
+
+def _pool() -> _Pool:
     """A compressed-KV pool with one layer of every buffer, its compressed pool without
     hisparse translation."""
     def buffer(*_: Any) -> torch.Tensor:
@@ -213,7 +234,7 @@ def _pool() -> SimpleNamespace:
     def page_size(*_: Any) -> int:
         return compressed.PAGE_SIZE
 
-    return SimpleNamespace(
+    return _Pool(
         uniform_fp8=False, layer_mapping={LAYER_ID: (None, None, SimpleNamespace())},
         get_extra_key_buffer=buffer, get_extra_key_page_size=page_size, get_extra_key_layout=lambda _: KVLayout.V4,
         get_index_k_with_scale_buffer=buffer, get_index_k_page_size=page_size, get_unified_kv=buffer,
