@@ -314,7 +314,7 @@ def test_an_edit_that_reaches_a_returned_value_is_not_never_read():
 
 def test_a_never_read_mutant_that_the_search_kills_counts_as_killed(monkeypatch):
     # the reading explains survivors; an edit it calls unread may still raise, and that is a kill
-    def outcome(runner, mutant, budget_s, seed, scope):
+    def outcome(runner, mutant, budget_s, seed, search):
         if mutant is None:
             return mutation.Outcome(None, PASSES)
         return mutation.Outcome(mutant, KILLED_STATUS, profile="realistic", time_to_kill_s=0.1, kind="raised")

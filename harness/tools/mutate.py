@@ -15,7 +15,8 @@ functions its binding runs, by the same operators; each such mutant is the tree 
 edit, read in place and bound as any tree is (:func:`tree_mutant_subject`).
 
 :func:`mutate` fuzzes the unmutated subject first (it must pass: a subject that diverges
-makes no figures), then every mutant with its own budget, the realistic profile for the
+makes no figures), then every mutant with its own budget (and, where given, its own number
+of scenarios: whichever runs out first ends the search), the realistic profile for the
 first half and the adversarial one for the rest (or the profiles given, never drawing the
 features excluded: the scope a subject is meant to be right on). A mutant is *killed* only
 when the unmutated subject passes the shrunk scenario that the mutant failed. All of it runs
@@ -1151,13 +1152,13 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, max_examples: int | 
         isolated = os.environ.get(SUPERVISOR_SWITCH_ENV, "1") != "0"
     runner = (_Worker if isolated else _InProcess)(spec, device)
     try:
-        scope = {"profiles": tuple(profiles), "exclude": frozenset(exclude), "max_examples": max_examples}
-        baseline = _outcome(runner, None, budget_s, seed, scope)
+        search = {"profiles": tuple(profiles), "exclude": frozenset(exclude), "max_examples": max_examples}
+        baseline = _outcome(runner, None, budget_s, seed, search)
         report = MutationReport(spec, budget_s, seed, baseline, equivalents_listed=len(equivalents),
                                 profiles=tuple(profiles), exclude=tuple(sorted(exclude)), max_examples=max_examples)
         if baseline.status == PASSES:
             for number, mutant in enumerate(mutants, 1):
-                outcome = _outcome(runner, mutant, budget_s, seed, scope)
+                outcome = _outcome(runner, mutant, budget_s, seed, search)
                 if outcome.status == SURVIVED and mutant.id in equivalents:
                     outcome.status, outcome.equivalent_reason = EQUIVALENT, equivalents[mutant.id]
                 elif outcome.status == SURVIVED and mutant.never_read:
@@ -1174,8 +1175,8 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, max_examples: int | 
 
 
 def _outcome(runner: _Worker | _InProcess, mutant: Mutant | None, budget_s: float, seed: int,
-             scope: dict[str, Any]) -> Outcome:
-    answer = runner.ask("examine", (mutant, budget_s, seed, scope), budget_s + WORKER_GRACE_S)
+             search: dict[str, Any]) -> Outcome:
+    answer = runner.ask("examine", (mutant, budget_s, seed, search), budget_s + WORKER_GRACE_S)
     if not isinstance(answer, _Lost):
         return answer
     sentence = f"The process running it {answer.how}"
