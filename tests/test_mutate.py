@@ -477,6 +477,8 @@ def test_mutate_on_the_command_line_writes_both_reports_and_exits_0_when_all_are
     printed = json.loads(capsys.readouterr().out)
     assert code == 0 and printed["killed"] == printed["made"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mutants.json", "mutants.md"]
+    assert printed["max_examples"] == 20
+    assert "Budget 600 s or 20 examples per mutant" in (tmp_path / "mutants.md").read_text()
 
 
 @pytest.mark.parametrize("arguments", [
@@ -486,8 +488,9 @@ def test_mutate_on_the_command_line_writes_both_reports_and_exits_0_when_all_are
     ["--subject", "sglang:pool-getter"],
     ["--subject", "uncached", "--exclude", "no-such-feature"],
     ["--subject", "uncached", "--profile", "no-such-profile"],
+    ["--subject", "uncached", "--max-examples", "0"],
 ], ids=["unknown-subject", "unknown-operator", "missing-equivalent-list", "unknown-sglang-target", "unknown-feature",
-        "unknown-profile"])
+        "unknown-profile", "no-examples"])
 def test_bad_input_to_mutate_is_a_usage_error(arguments, tmp_path):
     assert main(["mutate", *arguments, "--report-dir", str(tmp_path)]) == 2
 
