@@ -20,6 +20,7 @@ import torch
 from conftest import release_or_skip, released_tree, wait_until
 
 from swafuzz.api import ForwardMode, ModelSpec
+from swafuzz.reference import Scenario
 from swafuzz.run.executor import run_scenario
 from swafuzz.search.fuzz import fuzz
 from swafuzz.subjects.sglang import BindError, bind_target, callsites, engine_features, locate, tree_checks
@@ -684,8 +685,19 @@ TAIL_KEPT = [(TAIL_RETURN, "            if getattr(self, \"_tail_swa_loc\", None
                            "            return self._tail_swa_loc\n")]
 
 
-def _tail_getter(tree: locate.SourceTree, name: str = "cuda-swa-out-cache-loc", tail: bool = True):
-    return bind_target(target(name), tree, "source", switches={DECODER_REPLAY_SWITCH: tail})
+# two extends longer than the window (4): the late layers (2 and 3 of 0..3) store each
+# request's last 4 rows, the second extend's other rows than the first's
+TAIL_SCENARIO = Scenario.from_dict({"config": {"end_layer": 4, "sliding_window": 4}, "events": [
+    {"op": "admit", "count": 2},
+    {"op": "forward", "mode": "extend", "requests": [0, 1], "tokens": [7, 2]},
+    {"op": "forward", "mode": "extend", "requests": [0, 1], "tokens": [5, 6]},
+    {"op": "forward", "requests": [0, 1]},
+]})
+
+
+def _tail_getter(tree: locate.SourceTree, name: str = "cuda-swa-out-cache-loc", tail: bool = True,
+                 window: bool = False):
+    return bind_target(target(name), tree, "source", switches={DECODER_REPLAY_SWITCH: tail, REQUEST_WINDOW_SWITCH: window})
 
 
 def _tail_finding(tree: locate.SourceTree, max_examples: int = 40):
@@ -723,3 +735,23 @@ def test_the_tail_branch_is_listed_unchecked_only_while_its_switch_is_off():
     assert any(f"{DECODER_REPLAY_SWITCH} is off" in note for note in off), off
     on = _tail_getter(release).subject.not_checked()
     assert not any("is off" in note for note in on) and any(note.startswith("late-layer tail:") for note in on), on
+
+
+def test_a_tail_layer_answered_with_the_whole_extent_names_the_getter_and_both_row_counts(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: TAIL_AS_FULL_EXTENT})
+    result = run_scenario(_tail_getter(tree).subject, TAIL_SCENARIO)
+    assert not result.passed
+    assert result.divergence.sentence.startswith(
+        "At forward 1 (extend), layer 2, DeepseekV4AttnBackend.get_swa_out_cache_loc"), result.divergence.sentence
+    assert "returned 9 rows in a late-layer tail layer of an extend whose tail holds 6" in result.divergence.sentence
+
+
+def test_under_both_bounded_replays_0_5_23_stores_the_tail_through_the_windows_layout_of_it():
+    release = release_or_skip("0.5.23")
+    for name in ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"):
+        stores = []
+        result = run_scenario(_tail_getter(release, name, window=True).subject, TAIL_SCENARIO, on_store=stores.append)
+        assert result.passed, result.divergence.sentence
+        # every late layer of both extends was checked, and found right
+        late = {(store.forward, store.layer_id) for store in stores if store.layer_id >= 2 and store.divergence is None}
+        assert {(1, 2), (1, 3), (2, 2), (2, 3)} <= late, stores

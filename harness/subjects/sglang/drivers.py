@@ -597,24 +597,34 @@ class TranslatedLocSubject(_MetadataSubject):
 
     def _builds_tail(self, batch: ForwardBatch) -> bool:
         """Whether metadata init builds a late-layer tail for ``batch``: the switch is on, the
-        getter has the branch, the forward is an extend without speculation on the target
-        model, and no request window is on (the getter then returns the window's rows, from
-        a tail layout that is not modelled: see :meth:`not_checked`)."""
+        getter has the branch, and the forward is an extend without speculation on the target
+        model."""
         return (self.tail_code is not None and self.late_layer_tail_on() and batch.mode is ForwardMode.EXTEND
-                and self.spec.model == "target" and self._request_window(batch) is None
-                and self.late_layer_start is not None)
+                and self.spec.model == "target" and self.late_layer_start is not None)
 
     def _tail_metadata(self, batch: ForwardBatch) -> ForwardMetadata:
         """The tail metadata as ``_build_late_layer_tail_metadata`` makes it for the getter:
-        the tree's layout of the tail rows, their locations translated by the pool."""
+        the tree's layout of the tail rows, their locations translated by the pool, or under
+        the request window the rows of the window's layout of the tail (its prefill metadata
+        init lays the tail rows out with one history group per request)."""
         token_indices, tail_lens, _floor = self.tail_code.function(
             extend_lens_cpu=[int(n) for n in batch.extend_seq_lens.tolist()],
             seq_lens_cpu=[int(n) for n in batch.seq_lens_cpu.tolist()],
             tail_len=self.spec.sliding_window, device=batch.out_cache_loc.device,
         )
-        swa_out_cache_loc = self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc[token_indices]).to(torch.int32)
         positions = batch.positions[token_indices]
-        core = self.core_class.of(positions, swa_out_cache_loc)
+        window = self._request_window(batch)
+        if window is None:
+            swa_out_cache_loc = self.pool.translate_loc_from_full_to_swa(
+                batch.out_cache_loc[token_indices]).to(torch.int32)
+            core = self.core_class.of(positions, swa_out_cache_loc)
+        else:
+            live = int(batch.extend_seq_lens.sum())
+            slots = batch.req_pool_indices.repeat_interleave(batch.extend_seq_lens, output_size=live)
+            layout = self.window_code.layout(window, slots[token_indices], positions, batch.batch_size)
+            swa_out_cache_loc = layout.write_loc
+            core = self.core_class.of(positions, swa_out_cache_loc)
+            core.request_window_layout = layout
         tail = LateLayerTailStandIn(token_indices=token_indices, positions=positions,
                                     extend_seq_lens_cpu=list(tail_lens), swa_out_cache_loc=swa_out_cache_loc)
         return self.metadata_class(core_attn_metadata=core, late_layer_tail=tail)
@@ -643,14 +653,10 @@ class TranslatedLocSubject(_MetadataSubject):
                     f"(set {DECODER_REPLAY_SWITCH.removeprefix('--')}=1 to check it)")
         if cls.tail_code is None:
             return f"late-layer tail: {cls.tail_absent}"
-        said = ("late-layer tail: prefill CUDA graph tail blocks, context-parallel tails and whole-extend tails "
+        return ("late-layer tail: prefill CUDA graph tail blocks, context-parallel tails and whole-extend tails "
                 "(prompt logprobs, every hidden state) are not modelled, nor an extend whose metadata init is "
                 "skipped (it runs every layer over every row here); an extend split into micro-batches runs "
                 "a tail per micro-batch, which SGLang's tail path never does (it refuses two-batch overlap)")
-        if cls.request_window_on():
-            said += ("; under the request window the tail layers are not modelled (they read the window's "
-                     "layout of the tail rows, which the getter returns before its tail branch)")
-        return said
 
     def _window_layout(self, batch: ForwardBatch, window: Any) -> Any:
         if batch.mode.is_idle():
@@ -689,13 +695,17 @@ class TranslatedLocSubject(_MetadataSubject):
 
     def _tail_rows_read_back(self, batch: ForwardBatch, answer: Any) -> Any:
         """The answer of a tail layer at the extend rows whose keys it stores (the reference's
-        tail rows), the other rows as the reference has them; an answer that is not an int32
-        row per tail row on the batch's device is handed on as it is, for the judge to say so,
-        and one of another length is the getter's fault (a full extent's rows among them)."""
+        tail rows; under the request window, workspace rows read back through the reference's
+        layout of the tail first), the other rows as the reference has them; an answer that is
+        not an int32 row per tail row on the batch's device is handed on as it is, for the
+        judge to say so, and one of another length is the getter's fault (a full extent's rows
+        among them)."""
         if type(answer) is not torch.Tensor or answer.dtype != torch.int32 or answer.dim() != 1 \
                 or answer.device != batch.out_cache_loc.device:
             return answer
         tail = late_layer_tail_tokens(batch.extend_seq_lens, self.spec.sliding_window).to(answer.device)
+        if self._request_window(batch) is not None:
+            answer = self._window_rows_read_back(batch, answer, tail)
         if answer.shape[0] != tail.shape[0]:
             getter = getattr(self.backend_class, self.getter)
             raise CodeFault(*defined_at(getter),
@@ -706,21 +716,37 @@ class TranslatedLocSubject(_MetadataSubject):
         rows[tail] = answer
         return rows
 
-    def _window_rows_read_back(self, batch: ForwardBatch, rows: torch.Tensor) -> torch.Tensor:
+    def _window_rows_read_back(self, batch: ForwardBatch, rows: torch.Tensor,
+                               tail: torch.Tensor | None = None) -> torch.Tensor:
         """The SWA slot of the batch row whose workspace row each of ``rows`` is, by the
-        reference's layout; -1 for a row that is none of this forward's. Tensor operations
-        only, so that a captured graph redoes the reading at each replay."""
-        if batch.in_graph:
+        reference's layout; -1 for a row that is none of this forward's. ``tail``: the
+        extend rows a tail layer stores (the reference's), laid out on their own. Tensor
+        operations only, so that a captured graph redoes the reading at each replay."""
+        locations = batch.out_cache_loc.to(torch.int64)
+        if tail is not None:
+            want, locations = self._tail_window_truth(batch, tail).write_loc, locations[tail]
+        elif batch.in_graph:
             want = self._slot(batch).window_rows[batch.num_tokens]
         else:
-            want = self._window_truth(batch).write_loc.to(device=rows.device, dtype=torch.int64)
+            want = self._window_truth(batch).write_loc
+        want = want.to(device=rows.device, dtype=torch.int64)
         got = rows.to(torch.int64)
         if want.numel() == 0:
             return torch.full_like(got, -1, dtype=torch.int32)
         order = torch.argsort(want)
         place = order[torch.searchsorted(want[order], got).clamp(max=want.numel() - 1)]
-        slots = self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32)
+        slots = self.mapping[locations].to(torch.int32)
         return torch.where(want[place] == got, slots[place], torch.full_like(slots[place], -1))
+
+    def _tail_window_truth(self, batch: ForwardBatch, tail: torch.Tensor):
+        """The reference's window layout of a forward whose requests add only their tail rows
+        (after the rows before them): the layout the tail metadata carries."""
+        counts = batch.extend_seq_lens.cpu()
+        kept = torch.bincount(torch.arange(batch.batch_size).repeat_interleave(counts)[tail.cpu()],
+                              minlength=batch.batch_size)
+        capacity = self.window_code.capacity(self._draft_tokens())
+        return self.window_code.truth(batch.req_pool_indices, batch.extend_prefix_lens.cpu() + counts - kept, kept,
+                                      capacity, batch.batch_size)
 
     def _window_truth(self, batch: ForwardBatch):
         capacity = self.window_code.capacity(self._draft_tokens())
