@@ -700,12 +700,12 @@ class TranslatedLocSubject(_MetadataSubject):
         not an int32 row per tail row on the batch's device is handed on as it is, for the
         judge to say so, and one of another length is the getter's fault (a full extent's rows
         among them)."""
+        tail = late_layer_tail_tokens(batch.extend_seq_lens, self.spec.sliding_window).to(batch.out_cache_loc.device)
+        if type(answer) is torch.Tensor and self._request_window(batch) is not None:
+            answer = self._window_rows_read_back(batch, answer, tail)
         if type(answer) is not torch.Tensor or answer.dtype != torch.int32 or answer.dim() != 1 \
                 or answer.device != batch.out_cache_loc.device:
             return answer
-        tail = late_layer_tail_tokens(batch.extend_seq_lens, self.spec.sliding_window).to(answer.device)
-        if self._request_window(batch) is not None:
-            answer = self._window_rows_read_back(batch, answer, tail)
         if answer.shape[0] != tail.shape[0]:
             getter = getattr(self.backend_class, self.getter)
             raise CodeFault(*defined_at(getter),
