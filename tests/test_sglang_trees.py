@@ -697,7 +697,8 @@ TAIL_SCENARIO = Scenario.from_dict({"config": {"end_layer": 4, "sliding_window":
 
 def _tail_getter(tree: locate.SourceTree, name: str = "cuda-swa-out-cache-loc", tail: bool = True,
                  window: bool = False):
-    return bind_target(target(name), tree, "source", switches={DECODER_REPLAY_SWITCH: tail, REQUEST_WINDOW_SWITCH: window})
+    return bind_target(target(name), tree, "source",
+                       switches={DECODER_REPLAY_SWITCH: tail, REQUEST_WINDOW_SWITCH: window})
 
 
 def _tail_finding(tree: locate.SourceTree, max_examples: int = 40):
