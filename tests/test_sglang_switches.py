@@ -61,6 +61,7 @@ from swafuzz.strategies.restrictions import scenarios_without
 PREP = "SGLANG_PREP_IN_CUDA_GRAPH"
 CACHE = "SGLANG_OPT_CACHE_SWA_TRANSLATION"
 WINDOW = "--enable-encoder-swa-bounded-replay"
+TAIL = "--enable-decoder-swa-bounded-replay"
 
 
 # ---- switch settings -----------------------------------------------------------------------
@@ -69,7 +70,7 @@ WINDOW = "--enable-encoder-swa-bounded-replay"
 def test_a_release_runs_with_its_own_defaults_unless_a_switch_is_overridden():
     assert settings_for("0.5.12").to_dict() == {PREP: True, CACHE: True}
     assert settings_for("0.5.19").to_dict() == {}
-    assert settings_for("0.5.23").to_dict() == {"SGLANG_DSV4_UNIFIED_KV_FP8": False, WINDOW: False}
+    assert settings_for("0.5.23").to_dict() == {"SGLANG_DSV4_UNIFIED_KV_FP8": False, WINDOW: False, TAIL: False}
     overridden = settings_for("0.5.17", {PREP: False, CACHE: False})
     # an override of a switch the release lacks does not apply to it
     assert overridden.to_dict() == {PREP: False}
@@ -85,6 +86,7 @@ def test_a_release_runs_with_its_own_defaults_unless_a_switch_is_overridden():
     ("SGLANG_OPT_CACHE_SWA_TRANSLATION=1", (CACHE, True)),
     ("enable-encoder-swa-bounded-replay=1", (WINDOW, True)),
     ("--enable-encoder-swa-bounded-replay=0", (WINDOW, False)),
+    ("enable-decoder-swa-bounded-replay=1", (TAIL, True)),
 ])
 def test_a_switch_override_names_a_switch_and_zero_or_one(text, parsed):
     assert parse_override(text) == parsed

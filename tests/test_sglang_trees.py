@@ -20,12 +20,16 @@ import torch
 from conftest import release_or_skip, released_tree, wait_until
 
 from swafuzz.api import ForwardMode, ModelSpec
+from swafuzz.reference import Scenario
 from swafuzz.run.executor import run_scenario
 from swafuzz.search.fuzz import fuzz
 from swafuzz.subjects.sglang import BindError, bind_target, callsites, engine_features, locate, tree_checks
 from swafuzz.subjects.sglang.drivers import RING_GETTER_MODES
+from swafuzz.subjects.sglang.late_layer_tail import ATTN_METADATA_FILES
 from swafuzz.subjects.sglang.request_window import WINDOW_FILE
-from swafuzz.subjects.sglang.switches import ENVIRON, REQUEST_WINDOW_SWITCH, settings_of, switch
+from swafuzz.subjects.sglang.switches import (
+    DECODER_REPLAY_SWITCH, ENVIRON, REQUEST_WINDOW_SWITCH, settings_of, switch,
+)
 from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, MICRO_BATCHES, RAGGED_EXTEND, in_mode
@@ -33,7 +37,7 @@ from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, MICRO_
 # what a target binds, and what its call sites and switches are read from
 WINDOW_SWITCH_FILE = switch(REQUEST_WINDOW_SWITCH).declared_in[0]
 FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, WINDOW_FILE, WINDOW_SWITCH_FILE,
-         *locate.VERSION_FILES,
+         *ATTN_METADATA_FILES, "sglang/srt/utils/common.py", *locate.VERSION_FILES,
          *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py")
 
 
@@ -721,3 +725,88 @@ def test_the_gate_fails_each_compressed_kv_reader_that_head_gets_wrong_naming_th
         assert rows[name].verdict == FAILS and rows[name].head.outcome == DIVERGES, name
         assert rows[name].head.detail.startswith(quantity), rows[name].head.detail
     assert {row.verdict for name, row in rows.items() if name not in failing} <= QUIET
+
+
+# ---- the getter's late-layer tail branch (0.5.21+) -----------------------------------------------
+
+TAIL_ON = {DECODER_REPLAY_SWITCH: True}
+# plausible edits of 0.5.23's tail branch: answer the tail layers with the full forward's
+# translated locations, or with the tail a backend kept from its first extend
+TAIL_AS_FULL_EXTENT = [(TAIL_RETURN, "            return self.token_to_kv_pool.translate_loc_from_full_to_swa(\n"
+                                     "                out_cache_loc\n            ).to(torch.int32)\n")]
+TAIL_KEPT = [(TAIL_RETURN, "            if getattr(self, \"_tail_swa_loc\", None) is None:\n"
+                           "                self._tail_swa_loc = metadata.late_layer_tail.swa_out_cache_loc\n"
+                           "            return self._tail_swa_loc\n")]
+
+
+# two extends longer than the window (4): the late layers (2 and 3 of 0..3) store each
+# request's last 4 rows, the second extend's other rows than the first's
+TAIL_SCENARIO = Scenario.from_dict({"config": {"end_layer": 4, "sliding_window": 4}, "events": [
+    {"op": "admit", "count": 2},
+    {"op": "forward", "mode": "extend", "requests": [0, 1], "tokens": [7, 2]},
+    {"op": "forward", "mode": "extend", "requests": [0, 1], "tokens": [5, 6]},
+    {"op": "forward", "requests": [0, 1]},
+]})
+
+
+def _tail_getter(tree: locate.SourceTree, name: str = "cuda-swa-out-cache-loc", tail: bool = True,
+                 window: bool = False):
+    return bind_target(target(name), tree, "source",
+                       switches={DECODER_REPLAY_SWITCH: tail, REQUEST_WINDOW_SWITCH: window})
+
+
+def _tail_finding(tree: locate.SourceTree, max_examples: int = 40):
+    """What a short seeded search of the CUDA getter under decoder SWA bounded replay finds."""
+    return fuzz(_tail_getter(tree), settings="ci", max_examples=max_examples, seed=4)
+
+
+def test_the_getters_of_0_5_23_store_the_late_layer_tail_rows_right():
+    release = release_or_skip("0.5.23")
+    for name in ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"):
+        info = _tail_getter(release, name)
+        assert not any(note.startswith("late-layer tail: --enable") for note in info.subject.not_checked())
+        found = fuzz(info, settings="ci", max_examples=40, seed=4)
+        assert found.divergence is None, found.divergence.sentence
+
+
+def test_a_getter_that_answers_tail_layers_with_the_full_extent_is_found(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: TAIL_AS_FULL_EXTENT})
+    divergence = _tail_finding(tree).divergence
+    assert divergence is not None and "DeepseekV4AttnBackend.get_swa_out_cache_loc" in divergence.sentence, divergence
+    assert "late-layer tail layer" in divergence.sentence, divergence.sentence
+    # the same tree with the switch off stores every row in every layer, which it gets right
+    assert fuzz(_tail_getter(tree, tail=False), settings="ci", max_examples=40, seed=4).divergence is None
+
+
+def test_a_getter_that_keeps_the_tail_of_an_earlier_extend_is_found(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: TAIL_KEPT})
+    divergence = _tail_finding(tree).divergence
+    assert divergence is not None and "DeepseekV4AttnBackend.get_swa_out_cache_loc" in divergence.sentence, divergence
+
+
+def test_the_tail_branch_is_listed_unchecked_only_while_its_switch_is_off():
+    release = release_or_skip("0.5.23")
+    off = _tail_getter(release, tail=False).subject.not_checked()
+    assert any(f"{DECODER_REPLAY_SWITCH} is off" in note for note in off), off
+    on = _tail_getter(release).subject.not_checked()
+    assert not any("is off" in note for note in on) and any(note.startswith("late-layer tail:") for note in on), on
+
+
+def test_a_tail_layer_answered_with_the_whole_extent_names_the_getter_and_both_row_counts(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: TAIL_AS_FULL_EXTENT})
+    result = run_scenario(_tail_getter(tree).subject, TAIL_SCENARIO)
+    assert not result.passed
+    assert result.divergence.sentence.startswith(
+        "At forward 1 (extend), layer 2, DeepseekV4AttnBackend.get_swa_out_cache_loc"), result.divergence.sentence
+    assert "returned 9 rows in a late-layer tail layer of an extend whose tail holds 6" in result.divergence.sentence
+
+
+def test_under_both_bounded_replays_0_5_23_stores_the_tail_through_the_windows_layout_of_it():
+    release = release_or_skip("0.5.23")
+    for name in ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"):
+        stores = []
+        result = run_scenario(_tail_getter(release, name, window=True).subject, TAIL_SCENARIO, on_store=stores.append)
+        assert result.passed, result.divergence.sentence
+        # every late layer of both extends was checked, and found right
+        late = {(store.forward, store.layer_id) for store in stores if store.layer_id >= 2 and store.divergence is None}
+        assert {(1, 2), (1, 3), (2, 2), (2, 3)} <= late, stores

@@ -27,10 +27,11 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from ...api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
+from ...reference.truth import late_layer_tail_tokens
 from .binding import Binding
 from .derived import EngineModel, InitDerivation
 from .faults import defined_at, location_fault
-from .switches import REQUEST_WINDOW_SWITCH
+from .switches import DECODER_REPLAY_SWITCH, REQUEST_WINDOW_SWITCH
 from ...errors import CodeFault, StandInGap
 
 
@@ -134,6 +135,15 @@ class CoreMetadata(StandIn):
             swa_topk_lengths=lengths, c128_topk_lengths_raw=lengths, c4_sparse_topk_lengths_raw=lengths,
             c128_page_indices=pages, c4_sparse_page_indices=pages,
         )
+
+
+class LateLayerTailStandIn(StandIn):
+    """The rows the late layers run over under decoder SWA bounded replay (SGLang's
+    ``LateLayerTail``, 0.5.21+): the tail's indices into the extend, its positions, its
+    length per request and the SWA rows its keys are written to."""
+
+    role = "late-layer tail"
+    attributes = frozenset({"token_indices", "positions", "extend_seq_lens_cpu", "swa_out_cache_loc"})
 
 
 class UnifiedStandIn(StandIn):
@@ -323,6 +333,10 @@ class SglangSubject(Subject):
     # no branch for it, and window_absent says why)
     window_code: ClassVar[Any] = None
     window_absent: ClassVar[str] = ""
+    # the tree's late_layer_tail_layout (.late_layer_tail.TailLayout; None where the target's
+    # code has no branch for the tail, and tail_absent says why)
+    tail_code: ClassVar[Any] = None
+    tail_absent: ClassVar[str] = ""
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -457,6 +471,10 @@ class _BackendSlot:
     # graph batch size -> the reference's workspace rows, read before the capture (which
     # refuses host reads)
     window_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    # the late-layer tail metadata the target model's backend holds (SGLang's
+    # tail_forward_metadata), and the forward whose metadata init built it
+    tail: ForwardMetadata | None = None
+    tail_for: int | None = None
 
 
 def _role(mode: ForwardMode) -> str:
@@ -534,6 +552,20 @@ class TranslatedLocSubject(_MetadataSubject):
     that row's SWA slot; a workspace row that belongs to no row of this forward (a previous
     forward's layout) is answered -1, which no slot is. The draft model's pool has no
     window (SGLang builds one only for the target worker).
+
+    Under decoder SWA bounded replay (``--enable-decoder-swa-bounded-replay``, 0.5.21+, where
+    the getter has a branch for the late-layer tail) an extend's metadata init also builds
+    the tail metadata (``DeepseekV4AttnBackend.init_forward_metadata`` calls
+    ``_build_late_layer_tail_metadata`` for extends without speculation; the HIP backend the
+    same, 0.5.22+): the tree's ``late_layer_tail_layout`` picks each request's last
+    ``sliding_window`` tokens (SGLang passes its ``SWA_WINDOW``, the model's window; here the
+    engine model's), and the tail's ``swa_out_cache_loc`` is the pool's translation of those
+    rows' locations. The layers from :attr:`late_layer_start` on read the getter with that
+    metadata as the backend's ``forward_metadata`` (``enter_late_layer_tail`` swaps it in,
+    ``exit_late_layer_tail`` back). A tail layer stores the tail's rows only: the answer must
+    hold one row per tail row (:func:`swafuzz.reference.truth.late_layer_tail_tokens`), else
+    the getter is at fault; each is answered at its extend row, and the rows the layer does
+    not store as the reference has them, so that findings are the getter's.
     """
 
     truth = Truth.POOL
@@ -550,6 +582,56 @@ class TranslatedLocSubject(_MetadataSubject):
         return self.pool.request_window if _role(batch.mode) == "model" else None
 
     @classmethod
+    def late_layer_tail_on(cls) -> bool:
+        """Whether the run sets decoder SWA bounded replay (DeepSeek-V4.1's late-layer tail)."""
+        settings = cls.environment.settings
+        return bool(settings is not None and settings.get(DECODER_REPLAY_SWITCH))
+
+    @property
+    def late_layer_start(self) -> int | None:
+        """The first layer that runs on the tail. SGLang's ``DeepseekV4Model.__init__`` sets
+        ``late_layer_start`` from the model config's KV-source layers: the last of them in
+        0.5.23 (its compressed keys are written for every row first), the layer after it in
+        0.5.21 and 0.5.22. The engine model has no KV-source layers, so the middle SWA layer
+        of the stage stands for it, leaving layers before it that store every row."""
+        layers = self.spec.swa_layers
+        return layers[len(layers) // 2] if layers else None
+
+    def _builds_tail(self, batch: ForwardBatch) -> bool:
+        """Whether metadata init builds a late-layer tail for ``batch``: the switch is on, the
+        getter has the branch, and the forward is an extend without speculation on the target
+        model."""
+        return (self.tail_code is not None and self.late_layer_tail_on() and batch.mode is ForwardMode.EXTEND
+                and self.spec.model == "target" and self.late_layer_start is not None)
+
+    def _tail_metadata(self, batch: ForwardBatch) -> ForwardMetadata:
+        """The tail metadata as ``_build_late_layer_tail_metadata`` makes it for the getter:
+        the tree's layout of the tail rows, their locations translated by the pool, or under
+        the request window the rows of the window's layout of the tail (its prefill metadata
+        init lays the tail rows out with one history group per request)."""
+        token_indices, tail_lens, _floor = self.tail_code.function(
+            extend_lens_cpu=[int(n) for n in batch.extend_seq_lens.tolist()],
+            seq_lens_cpu=[int(n) for n in batch.seq_lens_cpu.tolist()],
+            tail_len=self.spec.sliding_window, device=batch.out_cache_loc.device,
+        )
+        positions = batch.positions[token_indices]
+        window = self._request_window(batch)
+        if window is None:
+            swa_out_cache_loc = self.pool.translate_loc_from_full_to_swa(
+                batch.out_cache_loc[token_indices]).to(torch.int32)
+            core = self.core_class.of(positions, swa_out_cache_loc)
+        else:
+            live = int(batch.extend_seq_lens.sum())
+            slots = batch.req_pool_indices.repeat_interleave(batch.extend_seq_lens, output_size=live)
+            layout = self.window_code.layout(window, slots[token_indices], positions, batch.batch_size)
+            swa_out_cache_loc = layout.write_loc
+            core = self.core_class.of(positions, swa_out_cache_loc)
+            core.request_window_layout = layout
+        tail = LateLayerTailStandIn(token_indices=token_indices, positions=positions,
+                                    extend_seq_lens_cpu=list(tail_lens), swa_out_cache_loc=swa_out_cache_loc)
+        return self.metadata_class(core_attn_metadata=core, late_layer_tail=tail)
+
+    @classmethod
     def not_checked(cls) -> tuple[str, ...]:
         """The getter's branches this run does not check, each with the reason."""
         reads = cls.binding.classes[cls.backend_class_name].methods[cls.getter].__code__.co_names
@@ -561,12 +643,22 @@ class TranslatedLocSubject(_MetadataSubject):
         elif cls.request_window_on():
             notes.append(f"request window: {cls.window_absent}")
         if "late_layer_tail" in reads:
-            notes.append("late-layer tail (--enable-decoder-swa-bounded-replay): the metadata never carries one, "
-                         "as the layers from the model's late_layer_start store an extend's last rows only, "
-                         "which swafuzz's layers do not model")
+            notes.append(cls._tail_note())
         if "pre_kv_store_hook" in reads:
             notes.append("pre_kv_store_hook: never set (the DSpark worker sets it)")
         return tuple(notes)
+
+    @classmethod
+    def _tail_note(cls) -> str:
+        if not cls.late_layer_tail_on():
+            return (f"late-layer tail: {DECODER_REPLAY_SWITCH} is off in this run, so no extend builds one "
+                    f"(set {DECODER_REPLAY_SWITCH.removeprefix('--')}=1 to check it)")
+        if cls.tail_code is None:
+            return f"late-layer tail: {cls.tail_absent}"
+        return ("late-layer tail: prefill CUDA graph tail blocks, context-parallel tails and whole-extend tails "
+                "(prompt logprobs, every hidden state) are not modelled, nor an extend whose metadata init is "
+                "skipped (it runs every layer over every row here); an extend split into micro-batches runs "
+                "a tail per micro-batch, which SGLang's tail path never does (it refuses two-batch overlap)")
 
     def _window_layout(self, batch: ForwardBatch, window: Any) -> Any:
         if batch.mode.is_idle():
@@ -582,6 +674,9 @@ class TranslatedLocSubject(_MetadataSubject):
         return self.window_code.layout(window, slots, batch.positions[:live], batch.batch_size, padded)
 
     def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        slot = self._slot(batch)
+        if slot.tail_for == batch.forward_id and layer_id >= self.late_layer_start:
+            return self._tail_rows_read_back(batch, self._in_tail(batch, layer_id, slot.tail))
         if self._request_window(batch) is None:
             return super()._target_location(batch, layer_id)
         if batch.num_tokens == 0:
@@ -590,21 +685,70 @@ class TranslatedLocSubject(_MetadataSubject):
             return torch.empty(0, dtype=torch.int32, device=batch.positions.device)
         return self._window_rows_read_back(batch, super()._target_location(batch, layer_id))
 
-    def _window_rows_read_back(self, batch: ForwardBatch, rows: torch.Tensor) -> torch.Tensor:
+    def _in_tail(self, batch: ForwardBatch, layer_id: int, tail: ForwardMetadata) -> Any:
+        """The getter's answer with the backend on the tail metadata, as between SGLang's
+        ``enter_late_layer_tail`` and ``exit_late_layer_tail``."""
+        backend = self._backend(batch, batch.draft_step)
+        saved, backend.forward_metadata = backend.forward_metadata, tail
+        try:
+            return super()._target_location(batch, layer_id)
+        finally:
+            backend.forward_metadata = saved
+
+    def _tail_rows_read_back(self, batch: ForwardBatch, answer: Any) -> Any:
+        """The answer of a tail layer at the extend rows whose keys it stores (the reference's
+        tail rows; under the request window, workspace rows read back through the reference's
+        layout of the tail first), the other rows as the reference has them; an answer that is
+        not an int32 row per tail row on the batch's device is handed on as it is, for the
+        judge to say so, and one of another length is the getter's fault (a full extent's rows
+        among them)."""
+        tail = late_layer_tail_tokens(batch.extend_seq_lens, self.spec.sliding_window).to(batch.out_cache_loc.device)
+        if type(answer) is torch.Tensor and self._request_window(batch) is not None:
+            answer = self._window_rows_read_back(batch, answer, tail)
+        if type(answer) is not torch.Tensor or answer.dtype != torch.int32 or answer.dim() != 1 \
+                or answer.device != batch.out_cache_loc.device:
+            return answer
+        if answer.shape[0] != tail.shape[0]:
+            getter = getattr(self.backend_class, self.getter)
+            raise CodeFault(*defined_at(getter),
+                            f"returned {answer.shape[0]} rows in a late-layer tail layer of an extend whose tail "
+                            f"holds {tail.shape[0]} (decoder SWA bounded replay): the tail's keys are stored "
+                            "to the wrong rows")
+        rows = self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32)
+        rows[tail] = answer
+        return rows
+
+    def _window_rows_read_back(self, batch: ForwardBatch, rows: torch.Tensor,
+                               tail: torch.Tensor | None = None) -> torch.Tensor:
         """The SWA slot of the batch row whose workspace row each of ``rows`` is, by the
-        reference's layout; -1 for a row that is none of this forward's. Tensor operations
-        only, so that a captured graph redoes the reading at each replay."""
-        if batch.in_graph:
+        reference's layout; -1 for a row that is none of this forward's. ``tail``: the
+        extend rows a tail layer stores (the reference's), laid out on their own. Tensor
+        operations only, so that a captured graph redoes the reading at each replay."""
+        locations = batch.out_cache_loc.to(torch.int64)
+        if tail is not None:
+            want, locations = self._tail_window_truth(batch, tail).write_loc, locations[tail]
+        elif batch.in_graph:
             want = self._slot(batch).window_rows[batch.num_tokens]
         else:
-            want = self._window_truth(batch).write_loc.to(device=rows.device, dtype=torch.int64)
+            want = self._window_truth(batch).write_loc
+        want = want.to(device=rows.device, dtype=torch.int64)
         got = rows.to(torch.int64)
         if want.numel() == 0:
             return torch.full_like(got, -1, dtype=torch.int32)
         order = torch.argsort(want)
         place = order[torch.searchsorted(want[order], got).clamp(max=want.numel() - 1)]
-        slots = self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32)
+        slots = self.mapping[locations].to(torch.int32)
         return torch.where(want[place] == got, slots[place], torch.full_like(slots[place], -1))
+
+    def _tail_window_truth(self, batch: ForwardBatch, tail: torch.Tensor):
+        """The reference's window layout of a forward whose requests add only their tail rows
+        (after the rows before them): the layout the tail metadata carries."""
+        counts = batch.extend_seq_lens.cpu()
+        kept = torch.bincount(torch.arange(batch.batch_size).repeat_interleave(counts)[tail.cpu()],
+                              minlength=batch.batch_size)
+        capacity = self.window_code.capacity(self._draft_tokens())
+        return self.window_code.truth(batch.req_pool_indices, batch.extend_prefix_lens.cpu() + counts - kept, kept,
+                                      capacity, batch.batch_size)
 
     def _window_truth(self, batch: ForwardBatch):
         capacity = self.window_code.capacity(self._draft_tokens())
@@ -624,6 +768,11 @@ class TranslatedLocSubject(_MetadataSubject):
         slot = self._slot(batch)
         slot.initialised_forward = batch.forward_id
         self._build_step(batch, 0)
+        if _role(batch.mode) == "model":
+            # SGLang's init sets the tail metadata on every forward: None but for extends
+            builds = self._builds_tail(batch)
+            slot.tail = self._tail_metadata(batch) if builds else None
+            slot.tail_for = batch.forward_id if builds else None
 
     def _build_step(self, batch: ForwardBatch, step: int) -> None:
         backend = self._backend(batch, step)

@@ -762,6 +762,12 @@ DRIVER_SWITCHES: tuple[DriverSwitch, ...] = (
         (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("request_window",)),),
     ),
     DriverSwitch(
+        "--enable-decoder-swa-bounded-replay", ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"), None,
+        (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata",
+             mentions=("enable_decoder_swa_bounded_replay", "_build_late_layer_tail_metadata")),
+         Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("late_layer_tail",))),
+    ),
+    DriverSwitch(
         "SGLANG_OPT_CACHE_SWA_TRANSLATION", POOL_TARGETS, "cache_swa_translation",
         (Hop(POOL, "DeepSeekV4TokenToKVPool.__init__",
              mentions=("SGLANG_OPT_CACHE_SWA_TRANSLATION", "_should_cache_swa")),

@@ -29,6 +29,7 @@ from .drivers import (
 )
 from .faults import defined_at, told_in_sglang_terms
 from .locate import SourceTree
+from .late_layer_tail import bind_tail_code
 from .request_window import bind_window_code
 
 POOL_FILE = "sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
@@ -78,6 +79,10 @@ class Target:
     # the getter's request-window branch (0.5.21+): the driver's pool holds the tree's own
     # RequestWindow when the run sets the window's switch
     drives_request_window: bool = False
+    # the getter's late-layer tail branch (0.5.21+): the driver's extends run their late
+    # layers on the tail metadata it builds with the tree's late_layer_tail_layout when the
+    # run sets decoder SWA bounded replay
+    drives_late_layer_tail: bool = False
 
     @property
     def subject_name(self) -> str:
@@ -91,21 +96,23 @@ class Target:
         return bind(tree, self.code, stand_ins, STAND_IN_ATTRIBUTES, mode, supplied)
 
     def subject(self, binding: Binding, environment: EngineEnvironment,
-                window: tuple[Any, str] = (None, "")) -> type[SglangSubject]:
+                window: tuple[Any, str] = (None, ""), tail: tuple[Any, str] = (None, "")) -> type[SglangSubject]:
         """The driver over ``binding``: its findings name the SGLang function that answers
         (the entry method, at its ``def`` line), and what SGLang code raises in it is told
-        as that code's fault (:mod:`.faults`). ``window``: the tree's request window for the
-        driver, or None and why it has none."""
+        as that code's fault (:mod:`.faults`). ``window``, ``tail``: the tree's request
+        window and late-layer tail layout for the driver, or None and why it has none."""
         version = (binding.version or "source").replace(".", "_")
         class_name = f"Sglang_{self.name.replace('-', '_')}_{version}_{binding.mode}"
         entry = next(bound.methods[self.called_as[0]] for bound in binding.classes.values()
                      if self.called_as[0] in bound.methods)
         function, place = defined_at(entry)
         window_code, window_absent = window
+        tail_code, tail_absent = tail
         return type(class_name, (self.driver,), {
             "binding": binding, "environment": environment, "__doc__": f"{self.summary} ({binding.label}).",
             "answered_by": f"{function} ({place}) {self.driver.answer_verb}",
             "window_code": window_code, "window_absent": window_absent,
+            "tail_code": tail_code, "tail_absent": tail_absent,
             **{name: told_in_sglang_terms(getattr(self.driver, name)) for name in LIFECYCLE},
             **dict(self.driver_settings),
         })
@@ -123,12 +130,26 @@ class Target:
         except BindError as exc:
             return None, f"{binding.label}: the request window does not bind ({exc})"
 
+    def late_layer_tail(self, tree: SourceTree, mode: str, binding: Binding) -> tuple[Any, str]:
+        """The tree's ``late_layer_tail_layout`` where the bound getter has a branch for the
+        tail, else None and why not."""
+        if not self.drives_late_layer_tail:
+            return None, f"{self.subject_name} has no late-layer tail branch"
+        getter = binding.classes[dict(self.driver_settings)["backend_class_name"]].methods[WINDOW_GETTER]
+        if "late_layer_tail" not in getter.__code__.co_names:
+            return None, f"{binding.label}: {WINDOW_GETTER} has no late-layer tail branch"
+        try:
+            return bind_tail_code(tree, mode), ""
+        except BindError as exc:
+            return None, f"{binding.label}: late_layer_tail_layout does not bind ({exc})"
+
     def info(self, tree: SourceTree, mode: str = "source", name: str | None = None,
              supplied: Mapping[str, Any] | None = None) -> SubjectInfo:
         """The target bound from ``tree``, not yet configured (:mod:`.configure`)."""
         environment = EngineEnvironment()
         binding = self.bind(tree, mode, supplied, environment)
-        subject = self.subject(binding, environment, self.request_window(tree, mode, binding))
+        subject = self.subject(binding, environment, self.request_window(tree, mode, binding),
+                               self.late_layer_tail(tree, mode, binding))
         return SubjectInfo(
             name or self.subject_name, subject, expected="unknown", kind="sglang",
             summary=f"{self.summary} ({binding.label})",
@@ -165,7 +186,7 @@ TARGETS: tuple[Target, ...] = (
          *_metadata_records(CUDA_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", CUDA_BACKEND),),
-        called_as=("get_swa_out_cache_loc",), drives_request_window=True,
+        called_as=("get_swa_out_cache_loc",), drives_request_window=True, drives_late_layer_tail=True,
     ),
     Target(
         "hip-swa-out-cache-loc",
@@ -175,7 +196,7 @@ TARGETS: tuple[Target, ...] = (
          *_metadata_records(HIP_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
-        called_as=("get_swa_out_cache_loc",), drives_request_window=True,
+        called_as=("get_swa_out_cache_loc",), drives_request_window=True, drives_late_layer_tail=True,
     ),
     Target(
         "hip-unified-swa-loc",
