@@ -187,10 +187,14 @@ def input_change(shown: str, tensor: torch.Tensor, held: torch.Tensor) -> str | 
     return f"written into {shown} ({row_span((now != held).nonzero()[:, 0].unique().tolist())})"
 
 
-def wrote_input_sentence(when: str, name: str, change: str) -> str:
+def wrote_input_sentence(when: str, name: str, change: str, writer: str = "the subject",
+                         read_only: bool = False) -> str:
     """``when``: "the end of forward 2 (decode)", "forward 2 (decode), layer 1", "the
-    eviction after forward 2"; ``name``: the input (a batch field, or "mapping")."""
-    return f"By {when}, the subject had {change}: {_READERS[name]}."
+    eviction after forward 2"; ``name``: the input (a batch field, or "mapping");
+    ``writer``: the code that wrote it; ``read_only``: say that the engine hands the input
+    in read-only (where ``change`` names it in the code's own terms)."""
+    handed = ", which the engine hands in read-only" if read_only else ""
+    return f"By {when}, {writer} had {change}{handed}: {_READERS[name]}."
 
 
 # the replaced mappings the history keeps per model: enough changes to reach back past a

@@ -13,12 +13,12 @@ from typing import Callable
 
 import torch
 
-from ..api import ForwardBatch, ModelSpec, Subject
+from ..api import CodeNames, ForwardBatch, ModelSpec, Subject
 from ..reference import EngineState, ForwardPlan, Scenario, StepInputs
 
 from . import diagnosis as dx
 from .arena import ALTERNATING_SLOTS, Arena
-from .calls import SubjectCalls, call_method
+from .calls import SubjectCalls
 from .devices import HostTimeline
 from .graph_forwards import MODES, GraphForwards
 from .guard import MAX_NAME_CHARS, CallGuard, quoted
@@ -51,8 +51,9 @@ class Driver:
         self.progress = Progress(deadline)
         self.subjects: dict[str, Subject] = {}
         self.mappings = MappingSync(self.state, self.history, self.arena, self.progress, device, self._register)
-        self.inputs = InputGuard(self.progress, self.mappings, self.on_host)
-        self.calls = SubjectCalls(self.progress, self.inputs)
+        names = code_names(subject_cls)
+        self.inputs = InputGuard(self.progress, self.mappings, self.on_host, names)
+        self.calls = SubjectCalls(self.progress, self.inputs, names)
         answered_by = getattr(subject_cls, "answered_by", None)
         self.judge = Judge(self.state, self.history, self.progress, self.inputs, subject_cls.truth.value, device,
                            on_store, keep_going, quoted(answered_by) if type(answered_by) is str else None)
@@ -115,8 +116,9 @@ class Driver:
             timeline.delay_side_stream()
             for mb, batch in enumerate(batches):
                 where = Where(plan, micro_batch=mb)
-                self.calls.invoke(where, "init_forward_metadata", call_method, subject, "init_forward_metadata", batch)
+                self.calls.method(where, subject, "init_forward_metadata", batch)
         store = timeline.on_streams(self.calls.looked_up(Where(plan), subject, "swa_write_location"))
+        self.inputs.ran("swa_write_location")
         calls, mutation = plan.calls, event.mutation
         for step, step_inputs in enumerate(plan.steps):
             if step:
@@ -160,8 +162,7 @@ class Driver:
         """Hand ``model``'s newly placed mapping to its subject; graphs captured before it
         go, as the engine captures again after a pool is rebuilt."""
         self.graph_forwards.forget(model)
-        self.calls.invoke(Where(model=model), "register_mapping", call_method, self.subjects[model],
-                          "register_mapping", mapping)
+        self.calls.method(Where(model=model), self.subjects[model], "register_mapping", mapping)
 
     def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs, tensors: dict[str, torch.Tensor]) -> ForwardBatch:
         return ForwardBatch(
@@ -226,3 +227,13 @@ class Driver:
     def _new_forward_id(self) -> int:
         self.next_forward_id += 1
         return self.next_forward_id
+
+
+def code_names(subject_cls: type[Subject]) -> CodeNames:
+    """The subject's :class:`~swafuzz.api.CodeNames`, as plain text a sentence can show: read
+    only from plain dicts of ``str`` (anything else is the subject's code, and names nothing)."""
+    names = getattr(subject_cls, "code_names", None)
+    if type(names) is not CodeNames:
+        return CodeNames({}, {})
+    return CodeNames(*({key: quoted(value) for key, value in part.items() if type(key) is str and type(value) is str}
+                       if type(part) is dict else {} for part in (names.calls, names.inputs)))

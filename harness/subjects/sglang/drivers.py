@@ -318,6 +318,9 @@ class SglangSubject(Subject):
     call_sites: ClassVar[Any] = None  # the reading target_modes comes from (callsites.Reading)
     environment: ClassVar[EngineEnvironment]  # what the bound code's envs reads (Target.subject)
     answer_verb: ClassVar[str]  # how the target's entry method gives its answer, for answered_by
+    # per lifecycle method, the bound SGLang methods it calls (the store call: the target's
+    # entry method), which findings name for it
+    runs: ClassVar[dict[str, tuple[str, ...]]] = {"register_mapping": ("register_mapping",)}
     # the tree's request window (.request_window.WindowCode; None where the target's code has
     # no branch for it, and window_absent says why)
     window_code: ClassVar[Any] = None
@@ -536,6 +539,8 @@ class TranslatedLocSubject(_MetadataSubject):
 
     truth = Truth.POOL
     getter = "get_swa_out_cache_loc"
+    runs = {**SglangSubject.runs, "init_forward_metadata": ("translate_loc_from_full_to_swa",),
+            "init_graph_metadata": ("translate_loc_from_full_to_swa",)}
 
     def _metadata(self, batch: ForwardBatch, swa_out_cache_loc=None, unified=None) -> ForwardMetadata:
         metadata = super()._metadata(batch, swa_out_cache_loc, unified)
@@ -669,6 +674,8 @@ class RingSubject(_MetadataSubject):
 
     truth = Truth.RING
     getter = "get_unified_swa_loc"
+    runs = {**SglangSubject.runs, **{method: ("_attach_unified_kv_decode_streams",) for method in (
+        "init_forward_metadata", "init_capture_metadata", "init_replay_metadata")}}
 
     def _unified(self) -> Any:
         return UnifiedStandIn(swa_loc=None)
@@ -739,6 +746,7 @@ class RingMergeSubject(RingSubject):
     """
 
     modelled_modes = RING_GETTER_MODES
+    runs = {**RingSubject.runs, "init_replay_metadata": ("_attach_unified_kv_decode_streams", "copy_")}
 
     def __init__(self, spec):
         super().__init__(spec)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
+from ...api import ForwardBatch
 from ...errors import CodeFault, SwafuzzError
-from ...run.guard import describe_exception
+from ...run.guard import SubjectTimeout, describe_exception
 
 TREE_PACKAGE = "sglang/srt/"
 
@@ -37,12 +38,8 @@ def defined_at(function: Callable[..., Any]) -> tuple[str, str]:
     return code.co_qualname, place(code, code.co_firstlineno)
 
 
-def raised_in_sglang(exc: Exception) -> CodeFault | None:
-    """The fault of the innermost SGLang function that ``exc`` passed through, saying what
-    it raised; None where no SGLang frame raised it, or it is swafuzz's own error (a gap
-    of the stand-ins, a fault already told)."""
-    if isinstance(exc, SwafuzzError):
-        return None
+def _innermost_in_tree(exc: BaseException) -> tuple[str, str] | None:
+    """The qualified name and place of the innermost SGLang frame ``exc`` passed through."""
     innermost = None
     traceback = exc.__traceback__
     while traceback is not None:
@@ -52,22 +49,59 @@ def raised_in_sglang(exc: Exception) -> CodeFault | None:
     if innermost is None:
         return None
     code = innermost.tb_frame.f_code
-    return CodeFault(code.co_qualname, place(code, innermost.tb_lineno), f"raised {describe_exception(exc)}")
+    return code.co_qualname, place(code, innermost.tb_lineno)
 
 
-def told_in_sglang_terms(method: Callable[..., Any]) -> Callable[..., Any]:
+def raised_in_sglang(exc: Exception) -> CodeFault | None:
+    """The fault of the innermost SGLang function that ``exc`` passed through, saying what
+    it raised; None where no SGLang frame raised it, or it is swafuzz's own error (a gap
+    of the stand-ins, a fault already told)."""
+    if isinstance(exc, SwafuzzError):
+        return None
+    found = _innermost_in_tree(exc)
+    return None if found is None else CodeFault(*found, f"raised {describe_exception(exc)}")
+
+
+def told_in_sglang_terms(method: Callable[..., Any], writer: tuple[str, str] | None = None,
+                         handed: Mapping[str, str] | None = None) -> Callable[..., Any]:
     """``method`` of a driver, raising what SGLang code raised in it as the fault of the
-    SGLang function that raised it."""
+    SGLang function that raised it, and naming the SGLang function a timeout interrupted.
+
+    ``writer``: the qualified name and place of the SGLang function the method runs, told as
+    having written into an input where the call moved the version of a tensor of the batch
+    it was handed that ``handed`` names (a batch field: SGLang's name for it), so that the
+    harness finds the write at this call, not at the end of the forward."""
+    fields = tuple(handed or ())
+
+    def versions(args: tuple) -> tuple[int, ...] | None:
+        batch = args[0] if args and isinstance(args[0], ForwardBatch) else None
+        return None if batch is None else tuple(vars(batch)[name]._version for name in fields)
 
     @functools.wraps(method)
     def run(self, *args: Any) -> Any:
+        before = versions(args) if writer is not None else None
         try:
-            return method(self, *args)
+            result = method(self, *args)
+        except SubjectTimeout as timeout:
+            # the guard's alarm: the SGLang function it interrupted (its line at the time)
+            # is the one that did not return
+            found = _innermost_in_tree(timeout)
+            if found is not None:
+                timeout.running_in = "{} ({})".format(*found)
+            raise
         except Exception as exc:
             fault = raised_in_sglang(exc)
             if fault is None:
                 raise
             raise fault from exc
+        after = versions(args) if before is not None else None
+        if after != before:
+            # the harness finds which values changed; what it cannot see (values written
+            # back unchanged) is told here, from versions that views of one block share
+            moved = [handed[name] for name, was, now in zip(fields, before, after) if was != now]
+            shown = moved[0] if len(moved) == 1 else f"one of {', '.join(moved)}"
+            raise CodeFault(*writer, f"wrote in place into {shown}, which the engine hands in read-only")
+        return result
 
     return run
 
