@@ -217,6 +217,13 @@ class Subject:
     def register_mapping(self, mapping: torch.Tensor) -> None:
         self.mapping = mapping
 
+    def answer_origin(self, batch: ForwardBatch, answer: torch.Tensor) -> tuple[str, int] | None:
+        """Where ``answer``, just returned for ``batch`` eagerly, lies in the state the subject
+        keeps: the field that holds it, as the code under test names it, and the
+        ``forward_id`` of the batch whose metadata init set that field. Asked only of an
+        answer whose rows are stale, to say where they sat; None (the default): not known."""
+        return None
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         pass
 

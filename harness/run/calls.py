@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..api import CodeNames, Subject
-from ..errors import CodeFault, ModelGap, UnmodelledPath
+from ..errors import CodeFault, InputWritten, ModelGap, UnmodelledPath
 
 from . import diagnosis as dx
 from .graphs import GraphCaptureError
@@ -93,6 +93,8 @@ class SubjectCalls:
         if _told_fault(raised):
             # the code under test names itself: what it did, where, in its own terms
             message = quoted(f"{raised.function} ({raised.place}) {raised.what}")
+            if isinstance(raised, InputWritten):
+                kind = dx.WROTE_INPUT
             raised = raised.__cause__ or raised
         if isinstance(raised, GraphCaptureError):
             kind = dx.CAPTURE

@@ -604,11 +604,15 @@ def raised_sentence(site: Site, message: str, hint: Source | None) -> str:
     return f"At {site.describe()}, {message}; likely {hint.phrase} met this ragged batch: {hint.consequence}."
 
 
-def wrong_rows_sentence(site: Site, source: Source, n_wrong: int, n_rows: int, answered_by: str | None = None) -> str:
-    """``answered_by``: as for :func:`padding_sentence`."""
+def wrong_rows_sentence(site: Site, source: Source, n_wrong: int, n_rows: int, answered_by: str | None = None,
+                        held_in: str | None = None) -> str:
+    """``answered_by``: as for :func:`padding_sentence`; ``held_in``: the field of the
+    subject's state the rows were returned from, and which forward set it."""
     rows = ("all" if n_wrong == n_rows else f"{n_wrong} of {n_rows}") + " live rows"
     if answered_by:
         rows += f" that {answered_by}"
+    if held_in:
+        rows += f" from {held_in},"
     if source.kind == UNKNOWN:
         return f"At {site.describe()}, {rows} are wrong: {source.phrase}."
     label = "Stale cache" if source.kind in STALE_SOURCES else "Wrong rows"

@@ -18,10 +18,10 @@ from ..reference import EngineState, ForwardPlan, Scenario, StepInputs
 
 from . import diagnosis as dx
 from .arena import ALTERNATING_SLOTS, Arena
-from .calls import SubjectCalls
+from .calls import SubjectCalls, call_method
 from .devices import HostTimeline
 from .graph_forwards import MODES, GraphForwards
-from .guard import MAX_NAME_CHARS, CallGuard, quoted
+from .guard import MAX_NAME_CHARS, CallGuard, SubjectFailure, quoted
 from .inputs import BATCH_INPUTS, Handed, InputGuard
 from .judge import Judge, StoreOutcome
 from .mappings import MappingSync
@@ -64,6 +64,9 @@ class Driver:
         self.backends: dict[tuple[str, int], SimpleNamespace] = {}
         self.eager_forwards: dict[str, int] = {}  # per model: eager forwards so far (picks the slot)
         self.next_forward_id = 0
+        # per ForwardBatch.forward_id: the forward it was made in (its count, and its mode)
+        self.forward_of_id: dict[int, tuple[int, str]] = {}
+        self.judge.held_in = self._held_in
 
     def run(self, guard: CallGuard) -> None:
         """Set the subject up and run the events, every call through ``guard``; a
@@ -226,7 +229,29 @@ class Driver:
 
     def _new_forward_id(self) -> int:
         self.next_forward_id += 1
+        plan = self.progress.plan
+        self.forward_of_id[self.next_forward_id] = (self.progress.forward, plan.event.mode if plan else "setup")
         return self.next_forward_id
+
+    def _held_in(self, plan: ForwardPlan, step: int, mb: int, out) -> str | None:
+        """Where the subject says ``out``, a stale eager answer of micro-batch ``mb``, sat in
+        its state: "FIELD, as forward 1 (decode) set it"; None where it does not say (a
+        replay's answers are what the capture recorded, not what the subject holds)."""
+        handed = self.inputs.handed
+        if plan.graph_batch_size is not None or handed is None or handed.plan is not plan:
+            return None
+        try:
+            origin = self.calls.guard.call("answer_origin", call_method, self.subjects[plan.model], "answer_origin",
+                                           handed.batches[mb], out)
+        except SubjectFailure:
+            return None  # the question is the harness's: a subject that cannot answer it has told nothing
+        if type(origin) is not tuple or len(origin) != 2 or type(origin[0]) is not str or type(origin[1]) is not int:
+            return None
+        field, forward_id = origin
+        if forward_id not in self.forward_of_id:
+            return None
+        forward, mode = self.forward_of_id[forward_id]
+        return f"{quoted(field, MAX_NAME_CHARS)}, as forward {forward} ({mode}) set it"
 
 
 def code_names(subject_cls: type[Subject]) -> CodeNames:

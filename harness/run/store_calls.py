@@ -77,7 +77,7 @@ class StoreCalls:
         truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
         first, checks, serial = progress.call, progress.checks, guard.serial
         what = self.calls.named("swa_write_location")
-        before = serial
+        call = first
         guard.in_call = True
         try:
             for call, (mb, layer_id) in enumerate(calls, first):
@@ -105,13 +105,14 @@ class StoreCalls:
                     guard.restore_harness_state()
                     progress.call, progress.checks = call + 1, checks + call + 1 - first
                     judge.verdict(plan, step, mb, layer_id, out, expected, matched, call)
+                    serial = guard.serial  # the verdict may ask the subject where a stale answer sat
                     guard.in_call = True
                 if deadline is not None and monotonic() >= deadline:
                     progress.call, progress.checks = call + 1, checks + call + 1 - first
                     raise DeadlinePassed(progress.checks)
         except (SubjectFailure, SubjectTimeout) as exc:
             # the call that failed is the latest to start (an alarm may also land in its check)
-            started = guard.serial - before
+            started = call + 1 - first
             progress.call, progress.checks = first + started, checks + started - 1
             failure = exc if isinstance(exc, SubjectFailure) else guard.failure(what, exc)
             mb, layer_id = calls[started - 1]

@@ -15,7 +15,7 @@ import types
 from typing import Any, Callable, Mapping
 
 from ...api import ForwardBatch
-from ...errors import CodeFault, SwafuzzError
+from ...errors import CodeFault, InputWritten, SwafuzzError
 from ...run.guard import SubjectTimeout, describe_exception
 
 TREE_PACKAGE = "sglang/srt/"
@@ -100,7 +100,7 @@ def told_in_sglang_terms(method: Callable[..., Any], writer: tuple[str, str] | N
             # back unchanged) is told here, from versions that views of one block share
             moved = [handed[name] for name, was, now in zip(fields, before, after) if was != now]
             shown = moved[0] if len(moved) == 1 else f"one of {', '.join(moved)}"
-            raise CodeFault(*writer, f"wrote in place into {shown}, which the engine hands in read-only")
+            raise InputWritten(*writer, f"wrote in place into {shown}, which the engine hands in read-only")
         return result
 
     return run
