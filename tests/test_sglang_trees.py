@@ -211,6 +211,75 @@ def test_wrong_rows_are_told_as_what_the_sglang_function_handed_on(tmp_path):
         "store hold the rows of forward 1 (decode): a cached value was not refreshed for this forward.")
 
 
+# ---- timeouts, writes into inputs and stale fields, told in SGLang's terms (0.5.23) -------------
+
+GETTER_START = '        out_cache_loc to the dummy slot."""\n        join_in_graph_metadata_prep()\n'
+CUDA_GETTER = "DeepseekV4AttnBackend.get_swa_out_cache_loc (sglang/srt/layers/attention/deepseek_v4_backend.py:{})"
+
+
+def _cuda_getter_running(tmp_path: Path, statement: str) -> tuple[locate.SourceTree, int]:
+    """0.5.23 with ``statement`` run first in the CUDA getter, and the line it is on."""
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [(GETTER_START, GETTER_START + statement + "\n")]})
+    return tree, _line_of(tree, CUDA_BACKEND_FILE, "def get_swa_out_cache_loc(", statement.strip())
+
+
+def _getter_defined_at(tree: locate.SourceTree) -> int:
+    return _line_of(tree, CUDA_BACKEND_FILE, "class DeepseekV4AttnBackend", "def get_swa_out_cache_loc(")
+
+
+def test_a_getter_that_never_returns_is_told_at_the_sglang_line_the_alarm_interrupted(tmp_path):
+    tree, line = _cuda_getter_running(tmp_path, "        while forward_batch.positions is not None: pass")
+    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["graph-replay"],
+                         timeout_s=0.2).divergence
+    assert found.kind == "timeout"
+    assert found.sentence == f"At forward 1 (decode), layer 0, {CUDA_GETTER.format(line)} did not return within 0.2 s."
+
+
+def test_a_getter_that_writes_into_the_locations_it_is_handed_is_told_as_that_sglang_function(tmp_path):
+    tree, _ = _cuda_getter_running(tmp_path, "        forward_batch.out_cache_loc.add_(1)")
+    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["graph-replay"]).divergence
+    assert found.kind == "wrote_input"
+    assert found.sentence == (
+        f"By forward 1 (decode), layer 0, {CUDA_GETTER.format(_getter_defined_at(tree))} had written into "
+        "forward_batch.out_cache_loc (rows 0-1), which the engine hands in read-only: in SGLang this tensor is "
+        "shared by every later layer and the allocator.")
+
+
+def test_an_in_place_write_that_leaves_the_values_is_still_told_as_a_write_by_the_sglang_function(tmp_path):
+    tree, _ = _cuda_getter_running(tmp_path, "        forward_batch.positions.add_(0)")
+    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["graph-replay"]).divergence
+    assert found.kind == "wrote_input"
+    assert found.sentence == (
+        f"At forward 1 (decode), layer 0, {CUDA_GETTER.format(_getter_defined_at(tree))} wrote in place into "
+        "forward_batch.positions, which the engine hands in read-only.")
+
+
+@pytest.mark.parametrize("name, field", [
+    ("cuda-swa-out-cache-loc", "forward_metadata.core_attn_metadata.swa_out_cache_loc"),
+    ("hip-unified-swa-loc", "forward_metadata.core_attn_metadata.unified.swa_loc"),
+])
+def test_stale_rows_name_the_metadata_field_they_were_returned_from_and_the_forward_that_set_it(name, field):
+    release = released_tree("0.5.23")
+    if isinstance(release, str):
+        pytest.skip(release)
+    found = run_scenario(_subject(release, name).subject, EXAMPLES["skipped-metadata-init"]).divergence
+    assert found.kind == "wrong_rows"
+    assert (f"returned from {field}, as forward 1 (decode) set it, hold the rows of forward 1 (decode)"
+            in found.sentence)
+
+
+def test_stale_rows_of_a_graph_replay_name_no_field_as_the_replay_returns_what_the_capture_recorded():
+    release = released_tree("0.5.14")
+    if isinstance(release, str):
+        pytest.skip(release)
+    found = run_scenario(_subject(release, "unified-metadata-merge").subject, EXAMPLES["graph-replay"]).divergence
+    line = _line_of(release, HIP_BACKEND_FILE, "class DeepseekV4HipRadixBackend", "def get_unified_swa_loc(")
+    assert found.sentence == (
+        "Stale cache: at forward 1 (decode), layer 0, all live rows that DeepseekV4HipRadixBackend.get_unified_swa_loc "
+        f"(sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py:{line}) returned hold the rows recorded at "
+        "graph capture (forward 1): the captured layers read a tensor that the replay no longer updates.")
+
+
 # ---- the ring getter reading a per-forward field (0.5.23) --------------------------------------
 
 FIELD = "    unified: Optional[UnifiedKvMetadata] = None\n"
