@@ -111,11 +111,6 @@ class CodeFault(SwafuzzError):
         self.function, self.place, self.what = function, place, what
 
 
-class InputWritten(CodeFault):
-    """The code under test wrote into a tensor the engine handed it, which it must only read:
-    a finding of kind ``wrote_input``, told at the function that did it."""
-
-
 # ---- swafuzz's own gaps: the command says it is a bug in swafuzz --------------------------
 
 

@@ -229,13 +229,14 @@ def _getter_defined_at(tree: locate.SourceTree) -> int:
 
 def test_a_getter_that_never_returns_is_told_at_the_sglang_line_the_alarm_interrupted(tmp_path):
     tree, line = _cuda_getter_running(tmp_path, "        while forward_batch.positions is not None: pass")
-    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["graph-replay"],
-                         timeout_s=0.2).divergence
+    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["first-swa-layer-not-start"],
+                         timeout_s=1).divergence
     assert found.kind == "timeout"
-    assert found.sentence == f"At forward 1 (decode), layer 0, {CUDA_GETTER.format(line)} did not return within 0.2 s."
+    assert found.sentence == f"At forward 1 (decode), layer 1, {CUDA_GETTER.format(line)} did not return within 1 s."
 
 
 def test_a_getter_that_writes_into_the_locations_it_is_handed_is_told_as_that_sglang_function(tmp_path):
+    # the getter returns the metadata's rows, right as they are: the write is found at its call all the same
     tree, _ = _cuda_getter_running(tmp_path, "        forward_batch.out_cache_loc.add_(1)")
     found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["graph-replay"]).divergence
     assert found.kind == "wrote_input"
@@ -243,15 +244,6 @@ def test_a_getter_that_writes_into_the_locations_it_is_handed_is_told_as_that_sg
         f"By forward 1 (decode), layer 0, {CUDA_GETTER.format(_getter_defined_at(tree))} had written into "
         "forward_batch.out_cache_loc (rows 0-1), which the engine hands in read-only: in SGLang this tensor is "
         "shared by every later layer and the allocator.")
-
-
-def test_an_in_place_write_that_leaves_the_values_is_still_told_as_a_write_by_the_sglang_function(tmp_path):
-    tree, _ = _cuda_getter_running(tmp_path, "        forward_batch.positions.add_(0)")
-    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["graph-replay"]).divergence
-    assert found.kind == "wrote_input"
-    assert found.sentence == (
-        f"At forward 1 (decode), layer 0, {CUDA_GETTER.format(_getter_defined_at(tree))} wrote in place into "
-        "forward_batch.positions, which the engine hands in read-only.")
 
 
 @pytest.mark.parametrize("name, field", [

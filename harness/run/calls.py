@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..api import CodeNames, Subject
-from ..errors import CodeFault, InputWritten, ModelGap, UnmodelledPath
+from ..errors import CodeFault, ModelGap, UnmodelledPath
 
 from . import diagnosis as dx
 from .graphs import GraphCaptureError
@@ -64,6 +64,8 @@ class SubjectCalls:
             result = self.guard.call(what, fn, *args)
         except SubjectFailure as failure:
             raise self.failed(where, failure) from None
+        if self.inputs.after_each_call and not self.progress.capturing:  # a capture's reads would be recorded
+            self.inputs.stop_if_written_by(where)
         self.progress.stop_if_past_deadline()
         return result
 
@@ -93,8 +95,6 @@ class SubjectCalls:
         if _told_fault(raised):
             # the code under test names itself: what it did, where, in its own terms
             message = quoted(f"{raised.function} ({raised.place}) {raised.what}")
-            if isinstance(raised, InputWritten):
-                kind = dx.WROTE_INPUT
             raised = raised.__cause__ or raised
         if isinstance(raised, GraphCaptureError):
             kind = dx.CAPTURE

@@ -72,11 +72,46 @@ class InputGuard:
         self.history = mappings.history
         self.on_host = on_host
         self.names = names
-        self.handed: Handed | None = None  # the current forward's inputs
+        # a subject that names its code has each write told at the call that made it
+        self.after_each_call = bool(names.calls)
+        self._handed: Handed | None = None
+        self._versions_seen: tuple[int, ...] = ()
         self.mappings_checked_at = -1  # the call count when the mappings were last checked
         # the subject methods called since the inputs were last found intact, and the latest
         self._ran: dict[str, None] = {}
         self._latest = ""
+
+    @property
+    def handed(self) -> Handed | None:
+        """The current forward's inputs (set by whoever hands them)."""
+        return self._handed
+
+    @handed.setter
+    def handed(self, handed: Handed) -> None:
+        self._handed = handed
+        self._versions_seen = self._versions()
+
+    def _versions(self) -> tuple[int, ...]:
+        """The versions of the tensors handed for the current forward (an eager forward's
+        device inputs share their block's)."""
+        handed = self._handed
+        if handed is None:
+            return ()
+        if handed.block is not None:
+            return (handed.block._version,)
+        return tuple(tensor._version for tensor in handed.fields[0][0].values())
+
+    def stop_if_written_by(self, where: Where) -> None:
+        """After the call at ``where``: stop at a write it made into what it was handed,
+        where it moved a handed tensor's version and changed what that holds (a write of
+        the values already there is none). Made after each call where
+        :attr:`after_each_call`, for the price of reading a version or a few."""
+        versions = self._versions()
+        if versions != self._versions_seen:
+            self._versions_seen = versions
+            written = self.input_written(where)
+            if written is not None:
+                raise Stop(written)
 
     def ran(self, method: str) -> None:
         """Note a call of the subject's ``method``: a write found later may be its."""

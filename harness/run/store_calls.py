@@ -54,12 +54,15 @@ class StoreCalls:
                  calls: tuple[tuple[int, int], ...]) -> Iterator[tuple[int, int, Any, int]]:
         """Each call's answer, the call made when the previous answer has been taken."""
         guarded, progress, what = self.calls.guard.call, self.progress, self.calls.named("swa_write_location")
+        inputs = self.calls.inputs
         for mb, layer_id in calls:
             progress.call += 1
             try:
                 out = guarded(what, store, batches[mb], layer_id)
             except SubjectFailure as failure:
                 raise self.calls.failed(Where(plan, step, mb, layer_id), failure) from None
+            if inputs.after_each_call:
+                inputs.stop_if_written_by(Where(plan, step, mb, layer_id))
             progress.stop_if_past_deadline()
             yield mb, layer_id, out, progress.call - 1
 
@@ -77,6 +80,8 @@ class StoreCalls:
         truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
         first, checks, serial = progress.call, progress.checks, guard.serial
         what = self.calls.named("swa_write_location")
+        inputs = self.calls.inputs
+        watch_inputs = inputs.after_each_call
         call = first
         guard.in_call = True
         try:
@@ -88,6 +93,12 @@ class StoreCalls:
                         raise SubjectTimeout()
                 except BaseException as exc:
                     raise guard.failure(what, exc) from None
+                if watch_inputs:
+                    guard.in_call = False
+                    guard.restore_harness_state()
+                    progress.call, progress.checks = call + 1, checks + call - first
+                    inputs.stop_if_written_by(Where(plan, step, mb, layer_id))
+                    guard.in_call = True
                 if not modes_kept():  # a mode the subject left could answer the comparison
                     guard.torch_state.restore()
                 # between calls the harness only compares (a lowered recursion limit lets the

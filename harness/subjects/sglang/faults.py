@@ -12,10 +12,9 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from ...api import ForwardBatch
-from ...errors import CodeFault, InputWritten, SwafuzzError
+from ...errors import CodeFault, SwafuzzError
 from ...run.guard import SubjectTimeout, describe_exception
 
 TREE_PACKAGE = "sglang/srt/"
@@ -62,26 +61,14 @@ def raised_in_sglang(exc: Exception) -> CodeFault | None:
     return None if found is None else CodeFault(*found, f"raised {describe_exception(exc)}")
 
 
-def told_in_sglang_terms(method: Callable[..., Any], writer: tuple[str, str] | None = None,
-                         handed: Mapping[str, str] | None = None) -> Callable[..., Any]:
+def told_in_sglang_terms(method: Callable[..., Any]) -> Callable[..., Any]:
     """``method`` of a driver, raising what SGLang code raised in it as the fault of the
-    SGLang function that raised it, and naming the SGLang function a timeout interrupted.
-
-    ``writer``: the qualified name and place of the SGLang function the method runs, told as
-    having written into an input where the call moved the version of a tensor of the batch
-    it was handed that ``handed`` names (a batch field: SGLang's name for it), so that the
-    harness finds the write at this call, not at the end of the forward."""
-    fields = tuple(handed or ())
-
-    def versions(args: tuple) -> tuple[int, ...] | None:
-        batch = args[0] if args and isinstance(args[0], ForwardBatch) else None
-        return None if batch is None else tuple(vars(batch)[name]._version for name in fields)
+    SGLang function that raised it, and naming the SGLang function a timeout interrupted."""
 
     @functools.wraps(method)
     def run(self, *args: Any) -> Any:
-        before = versions(args) if writer is not None else None
         try:
-            result = method(self, *args)
+            return method(self, *args)
         except SubjectTimeout as timeout:
             # the guard's alarm: the SGLang function it interrupted (its line at the time)
             # is the one that did not return
@@ -94,14 +81,6 @@ def told_in_sglang_terms(method: Callable[..., Any], writer: tuple[str, str] | N
             if fault is None:
                 raise
             raise fault from exc
-        after = versions(args) if before is not None else None
-        if after != before:
-            # the harness finds which values changed; what it cannot see (values written
-            # back unchanged) is told here, from versions that views of one block share
-            moved = [handed[name] for name, was, now in zip(fields, before, after) if was != now]
-            shown = moved[0] if len(moved) == 1 else f"one of {', '.join(moved)}"
-            raise InputWritten(*writer, f"wrote in place into {shown}, which the engine hands in read-only")
-        return result
 
     return run
 

@@ -52,9 +52,6 @@ HANDED_AS = {
     "mapping": f"{POOL_CLASS}.full_to_swa_index_mapping",
 }
 
-# the batch fields among them, whose in-place writes the drivers find at the call that made them
-HANDED_FIELDS = {field: name for field, name in HANDED_AS.items() if field != "mapping"}
-
 # the ring getter and the producer of the rows it caches (decode metadata)
 RING_METHODS = ("get_unified_swa_loc", "_attach_unified_kv_decode_streams")
 
@@ -121,8 +118,7 @@ class Target:
             "code_names": CodeNames({method: " and ".join(f"{name} ({at})" for name, at in found)
                                      for method, found in runs.items()}, HANDED_AS),
             "window_code": window_code, "window_absent": window_absent,
-            **{name: told_in_sglang_terms(getattr(self.driver, name), runs[name][0] if name in runs else None,
-                                          HANDED_FIELDS) for name in LIFECYCLE},
+            **{name: told_in_sglang_terms(getattr(self.driver, name)) for name in LIFECYCLE},
             **dict(self.driver_settings),
         })
 
