@@ -34,7 +34,8 @@ from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, MICRO_
 WINDOW_SWITCH_FILE = switch(REQUEST_WINDOW_SWITCH).declared_in[0]
 FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, WINDOW_FILE, WINDOW_SWITCH_FILE,
          *locate.VERSION_FILES,
-         *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py")
+         *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py",
+         *engine_features.RUNNER_FILES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -565,7 +566,8 @@ def test_the_sglang_workflow_gates_every_pull_request_that_touches_a_file_the_ga
     globs = [line.split('"')[1].removeprefix("python/").replace("**", "*")
              for line in workflow.splitlines() if line.lstrip().startswith('- "python/')]
     read = set(files_the_tree_checks_read("0.5.23")) | set(FILES) | set(provenance.sglang_paths())
-    read |= {engine_features.MODEL_FILE, engine_features.DRAFT_MODEL_FILE, engine_features.BACKEND_FILE}
+    read |= {engine_features.MODEL_FILE, engine_features.DRAFT_MODEL_FILE, engine_features.BACKEND_FILE,
+             *engine_features.RUNNER_FILES}
     for item in TARGETS:
         read |= {code.path for code in item.code}
     missed = sorted(path for path in read if release.read(path) is not None
@@ -672,6 +674,37 @@ def test_a_tree_without_the_model_class_leaves_two_batch_overlap_unconfirmed_and
     tree = edited_tree(tmp_path, "0.5.17", {callsites.MODEL_FILE: [("class DeepseekV4Model(", "class OtherModel(")]})
     overlap = engine_features.read(tree, settings_of(tree))[0]
     assert overlap.unconfirmed == "models/deepseek_v4.py defines no DeepseekV4Model" and not overlap.unreached
+
+
+def _merge_reading(tree: locate.SourceTree):
+    readings = engine_features.read(tree, settings_of(tree))
+    return next(reading for reading in readings if reading.feature.startswith("metadata merge"))
+
+
+MERGE = "        chosen_metadata.copy_(temp_metadata)\n"
+
+
+def test_a_tree_whose_replay_merges_without_copy_leaves_the_merge_unconfirmed_and_drawn(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [(MERGE, MERGE.replace("copy_", "update_from"))]})
+    merge = _merge_reading(tree)
+    # (0.5.23's early verify metadata still copies into the captured metadata, from its own branch)
+    assert merge.unconfirmed == ("DeepseekV4AttnBackend.init_forward_metadata_out_graph in "
+                                 "layers/attention/deepseek_v4_backend.py merges none of the metadata its bucket "
+                                 "branches build")
+    assert not merge.unreached and "drawn anyway" in merge.describe()
+
+
+def test_a_replay_prep_with_no_branch_for_the_decode_bucket_replays_no_decode_or_idle_graph(tmp_path):
+    # the decode bucket's branch builds under another bucket's name: decode and idle have nothing to merge
+    branch = "        if bucket == _GraphBucket.DECODE_OR_IDLE:\n            assert out_cache_loc is not None\n"
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [
+        (branch, branch.replace("DECODE_OR_IDLE", "DRAFT_EXTEND"))]})
+    merge = _merge_reading(tree)
+    assert merge.unconfirmed is None
+    assert merge.unreached == {in_mode(GRAPH_REPLAY, "decode"), in_mode(GRAPH_REPLAY, "idle")}
+    assert merge.says.startswith("decode and idle: no branch of init_forward_metadata_out_graph builds their bucket")
+    assert {in_mode(GRAPH_REPLAY, "decode"), in_mode(GRAPH_REPLAY, "idle")} <= engine_features.unreached(
+        tree, settings_of(tree))
 
 
 # ---- the getter's request-window branch (0.5.21+) ------------------------------------------------
