@@ -42,7 +42,7 @@ BACKEND_CLASS = "DeepseekV4AttnBackend"
 BUCKET_CLASS = "_GraphBucket"
 # where the backend keeps the metadata captured per bucket and batch size
 CAPTURED_BUCKETS = "cuda_graph_metadata_of_bucket_and_bs"
-# the graph runners that prepare a replay (0.5.16 and before: one runner file)
+# the graph runners that prepare a replay (before 0.5.14: the one runner file)
 RUNNER_FILES = ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
                 "sglang/srt/model_executor/cuda_graph_runner.py")
 RAW_METADATA = "Raw"  # in the class a builder returns when the graph rebuilds the metadata
