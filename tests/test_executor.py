@@ -595,6 +595,15 @@ class _NamedScribbler(_Scribbler):
     code_names = _NAMES
 
 
+class _NamedNumpyScribbler(_Correct):
+    code_names = _NAMES
+
+    def swa_write_location(self, batch, layer_id):
+        rows = self.right(batch)
+        batch.req_pool_indices.numpy()[:] = 3  # through numpy: the tensor's version stays
+        return rows
+
+
 class _BadlyNamedSleeps(_Sleeps):
     code_names = CodeNames(_CountingKeys({"swa_write_location": "Pool.store"}), {})
 
@@ -602,7 +611,13 @@ class _BadlyNamedSleeps(_Sleeps):
 def test_a_subject_that_names_its_code_gets_timeouts_and_writes_told_as_that_code():
     d = _diverges(_NamedSleeps, timeout_s=QUICK)
     assert d.sentence == "At forward 1 (decode), layer 0, Pool.store (pool.py:10) did not return within 0.5 s."
+    # its inputs' versions are read after each call: the write is found at the call that made it
     d = _diverges(_NamedScribbler, _SCRIBBLED)
+    assert d.sentence.startswith(
+        "By forward 1 (extend), layer 0, Pool.store (pool.py:10) had written into batch.req_pool_indices (rows 0-1), "
+        "which the engine hands in read-only: ")
+    # a write that moves no version is found at the end of the forward, told as every call since
+    d = _diverges(_NamedNumpyScribbler, _SCRIBBLED)
     assert d.sentence.startswith(
         "By the end of forward 1 (extend), Backend.init (b.py:3) or Pool.store (pool.py:10) had written into "
         "batch.req_pool_indices (rows 0-1), which the engine hands in read-only: ")

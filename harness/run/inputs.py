@@ -101,6 +101,10 @@ class InputGuard:
             return (handed.block._version,)
         return tuple(tensor._version for tensor in handed.fields[0][0].values())
 
+    def moved(self) -> bool:
+        """Whether a handed tensor's version moved since the inputs were last found intact."""
+        return self._versions() != self._versions_seen
+
     def stop_if_written_by(self, where: Where) -> None:
         """After the call at ``where``: stop at a write it made into what it was handed,
         where it moved a handed tensor's version and changed what that holds (a write of

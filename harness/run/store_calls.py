@@ -93,7 +93,7 @@ class StoreCalls:
                         raise SubjectTimeout()
                 except BaseException as exc:
                     raise guard.failure(what, exc) from None
-                if watch_inputs:
+                if watch_inputs and inputs.moved():
                     guard.in_call = False
                     guard.restore_harness_state()
                     progress.call, progress.checks = call + 1, checks + call - first
