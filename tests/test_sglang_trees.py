@@ -38,7 +38,8 @@ from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, MICRO_
 WINDOW_SWITCH_FILE = switch(REQUEST_WINDOW_SWITCH).declared_in[0]
 FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, WINDOW_FILE, WINDOW_SWITCH_FILE,
          *ATTN_METADATA_FILES, "sglang/srt/utils/common.py", *locate.VERSION_FILES,
-         *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py")
+         *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py",
+         *engine_features.RUNNER_FILES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -213,6 +214,67 @@ def test_wrong_rows_are_told_as_what_the_sglang_function_handed_on(tmp_path):
         "Stale cache: at forward 2 (decode), layer 1, all live rows that DeepSeekV4TokenToKVPool."
         f"set_swa_key_buffer_radix_fused (sglang/srt/mem_cache/deepseek_v4_memory_pool.py:{line}) handed the key "
         "store hold the rows of forward 1 (decode): a cached value was not refreshed for this forward.")
+
+
+# ---- timeouts, writes into inputs and stale fields, told in SGLang's terms (0.5.23) -------------
+
+GETTER_START = '        out_cache_loc to the dummy slot."""\n        join_in_graph_metadata_prep()\n'
+CUDA_GETTER = "DeepseekV4AttnBackend.get_swa_out_cache_loc (sglang/srt/layers/attention/deepseek_v4_backend.py:{})"
+
+
+def _cuda_getter_running(tmp_path: Path, statement: str) -> tuple[locate.SourceTree, int]:
+    """0.5.23 with ``statement`` run first in the CUDA getter, and the line it is on."""
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [(GETTER_START, GETTER_START + statement + "\n")]})
+    return tree, _line_of(tree, CUDA_BACKEND_FILE, "def get_swa_out_cache_loc(", statement.strip())
+
+
+def _getter_defined_at(tree: locate.SourceTree) -> int:
+    return _line_of(tree, CUDA_BACKEND_FILE, "class DeepseekV4AttnBackend", "def get_swa_out_cache_loc(")
+
+
+def test_a_getter_that_never_returns_is_told_at_the_sglang_line_the_alarm_interrupted(tmp_path):
+    tree, line = _cuda_getter_running(tmp_path, "        while forward_batch.positions is not None: pass")
+    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["first-swa-layer-not-start"],
+                         timeout_s=1).divergence
+    assert found.kind == "timeout"
+    assert found.sentence == f"At forward 1 (decode), layer 1, {CUDA_GETTER.format(line)} did not return within 1 s."
+
+
+def test_a_getter_that_writes_into_the_locations_it_is_handed_is_told_as_that_sglang_function(tmp_path):
+    # the getter returns the metadata's rows, right as they are: the write is found at its call all the same
+    tree, _ = _cuda_getter_running(tmp_path, "        forward_batch.out_cache_loc.add_(1)")
+    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["graph-replay"]).divergence
+    assert found.kind == "wrote_input"
+    assert found.sentence == (
+        f"By forward 1 (decode), layer 0, {CUDA_GETTER.format(_getter_defined_at(tree))} had written into "
+        "forward_batch.out_cache_loc (rows 0-1), which the engine hands in read-only: in SGLang this tensor is "
+        "shared by every later layer and the allocator.")
+
+
+@pytest.mark.parametrize("name, field", [
+    ("cuda-swa-out-cache-loc", "forward_metadata.core_attn_metadata.swa_out_cache_loc"),
+    ("hip-unified-swa-loc", "forward_metadata.core_attn_metadata.unified.swa_loc"),
+])
+def test_stale_rows_name_the_metadata_field_they_were_returned_from_and_the_forward_that_set_it(name, field):
+    release = released_tree("0.5.23")
+    if isinstance(release, str):
+        pytest.skip(release)
+    found = run_scenario(_subject(release, name).subject, EXAMPLES["skipped-metadata-init"]).divergence
+    assert found.kind == "wrong_rows"
+    assert (f"returned from {field}, as forward 1 (decode) set it, hold the rows of forward 1 (decode)"
+            in found.sentence)
+
+
+def test_stale_rows_of_a_graph_replay_name_no_field_as_the_replay_returns_what_the_capture_recorded():
+    release = released_tree("0.5.14")
+    if isinstance(release, str):
+        pytest.skip(release)
+    found = run_scenario(_subject(release, "unified-metadata-merge").subject, EXAMPLES["graph-replay"]).divergence
+    line = _line_of(release, HIP_BACKEND_FILE, "class DeepseekV4HipRadixBackend", "def get_unified_swa_loc(")
+    assert found.sentence == (
+        "Stale cache: at forward 1 (decode), layer 0, all live rows that DeepseekV4HipRadixBackend.get_unified_swa_loc "
+        f"(sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py:{line}) returned hold the rows recorded at "
+        "graph capture (forward 1): the captured layers read a tensor that the replay no longer updates.")
 
 
 # ---- the ring getter reading a per-forward field (0.5.23) --------------------------------------
@@ -527,7 +589,8 @@ def test_the_sglang_workflow_gates_every_pull_request_that_touches_a_file_the_ga
     globs = [line.split('"')[1].removeprefix("python/").replace("**", "*")
              for line in workflow.splitlines() if line.lstrip().startswith('- "python/')]
     read = set(files_the_tree_checks_read("0.5.23")) | set(FILES) | set(provenance.sglang_paths())
-    read |= {engine_features.MODEL_FILE, engine_features.DRAFT_MODEL_FILE, engine_features.BACKEND_FILE}
+    read |= {engine_features.MODEL_FILE, engine_features.DRAFT_MODEL_FILE, engine_features.BACKEND_FILE,
+             *engine_features.RUNNER_FILES}
     for item in TARGETS:
         read |= {code.path for code in item.code}
     missed = sorted(path for path in read if release.read(path) is not None
@@ -634,6 +697,37 @@ def test_a_tree_without_the_model_class_leaves_two_batch_overlap_unconfirmed_and
     tree = edited_tree(tmp_path, "0.5.17", {callsites.MODEL_FILE: [("class DeepseekV4Model(", "class OtherModel(")]})
     overlap = engine_features.read(tree, settings_of(tree))[0]
     assert overlap.unconfirmed == "models/deepseek_v4.py defines no DeepseekV4Model" and not overlap.unreached
+
+
+def _merge_reading(tree: locate.SourceTree):
+    readings = engine_features.read(tree, settings_of(tree))
+    return next(reading for reading in readings if reading.feature.startswith("metadata merge"))
+
+
+MERGE = "        chosen_metadata.copy_(temp_metadata)\n"
+
+
+def test_a_tree_whose_replay_merges_without_copy_leaves_the_merge_unconfirmed_and_drawn(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [(MERGE, MERGE.replace("copy_", "update_from"))]})
+    merge = _merge_reading(tree)
+    # (0.5.23's early verify metadata still copies into the captured metadata, from its own branch)
+    assert merge.unconfirmed == ("DeepseekV4AttnBackend.init_forward_metadata_out_graph in "
+                                 "layers/attention/deepseek_v4_backend.py merges none of the metadata its bucket "
+                                 "branches build")
+    assert not merge.unreached and "drawn anyway" in merge.describe()
+
+
+def test_a_replay_prep_with_no_branch_for_the_decode_bucket_replays_no_decode_or_idle_graph(tmp_path):
+    # the decode bucket's branch builds under another bucket's name: decode and idle have nothing to merge
+    branch = "        if bucket == _GraphBucket.DECODE_OR_IDLE:\n            assert out_cache_loc is not None\n"
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [
+        (branch, branch.replace("DECODE_OR_IDLE", "DRAFT_EXTEND"))]})
+    merge = _merge_reading(tree)
+    assert merge.unconfirmed is None
+    assert merge.unreached == {in_mode(GRAPH_REPLAY, "decode"), in_mode(GRAPH_REPLAY, "idle")}
+    assert merge.says.startswith("decode and idle: no branch of init_forward_metadata_out_graph builds their bucket")
+    assert {in_mode(GRAPH_REPLAY, "decode"), in_mode(GRAPH_REPLAY, "idle")} <= engine_features.unreached(
+        tree, settings_of(tree))
 
 
 # ---- the getter's request-window branch (0.5.21+) ------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..reference import EngineState, ForwardPlan, StepInputs
+from ..reference import EngineState, ForwardPlan
 
 from . import diagnosis as dx
 from .guard import type_name
@@ -61,6 +61,9 @@ class Judge:
         self.on_store = on_store
         self.keep_going = keep_going
         self.first_divergence: dx.Divergence | None = None
+        # where a stale eager answer sat in the subject's state, told as "FIELD, as forward 1
+        # (decode) set it" (None: not known); set by whoever can ask the subject
+        self.held_in: Callable[[ForwardPlan, int, int, Any], str | None] = lambda plan, step, mb, out: None
 
     def check_answers(self, plan: ForwardPlan, step: int, answers: Iterable[tuple[int, int, Any, int]]) -> None:
         """Check each (micro-batch, layer, answer, call index) of one draft step against the
@@ -95,7 +98,7 @@ class Judge:
         if not matched:
             where = Where(plan, step, mb, layer_id)
             divergence = self.inputs.input_written(where) or self._diagnose(
-                self.progress.site(where, call), plan.model, plan.steps[step][mb], out, expected.cpu()
+                self.progress.site(where, call), plan, step, mb, out, expected.cpu()
             )
         if self.on_store is not None:
             self.on_store(StoreOutcome(self.progress.forward, step, mb, layer_id, divergence))
@@ -133,8 +136,9 @@ class Judge:
             )
         return None
 
-    def _diagnose(self, site: dx.Site, model: str, inputs: StepInputs, out: Any,
+    def _diagnose(self, site: dx.Site, plan: ForwardPlan, step: int, mb: int, out: Any,
                   expected: torch.Tensor) -> dx.Divergence | None:
+        model, inputs = plan.model, plan.steps[step][mb]
         problem = self.shape_problem(site, out, expected.shape[0])
         if problem is not None:
             if problem.kind == dx.WRONG_LENGTH and out.dim() == 1:
@@ -146,8 +150,9 @@ class Judge:
         if not torch.equal(live, want):
             source = dx.explain(self.history, site, self.truth_kind, inputs, self.config, live, want)
             n_wrong = int((live != want).sum())
+            held_in = self.held_in(plan, step, mb, out) if source.kind in dx.STALE_SOURCES else None
             return site.divergence(
-                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n, self.answered_by),
+                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n, self.answered_by, held_in),
                 expected=dx.stored_values(want), actual=dx.stored_values(live), source=dx.source_dict(source),
             )
         padding = actual[n:]

@@ -329,6 +329,9 @@ class SglangSubject(Subject):
     call_sites: ClassVar[Any] = None  # the reading target_modes comes from (callsites.Reading)
     environment: ClassVar[EngineEnvironment]  # what the bound code's envs reads (Target.subject)
     answer_verb: ClassVar[str]  # how the target's entry method gives its answer, for answered_by
+    # per lifecycle method, the bound SGLang methods it calls (the store call: the target's
+    # entry method), which findings name for it
+    runs: ClassVar[dict[str, tuple[str, ...]]] = {"register_mapping": ("register_mapping",)}
     # the tree's request window (.request_window.WindowCode; None where the target's code has
     # no branch for it, and window_absent says why)
     window_code: ClassVar[Any] = None
@@ -465,7 +468,8 @@ class _BackendSlot:
     """What the engine keeps per micro-batch: one backend per role and draft step."""
 
     backends: dict[tuple[str, int], Any] = field(default_factory=dict)
-    built_for: dict[tuple[str, int], int] = field(default_factory=dict)  # forward id of the metadata
+    # per backend: the forward id of the batch whose metadata init set its metadata last
+    built_for: dict[tuple[str, int], int] = field(default_factory=dict)
     initialised_forward: int | None = None
     captured: dict[int, ForwardMetadata] = field(default_factory=dict)  # graph batch size -> metadata
     # graph batch size -> the reference's workspace rows, read before the capture (which
@@ -492,6 +496,33 @@ class _MetadataSubject(SglangSubject):
 
     getter: ClassVar[str]
     answer_verb = "returned"
+    # the metadata fields the getter may return as they are, from the backend's forward_metadata down
+    answer_fields: ClassVar[tuple[str, ...]] = ()
+
+    def _set_metadata(self, batch: ForwardBatch, step: int, metadata: ForwardMetadata) -> None:
+        """Hand the backend of ``batch``'s role and draft ``step`` the metadata its init built."""
+        self._backend(batch, step).forward_metadata = metadata
+        self._set_by(batch, step)
+
+    def _set_by(self, batch: ForwardBatch, step: int) -> None:
+        self._slot(batch).built_for[(_role(batch.mode), step)] = batch.forward_id
+
+    def answer_origin(self, batch: ForwardBatch, answer: torch.Tensor) -> tuple[str, int] | None:
+        """The metadata field the getter returned ``answer`` from (the tensor itself or a view
+        of its memory, read after the call, so the getter computes as before), and the
+        forward whose metadata init set it; None where ``answer`` is none of them."""
+        key = (_role(batch.mode), batch.draft_step)
+        slot = self._slot(batch)
+        backend = slot.backends.get(key)
+        if backend is None or key not in slot.built_for or type(answer) is not torch.Tensor:
+            return None
+        for path in self.answer_fields:
+            held = backend.forward_metadata
+            for name in path.split("."):
+                held = getattr(held, name, None)
+            if type(held) is torch.Tensor and held.untyped_storage().data_ptr() == answer.untyped_storage().data_ptr():
+                return f"forward_metadata.{path}", slot.built_for[key]
+        return None
 
     def _slot(self, batch: ForwardBatch) -> _BackendSlot:
         return batch.backend.__dict__.setdefault("sglang", _BackendSlot())
@@ -570,6 +601,9 @@ class TranslatedLocSubject(_MetadataSubject):
 
     truth = Truth.POOL
     getter = "get_swa_out_cache_loc"
+    answer_fields = ("core_attn_metadata.swa_out_cache_loc",)
+    runs = {**SglangSubject.runs, "init_forward_metadata": ("translate_loc_from_full_to_swa",),
+            "init_graph_metadata": ("translate_loc_from_full_to_swa",)}
 
     def _metadata(self, batch: ForwardBatch, swa_out_cache_loc=None, unified=None) -> ForwardMetadata:
         metadata = super()._metadata(batch, swa_out_cache_loc, unified)
@@ -775,9 +809,7 @@ class TranslatedLocSubject(_MetadataSubject):
             slot.tail_for = batch.forward_id if builds else None
 
     def _build_step(self, batch: ForwardBatch, step: int) -> None:
-        backend = self._backend(batch, step)
-        backend.forward_metadata = self._metadata(batch, swa_out_cache_loc=self._translated(batch))
-        self._slot(batch).built_for[(_role(batch.mode), step)] = batch.forward_id
+        self._set_metadata(batch, step, self._metadata(batch, swa_out_cache_loc=self._translated(batch)))
 
     def _before_store(self, batch: ForwardBatch, backend) -> None:
         slot = self._slot(batch)
@@ -790,7 +822,7 @@ class TranslatedLocSubject(_MetadataSubject):
             self._build_step(batch, batch.draft_step)
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
-        self._backend(batch, 0).forward_metadata = self._metadata(batch)
+        self._set_metadata(batch, 0, self._metadata(batch))
         if self._request_window(batch) is not None:
             rows = self._window_truth(batch).write_loc
             self._slot(batch).window_rows[batch.num_tokens] = rows.to(device=batch.positions.device,
@@ -800,6 +832,7 @@ class TranslatedLocSubject(_MetadataSubject):
         # init_forward_metadata_in_graph: warm-ups run it eagerly, the capture records it
         metadata = self._backend(batch, 0).forward_metadata
         metadata.core_attn_metadata.swa_out_cache_loc = self._translated(batch)
+        self._set_by(batch, 0)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         # replay prep re-points swa_out_cache_loc (an assign-listed field), but the captured
@@ -820,6 +853,9 @@ class RingSubject(_MetadataSubject):
 
     truth = Truth.RING
     getter = "get_unified_swa_loc"
+    answer_fields = ("core_attn_metadata.unified.swa_loc",)
+    runs = {**SglangSubject.runs, **{method: ("_attach_unified_kv_decode_streams",) for method in (
+        "init_forward_metadata", "init_capture_metadata", "init_replay_metadata")}}
 
     def _unified(self) -> Any:
         return UnifiedStandIn(swa_loc=None)
@@ -843,12 +879,12 @@ class RingSubject(_MetadataSubject):
             return
         steps = batch.num_draft_steps if batch.mode is ForwardMode.DRAFT_DECODE else 1
         for step in range(steps):
-            self._backend(batch, step).forward_metadata = self._build(batch)
+            self._set_metadata(batch, step, self._build(batch))
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         metadata = self._build(batch)
         self._slot(batch).captured[batch.num_tokens] = metadata
-        self._backend(batch, 0).forward_metadata = metadata
+        self._set_metadata(batch, 0, metadata)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         # replay prep builds metadata for idle too (request slots and positions zeroed)
@@ -856,7 +892,7 @@ class RingSubject(_MetadataSubject):
         fresh = self._build(batch)
         self._merge(captured.core_attn_metadata.unified, fresh.core_attn_metadata.unified)
         _copy_written(captured.core_attn_metadata, fresh.core_attn_metadata)
-        self._backend(batch, 0).forward_metadata = captured
+        self._set_metadata(batch, 0, captured)
 
     def _merge(self, captured: Any, fresh: Any) -> None:
         if captured.swa_loc is not None and fresh.swa_loc is not None:
@@ -890,6 +926,7 @@ class RingMergeSubject(RingSubject):
     """
 
     modelled_modes = RING_GETTER_MODES
+    runs = {**RingSubject.runs, "init_replay_metadata": ("_attach_unified_kv_decode_streams", "copy_")}
 
     def __init__(self, spec):
         super().__init__(spec)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...api import CodeNames
 from ..info import SubjectInfo
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
 from .drivers import (
@@ -43,6 +44,14 @@ WINDOW_GETTER = "get_swa_out_cache_loc"
 # the subject methods the executor calls, each of which runs SGLang code
 LIFECYCLE = ("register_mapping", "init_forward_metadata", "swa_write_location", "init_capture_metadata",
              "init_graph_metadata", "init_replay_metadata")
+
+# what SGLang code is handed of the engine's, by the names it knows it by
+HANDED_AS = {
+    "out_cache_loc": "forward_batch.out_cache_loc",
+    "positions": "forward_batch.positions",
+    "req_pool_indices": "forward_batch.req_pool_indices",
+    "mapping": f"{POOL_CLASS}.full_to_swa_index_mapping",
+}
 
 # the ring getter and the producer of the rows it caches (decode metadata)
 RING_METHODS = ("get_unified_swa_loc", "_attach_unified_kv_decode_streams")
@@ -106,16 +115,28 @@ class Target:
         entry = next(bound.methods[self.called_as[0]] for bound in binding.classes.values()
                      if self.called_as[0] in bound.methods)
         function, place = defined_at(entry)
+        runs = self._runs(binding)
         window_code, window_absent = window
         tail_code, tail_absent = tail
         return type(class_name, (self.driver,), {
             "binding": binding, "environment": environment, "__doc__": f"{self.summary} ({binding.label}).",
             "answered_by": f"{function} ({place}) {self.driver.answer_verb}",
+            "code_names": CodeNames({method: " and ".join(f"{name} ({at})" for name, at in found)
+                                     for method, found in runs.items()}, HANDED_AS),
             "window_code": window_code, "window_absent": window_absent,
             "tail_code": tail_code, "tail_absent": tail_absent,
             **{name: told_in_sglang_terms(getattr(self.driver, name)) for name in LIFECYCLE},
             **dict(self.driver_settings),
         })
+
+    def _runs(self, binding: Binding) -> dict[str, list[tuple[str, str]]]:
+        """Per driver method, the bound SGLang functions it runs, each named and placed at its
+        ``def`` line (the store call runs the entry method); a method that runs none is left out."""
+        defined = {name: function for bound in binding.classes.values() for name, function in bound.methods.items()}
+        runs = {**self.driver.runs, "swa_write_location": (self.called_as[0],)}
+        found = {method: [defined_at(defined[name]) for name in functions if name in defined]
+                 for method, functions in runs.items()}
+        return {method: functions for method, functions in found.items() if functions}
 
     def request_window(self, tree: SourceTree, mode: str, binding: Binding) -> tuple[Any, str]:
         """The tree's request window where the bound getter has a branch for it, else None
