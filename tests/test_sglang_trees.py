@@ -285,13 +285,14 @@ CACHED_READ = "        cached = unified.swa_loc if unified is not None else None
 BYPASS = "            and not is_multistep_draft_decode\n"
 
 
-def _ring_field_tree(tmp_path: Path, read: str, *more: tuple[str, str]) -> locate.SourceTree:
+def _ring_field_tree(tmp_path: Path, read: str, *more: tuple[str, str], with_tree_checks: bool = False
+                     ) -> locate.SourceTree:
     return edited_tree(tmp_path, "0.5.23", {HIP_BACKEND_FILE: [
         (FIELD, FIELD + "    unified_swa_loc: Optional[torch.Tensor] = None\n"),
         (PRODUCED, PRODUCED + "        core.unified_swa_loc = core.unified.swa_loc\n"),
         (CACHED_READ, f"        cached = {read}\n"),
         *more,
-    ]})
+    ]}, with_tree_checks=with_tree_checks)
 
 
 # what the release itself diverges on first (the ragged fallback of extends, padding rows in an idle
@@ -443,7 +444,7 @@ def test_a_replay_on_a_tree_that_does_not_bind_the_target_exits_125_for_git_bise
 
 
 def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
-    head = _ring_field_tree(tmp_path / "head", "core.unified_swa_loc", (BYPASS, ""))
+    head = _ring_field_tree(tmp_path / "head", "core.unified_swa_loc", (BYPASS, ""), with_tree_checks=True)
     done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.23", "--max-examples", "150",
                     "--budget", "600", "--report-dir", str(tmp_path / "reports"))
     assert done.returncode == 1, done.stdout + done.stderr
@@ -458,8 +459,16 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     assert rows["sglang:cuda-swa-out-cache-loc"] == "clean"
     assert ("- `sglang:hip-unified-swa-loc` in HEAD: get_unified_swa_loc is called in decode, draft, idle "
             "forwards, from models/deepseek_v4.py:MQALayer._forward_prepare") in table
+    # the field HEAD adds to the HIP metadata is in neither merge list: SGLang's copy_ asserts
+    # every field is named, so each graph replay's merge of HEAD raises
+    steps = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()
+             if line.startswith("| `HIP ")}
+    merges = ("HIP DSV4AttnMetadata.copy_", "HIP DSV4AttnMetadata.copy_ (compressed-KV fields)",
+              "HIP replay_cuda_graph_metadata_from")
+    assert all(steps[name] == "diverges only in HEAD" for name in merges), steps
+    assert "all_fields - provided_fields={'unified_swa_loc'}" in table
     junit = (tmp_path / "reports" / "pr-gate.xml").read_text()
-    assert 'failures="2"' in junit and 'name="sglang:unified-metadata-merge"' in junit
+    assert 'failures="5"' in junit and 'name="sglang:unified-metadata-merge"' in junit
 
 
 # 0.5.21's order in 0.5.23's CUDA getter: the request window before the idle test
