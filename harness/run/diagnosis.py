@@ -399,8 +399,11 @@ def _value_candidates(candidates: list[tuple[Source, torch.Tensor]], actual: tor
                       wrong: torch.Tensor) -> list[tuple[Source, torch.Tensor]]:
     """A per-step value's candidates, reordered: most rows of such a value hold the dummy, so
     an earlier answer often agrees with wrong rows by chance. A candidate that is the whole
-    answer comes first; then, where every wrong row holds the dummy, the dummy itself."""
+    answer comes first (the capture's before the rest); then, where every wrong row holds
+    the dummy, the dummy itself."""
     whole = [(source, rows) for source, rows in candidates if rows.shape == actual.shape and bool((rows == actual).all())]
+    # a graph replay's answer equal to the capture's is the capture's, whatever else it equals
+    whole.sort(key=lambda candidate: candidate[0].kind != GRAPH_CAPTURE)
     dummy = [(source, rows) for source, rows in candidates if source.kind == DUMMY]
     if not dummy or not bool((actual[wrong] == DUMMY_SLOT).all()):
         dummy = []

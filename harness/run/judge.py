@@ -256,7 +256,7 @@ class Judge:
 
 def _value_answered_by(quantity: Quantity) -> str:
     """How a finding's sentence names the per-step value a subject answered."""
-    return f"per_step_value returned for {quantity.name}"
+    return f"per_step_value({quantity.name!r}) returned"
 
 
 _equal = torch.Tensor.equal  # torch.equal less its module-function argument parsing
