@@ -273,11 +273,13 @@ class EngineConfig:
 
     def to_dict(self) -> dict:
         # an SWA-only model's configuration reads as before compress ratios existed
-        return {
+        data = {
             f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
             for f in dataclasses.fields(self)
-            if not (f.name == "compress_ratios" and not v)
         }
+        if not self.compress_ratios:
+            del data["compress_ratios"]
+        return data
 
     def compress_ratio(self, layer_id: int) -> int:
         """The compress ratio of ``layer_id`` (0: it writes only SWA keys)."""
