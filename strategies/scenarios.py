@@ -71,6 +71,7 @@ MAX_LONG_RUN = 512
 # Compressed scenarios: extends up to this many tokens per request cross a C128 group, and
 # up to this many draft tokens exceed the 4 a compress write plan was once padded to (#34189).
 LONG_EXTEND = 160
+LONG_EXTEND_REQUESTS = 4  # the most requests of an extend that may take that many
 MAX_COMPRESSED_DRAFT_TOKENS = 8
 
 
@@ -181,10 +182,11 @@ def scenarios(profile: str = REALISTIC, long_horizon: bool = False,
     draw can leave out are left out; with none, the draws are the profile's own.
 
     ``compressed``: a DeepSeek-V4 model whose layers have compress ratios (the model
-    config's ``compress_ratios``, :func:`_compress_ratios`), extends long enough to cross
-    a C128 group (:data:`LONG_EXTEND` tokens) and up to :data:`MAX_COMPRESSED_DRAFT_TOKENS`
-    draft tokens, for subjects that answer the compressed values. Without it no choice of
-    these is drawn, so an SWA-only search draws what it always drew."""
+    config's ``compress_ratios``, :func:`_compress_ratio_lists`), extends of a few requests
+    long enough to cross a C128 group (:data:`LONG_EXTEND` tokens) and up to
+    :data:`MAX_COMPRESSED_DRAFT_TOKENS` draft tokens, for subjects that answer the
+    compressed values. Without it no choice of these is drawn, so an SWA-only search draws
+    what it always drew."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
     return _scenarios(profile == ADVERSARIAL, long_horizon, frozenset(excluded), compressed)
@@ -430,7 +432,9 @@ def _forward(draw) -> Event:
     tokens: tuple[int, ...] = ()
     if mode in ("extend", "draft_extend"):
         high = num_draft_tokens if mode == "draft_extend" else 8
-        counts = _long_token_counts if sim.compressed and mode == "extend" else _token_counts
+        # a prefill long enough to cross a C128 group, for a few requests at a time
+        long = sim.compressed and mode == "extend" and len(requests) <= LONG_EXTEND_REQUESTS
+        counts = _long_token_counts if long else _token_counts
         pattern = draw(counts(high, len(requests)))
         tokens = tuple(pattern[i % len(pattern)] for i in range(len(requests)))
     steps = 1
