@@ -286,9 +286,10 @@ class StreamUnsynced(Subject):
 # ---- compressed write locations (swafuzz.quantities) ---------------------------------------
 
 _COMPRESS_RATIO_OF = {"c4_out_loc": 4, "c128_out_loc": 128}
+CompressedValues = dict[str, torch.Tensor]  # value name -> its rows
 
 
-def _compressed_out_locs(batch: ForwardBatch) -> dict[str, torch.Tensor]:
+def _compressed_out_locs(batch: ForwardBatch) -> CompressedValues:
     """Every row's C4 and C128 write location: ``out_cache_loc // ratio`` where the row
     completes a group of ``ratio`` tokens, else the dummy 0 (int64, graph-capturable)."""
     positions = batch.positions.to(torch.int64)
@@ -303,10 +304,9 @@ class CompressedMetadata(Uncached):
     SGLang's ``DSV4AttnMetadata.init_compression_metadata``, and read by every C4 and C128
     layer: correct.
 
-    The metadata records the forward it was built for and holds the values of each draft
-    step (#26239 bakes per-step locations into the metadata); the getter rebuilds what is
-    not there for this forward and step, so a skipped init or a later draft step never
-    reads another's values. Under graphs the values are computed in the graph-recordable
+    The metadata records the forward and draft step it was built for (#26239 bakes
+    per-step locations into the metadata); the getter rebuilds it for any other, so a
+    skipped init or a later draft step never reads another's values. Under graphs the values are computed in the graph-recordable
     part of metadata preparation into buffers the capture made, so every replay
     recomputes them from the static inputs. The SWA write location is translated per layer.
     """
@@ -314,48 +314,41 @@ class CompressedMetadata(Uncached):
     answers = ("c4_out_loc", "c128_out_loc")
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        batch.backend.compressed = SimpleNamespace(forward_id=batch.forward_id,
-                                                   steps={batch.draft_step: _compressed_out_locs(batch)})
+        batch.backend.compressed = SimpleNamespace(built_for=self._key(batch), values=_compressed_out_locs(batch))
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         buffers = {name: torch.zeros_like(batch.out_cache_loc) for name in _COMPRESS_RATIO_OF}
-        batch.backend.compressed = SimpleNamespace(forward_id=batch.forward_id, steps={0: buffers})
+        batch.backend.compressed = SimpleNamespace(built_for=self._key(batch), values=buffers)
 
     def init_graph_metadata(self, batch: ForwardBatch) -> None:
         metadata = batch.backend.compressed
-        metadata.forward_id = batch.forward_id
+        metadata.built_for = self._key(batch)
         for name, values in _compressed_out_locs(batch).items():
-            metadata.steps[0][name].copy_(values)
+            metadata.values[name].copy_(values)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         pass  # the replayed graph recomputes the values into the captured buffers
 
     def per_step_value(self, batch: ForwardBatch, layer_id: int, quantity: str) -> torch.Tensor:
         metadata = batch.backend.__dict__.get("compressed")
-        if metadata is None or not self._trusted(metadata, batch):
+        if metadata is None or metadata.built_for != self._key(batch):
             self.init_forward_metadata(batch)
             metadata = batch.backend.compressed
-        step = self._step(batch)
-        values = metadata.steps.get(step)
-        if values is None:
-            values = metadata.steps[step] = _compressed_out_locs(batch)
-        return values[quantity]
+        return metadata.values[quantity]
 
-    def _trusted(self, metadata: SimpleNamespace, batch: ForwardBatch) -> bool:
-        return metadata.forward_id == batch.forward_id
-
-    def _step(self, batch: ForwardBatch) -> int:
-        return batch.draft_step
+    def _key(self, batch: ForwardBatch) -> tuple:
+        """What metadata is built for: the getter trusts only metadata built for its own."""
+        return (batch.forward_id, batch.draft_step)
 
 
 class CompressedIdleStale(CompressedMetadata):
-    """The compressed write locations trusted whenever metadata is there, as SGLang's
-    compressor store reads them (``CompressorBackendMixin._get_out_loc``, no idle or shape
-    test): an idle forward that skips metadata init under speculative decoding reads the
-    previous forward's values."""
+    """The compressed write locations trusted whenever metadata of the draft step is
+    there, whatever forward built it, as SGLang's compressor store reads them
+    (``CompressorBackendMixin._get_out_loc``, no idle or shape test): an idle forward that
+    skips metadata init under speculative decoding reads the previous forward's values."""
 
-    def _trusted(self, metadata: SimpleNamespace, batch: ForwardBatch) -> bool:
-        return True
+    def _key(self, batch: ForwardBatch) -> tuple:
+        return (batch.draft_step,)
 
 
 class CompressedUnsliced(CompressedMetadata):
@@ -363,8 +356,8 @@ class CompressedUnsliced(CompressedMetadata):
     forward in every draft step, as before SGLang sliced them per step (#24750, fixed by
     #26239): steps 1..k-1 read step 0's."""
 
-    def _step(self, batch: ForwardBatch) -> int:
-        return 0
+    def _key(self, batch: ForwardBatch) -> tuple:
+        return (batch.forward_id,)
 
 
 class CompressedFirstLayer(CompressedMetadata):
@@ -410,8 +403,8 @@ class CompressedGraphAssign(CompressedMetadata):
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         captured = batch.backend.graph_compressed[batch.num_tokens]
-        captured.forward_id = batch.forward_id
-        captured.steps = {0: _compressed_out_locs(batch)}
+        captured.built_for = self._key(batch)
+        captured.values = _compressed_out_locs(batch)
         batch.backend.compressed = captured
 
 
@@ -428,7 +421,7 @@ class CompressedDraftPad4(CompressedMetadata):
         super().init_forward_metadata(batch)
         if batch.mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND):
             planned = _token_index_in_request(batch) < PLANNED_DRAFT_TOKENS
-            values = batch.backend.compressed.steps[batch.draft_step]
+            values = batch.backend.compressed.values
             for name in values:
                 values[name] = torch.where(planned, values[name], torch.zeros_like(values[name]))
 
