@@ -25,13 +25,12 @@ from .reference import compressed_out_loc
 @dataclass(frozen=True)
 class Quantity:
     """One per-step value: its SGLang name, the compress ratios of the layers that read it,
-    its truth and dtype, and the SGLang function that computes it (with the releases)."""
+    its truth and its dtype."""
 
     name: str
     read_by_ratios: frozenset[int]
     truth: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (positions, out_cache_loc) -> rows
     dtype: torch.dtype
-    made_by: str
 
     def read_by(self, ratio: int) -> bool:
         return ratio in self.read_by_ratios
@@ -43,14 +42,13 @@ def _compressed_out_loc(ratio: int) -> Callable[[torch.Tensor, torch.Tensor], to
     return truth
 
 
+# Both are made by _init_compressed_attn_metadata_kernel through
+# DSV4AttnMetadata.init_compression_metadata (int64 from 0.5.13 to 0.5.23) and read by every
+# C4 / C128 layer's compressor store (CompressorBackendMixin._get_out_loc, read in 0.5.23).
 QUANTITIES: Mapping[str, Quantity] = {
     q.name: q for q in (
-        Quantity("c4_out_loc", frozenset({4}), _compressed_out_loc(4), torch.int64,
-                 "_init_compressed_attn_metadata_kernel through DSV4AttnMetadata.init_compression_metadata "
-                 "(0.5.13 to 0.5.23), read by every C4 layer's compressor store"),
-        Quantity("c128_out_loc", frozenset({128}), _compressed_out_loc(128), torch.int64,
-                 "_init_compressed_attn_metadata_kernel through DSV4AttnMetadata.init_compression_metadata "
-                 "(0.5.13 to 0.5.23), read by every C128 layer's compressor store"),
+        Quantity("c4_out_loc", frozenset({4}), _compressed_out_loc(4), torch.int64),
+        Quantity("c128_out_loc", frozenset({128}), _compressed_out_loc(128), torch.int64),
     )
 }
 
