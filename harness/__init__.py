@@ -17,7 +17,8 @@ __version__ = "0.1.0"
 # pytest loads it in every session wherever swafuzz is installed, which must not pay for
 # importing torch unless swafuzz is asked for.
 _EXPORTS = {
-    "SUBJECT_API_VERSION": "api", "SUPPORTED_API_VERSIONS": "api", "ForwardBatch": "api", "ForwardMode": "api",
+    "SUBJECT_API_VERSION": "api", "SUPPORTED_API_VERSIONS": "api", "CodeNames": "api", "ForwardBatch": "api",
+    "ForwardMode": "api",
     "ModelSpec": "api",
     "Subject": "api", "Truth": "api", "tokens_request_slots": "api",
     "Divergence": "run.diagnosis",

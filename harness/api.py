@@ -62,7 +62,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 import torch
 
@@ -195,6 +195,18 @@ class ForwardBatch:
         return int(self.seq_lens_cpu.sum())
 
 
+@dataclass(frozen=True)
+class CodeNames:
+    """How findings name the code under test, in its own terms instead of the subject
+    API's: ``calls``, per subject method, the code's function (or functions) that the method
+    runs, as ``"Backend.get_loc (backend.py:120)"``; ``inputs``, per input handed to it (a
+    :class:`ForwardBatch` field, or ``"mapping"``), the name that code knows it by
+    (``"forward_batch.out_cache_loc"``). A method or input not named keeps the API's name."""
+
+    calls: Mapping[str, str]
+    inputs: Mapping[str, str]
+
+
 class Subject:
     """Base class with the engine's defaults; subclasses set ``truth`` and override
     :meth:`swa_write_location` and whatever else they cache."""
@@ -210,6 +222,9 @@ class Subject:
     # swafuzz.quantities.QUANTITIES ("c4_out_loc", ...): each is asked of every layer that
     # reads it through per_step_value
     answers: ClassVar[tuple[str, ...]] = ()
+    # what the code under test runs in each method and the names it knows its inputs by, for
+    # the sentences of timeouts and writes into inputs; None: the subject API's names
+    code_names: ClassVar[CodeNames | None] = None
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -217,6 +232,13 @@ class Subject:
 
     def register_mapping(self, mapping: torch.Tensor) -> None:
         self.mapping = mapping
+
+    def answer_origin(self, batch: ForwardBatch, answer: torch.Tensor) -> tuple[str, int] | None:
+        """Where ``answer``, just returned for ``batch`` eagerly, lies in the state the subject
+        keeps: the field that holds it, as the code under test names it, and the
+        ``forward_id`` of the batch whose metadata init set that field. Asked only of an
+        answer whose rows are stale, to say where they sat; None (the default): not known."""
+        return None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         pass

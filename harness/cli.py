@@ -262,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.add_argument("--budget", type=_seconds, default=MUTANT_BUDGET_S, metavar="SECONDS",
                         help=f"search time per mutant, shared evenly by the profiles in their order "
                              f"(default: {MUTANT_BUDGET_S:g})")
+    mutate.add_argument("--max-examples", type=_positive_int, metavar="N",
+                        help="at most N scenarios per mutant, shared by the profiles as the budget is; each "
+                             "search stops at whichever bound comes first, so a seed gives the same figures "
+                             "on any machine where the budget does not bind (default: the budget alone)")
     mutate.add_argument("--profile", action="append", choices=PROFILES, metavar="NAME",
                         help="a profile each search runs (repeatable, in order; default: realistic, then "
                              "adversarial)")

@@ -289,7 +289,8 @@ def mutate(args: argparse.Namespace) -> int:
         print(f"  [{number}/{total}] {outcome.status}: {outcome.mutant.id}{how}", file=sys.stderr)
 
     with stdout_to_stderr(args.json):
-        report = mutation.mutate(args.subject, budget_s=args.budget, seed=args.seed, device=device,
+        report = mutation.mutate(args.subject, budget_s=args.budget, max_examples=args.max_examples,
+                                 seed=args.seed, device=device,
                                  equivalents=equivalents, operators=tuple(args.operator or ()) or None,
                                  profiles=tuple(dict.fromkeys(args.profile or mutation.PROFILE_ORDER)),
                                  exclude=frozenset(args.exclude or ()),

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from swafuzz import SUBJECT_API_VERSION, RunResult, Subject, SubjectError, Truth, run_scenario
+from swafuzz.api import CodeNames
 from swafuzz.subjects.builtin import PoolStartLayer, Uncached, UncachedRing
 from swafuzz.run.diagnosis import Divergence
 from swafuzz.run import executor, mappings, progress, store_calls
@@ -517,6 +518,16 @@ def test_a_padding_row_aliasing_a_live_ring_says_so():
 # ---- subjects that write into what they are given ----------------------------------------
 
 
+class _CountingKeys(dict):
+    """A dict subclass: its methods are the subject's code, which naming must not run."""
+
+    reads = 0
+
+    def items(self):
+        type(self).reads += 1
+        return super().items()
+
+
 class _Scribbler(Subject):
     """Correct rows computed from private copies; then writes garbage into every input."""
 
@@ -570,6 +581,52 @@ def test_a_subject_writing_into_its_inputs_is_a_wrote_input_divergence_though_it
     assert d.kind == "wrote_input"
     assert (d.forward, d.mode) == (1, "extend")
     assert d.sentence.startswith("By the end of forward 1 (extend), the subject had written into req_pool_indices (rows 0-1)")
+
+
+_NAMES = CodeNames({"swa_write_location": "Pool.store (pool.py:10)", "init_forward_metadata": "Backend.init (b.py:3)"},
+                   {"req_pool_indices": "batch.req_pool_indices"})
+
+
+class _NamedSleeps(_Sleeps):
+    code_names = _NAMES
+
+
+class _NamedScribbler(_Scribbler):
+    code_names = _NAMES
+
+
+class _NamedNumpyScribbler(_Correct):
+    code_names = _NAMES
+
+    def swa_write_location(self, batch, layer_id):
+        rows = self.right(batch)
+        batch.req_pool_indices.numpy()[:] = 3  # through numpy: the tensor's version stays
+        return rows
+
+
+class _BadlyNamedSleeps(_Sleeps):
+    code_names = CodeNames(_CountingKeys({"swa_write_location": "Pool.store"}), {})
+
+
+def test_a_subject_that_names_its_code_gets_timeouts_and_writes_told_as_that_code():
+    d = _diverges(_NamedSleeps, timeout_s=QUICK)
+    assert d.sentence == "At forward 1 (decode), layer 0, Pool.store (pool.py:10) did not return within 0.5 s."
+    # its inputs' versions are read after each call: the write is found at the call that made it
+    d = _diverges(_NamedScribbler, _SCRIBBLED)
+    assert d.sentence.startswith(
+        "By forward 1 (extend), layer 0, Pool.store (pool.py:10) had written into batch.req_pool_indices (rows 0-1), "
+        "which the engine hands in read-only: ")
+    # a write that moves no version is found at the end of the forward, told as every call since
+    d = _diverges(_NamedNumpyScribbler, _SCRIBBLED)
+    assert d.sentence.startswith(
+        "By the end of forward 1 (extend), Backend.init (b.py:3) or Pool.store (pool.py:10) had written into "
+        "batch.req_pool_indices (rows 0-1), which the engine hands in read-only: ")
+
+
+def test_names_that_are_not_a_plain_dict_of_text_are_not_read():
+    d = _diverges(_BadlyNamedSleeps, timeout_s=QUICK)
+    assert d.sentence == "At forward 1 (decode), layer 0, swa_write_location did not return within 0.5 s."
+    assert _CountingKeys.reads == 0
 
 
 class _ZeroesItsMapping(_Correct):

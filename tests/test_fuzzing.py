@@ -125,61 +125,98 @@ def test_nightly_database_keeps_the_failure_for_the_next_run(tmp_path):
     assert again.scenario == found.scenario
 
 
-def test_budget_stops_a_clean_run():
-    result = fuzz(resolve_subject("uncached"), settings="ci", budget_s=0.5, max_examples=10**6)
+class HarnessClock:
+    """The clock every part of a search reads its budget from, made to jump an hour ahead at
+    a chosen moment: a test of what the budget stops then says where it runs out, whatever
+    the machine's speed, and the budget it passes is one no run comes near on its own."""
+
+    HOUR_S = 3600.0
+    BUDGET_S = 600.0
+
+    def __init__(self):
+        self.late = False
+
+    def __call__(self) -> float:
+        return time.monotonic() + (self.HOUR_S if self.late else 0.0)
+
+    def jump(self, *_) -> None:
+        self.late = True
+
+
+@pytest.fixture
+def harness_clock(monkeypatch):
+    from types import SimpleNamespace
+
+    from swafuzz.run import executor, progress, store_calls
+
+    clock = HarnessClock()
+    monkeypatch.setattr(fuzz_engine, "time", SimpleNamespace(monotonic=clock))
+    for module in (executor, progress, store_calls):  # every module of a run that reads the clock
+        monkeypatch.setattr(module, "monotonic", clock)
+    return clock
+
+
+class UncachedCounted(Uncached):
+    """Right; counts its calls, and passes the budget in the call ``budget_passes_at``
+    (on the class: the fuzzer makes a new instance per scenario)."""
+
+    calls = 0
+    budget_passes_at = 0
+    clock: HarnessClock | None = None
+
+    def swa_write_location(self, batch, layer_id):
+        UncachedCounted.calls += 1
+        if UncachedCounted.calls == UncachedCounted.budget_passes_at:
+            UncachedCounted.clock.jump()
+        return super().swa_write_location(batch, layer_id)
+
+
+@pytest.fixture
+def budget_passes_at_call(harness_clock, monkeypatch):
+    monkeypatch.setattr(UncachedCounted, "calls", 0)
+    monkeypatch.setattr(UncachedCounted, "clock", harness_clock)
+
+    def at(call: int) -> SubjectInfo:
+        monkeypatch.setattr(UncachedCounted, "budget_passes_at", call)
+        return SubjectInfo("uncached-counted", UncachedCounted, expected="equivalent")
+
+    return at
+
+
+def test_budget_stops_a_clean_run(budget_passes_at_call):
+    result = fuzz(budget_passes_at_call(200), settings="ci", budget_s=HarnessClock.BUDGET_S, max_examples=10**6)
     assert result.divergence is None
     assert 0 < result.examples < 10**6
 
 
-class SlowUncached(Uncached):
-    """Right, but slow enough that a hundred examples take far longer than the budget."""
-
-    def swa_write_location(self, batch, layer_id):
-        time.sleep(0.01)
-        return super().swa_write_location(batch, layer_id)
-
-
-class WrongAfterLayer0ThenSlow(Uncached):
-    """Wrong in every layer but layer 0, so all but the simplest scenario diverge; every
-    scenario after the one it first answered wrong in is slow, so finding is quick and
-    shrinking takes long (whatever the first scenario runs, graph warm-ups included)."""
-
-    first_wrong = None  # on the class: the fuzzer makes a new instance per scenario
-
-    def swa_write_location(self, batch, layer_id):
-        first = WrongAfterLayer0ThenSlow.first_wrong
-        if first is not None and first is not self:
-            time.sleep(0.1)
-        rows = super().swa_write_location(batch, layer_id)
-        if layer_id == 0:
-            return rows
-        if first is None:
-            WrongAfterLayer0ThenSlow.first_wrong = self
-        return rows + 1
-
-
-@pytest.fixture
-def graph_capture_imported():
-    """The first graph capture of a process imports torch's dispatch machinery, which can
-    take longer than the small budgets below; import it before the clock starts."""
-    run_scenario(Uncached, EXAMPLES["graph-replay"])
-
-
-def test_budget_is_honoured_within_an_example_not_a_chunk_of_examples(graph_capture_imported):
-    budget = 2.0
-    result = fuzz(SubjectInfo("slow-uncached", SlowUncached, expected="equivalent"), settings="ci",
-                  budget_s=budget)
+def test_budget_is_honoured_within_an_example_not_a_chunk_of_examples(budget_passes_at_call):
+    result = fuzz(budget_passes_at_call(200), settings="ci", budget_s=HarnessClock.BUDGET_S)
     assert result.divergence is None
-    assert result.elapsed_s < budget + 3  # behaviour, not a benchmark: a chunk takes far longer
+    # the call that passed the budget was the last, and the example it was in is cut short
+    assert UncachedCounted.calls == 200 and result.examples < fuzz_engine.CHUNK
 
 
-def test_budget_cuts_shrinking_short_and_says_so(graph_capture_imported):
-    budget = 1.0
-    info = SubjectInfo("wrong-then-slow", WrongAfterLayer0ThenSlow, expected="diverges")
-    result = fuzz(info, settings="ci", budget_s=budget)
-    assert result.divergence is not None
+class WrongAfterLayer0(Uncached):
+    """Wrong in every layer but layer 0, so all but the simplest scenario diverge."""
+
+    def swa_write_location(self, batch, layer_id):
+        rows = super().swa_write_location(batch, layer_id)
+        return rows if layer_id == 0 else rows + 1
+
+
+def test_budget_cuts_shrinking_short_and_says_so(harness_clock):
+    info = SubjectInfo("wrong-after-layer-0", WrongAfterLayer0, expected="diverges")
+    # the budget passes as the divergence is first seen: shrinking has not begun
+    jumped_at_first_sight = []
+
+    def on_divergence(found):
+        if not jumped_at_first_sight:
+            jumped_at_first_sight.append(found.examples)
+            harness_clock.jump()
+
+    result = fuzz(info, settings="ci", budget_s=HarnessClock.BUDGET_S, on_divergence=on_divergence)
+    assert result.divergence is not None and jumped_at_first_sight
     assert not result.shrink_complete
-    assert result.elapsed_s < budget + 3
     assert run_scenario(info.subject, result.scenario).divergence == result.divergence
 
 

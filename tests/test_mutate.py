@@ -22,10 +22,14 @@ from swafuzz.tools.mutate import (
     mutant_class, mutate,
 )
 from swafuzz.reference import EngineConfig
+from swafuzz.search.fuzz import FuzzResult
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
 SPEC = ModelSpec.of(EngineConfig(), "target", torch.device("cpu"))
+# a search here is bounded by its examples, seeded, so it finds the same on a busy machine as
+# on an idle one; its time budget is only a net that no run comes near
+NEVER_BINDS_S = 600.0
 
 
 # ---- hand-written subjects, one place for each operator --------------------------------------
@@ -215,10 +219,10 @@ def test_ring_window_swaps_the_unified_pools_ring_size_and_window():
 
 def test_an_obviously_wrong_mutant_of_a_correct_design_is_killed():
     mutant = next(m for m in derive_mutants(builtin.UncachedRing, operators=("ring-window",)))
-    outcome = examine(builtin.UncachedRing, mutant, budget_s=10, seed=0)
+    outcome = examine(builtin.UncachedRing, mutant, budget_s=NEVER_BINDS_S, seed=0, max_examples=20)
     assert outcome.status == KILLED_STATUS, outcome
     assert outcome.profile == "realistic" and outcome.kind == "wrong_rows"
-    assert outcome.time_to_kill_s is not None and outcome.time_to_kill_s < 10
+    assert outcome.time_to_kill_s is not None and 0 < outcome.time_to_kill_s <= outcome.elapsed_s
     assert outcome.scenario is not None and "sliding window" in outcome.sentence
 
 
@@ -235,13 +239,13 @@ class WrongUnlessGuarded(Subject):
 
 def test_a_divergence_the_unmutated_subject_shares_is_no_kill():
     mutant = next(m for m in derive_mutants(WrongUnlessGuarded, operators=("drop-guard",)))
-    outcome = examine(WrongUnlessGuarded, mutant, budget_s=4, seed=0)
+    outcome = examine(WrongUnlessGuarded, mutant, budget_s=NEVER_BINDS_S, seed=0, max_examples=10)
     assert outcome.status == ORIGINAL_DIVERGES and outcome.scenario is not None
 
 
 def test_the_unmutated_subject_is_searched_first_and_never_counted_among_the_mutants():
-    assert examine(builtin.Uncached, None, budget_s=1, seed=0).status == PASSES
-    report = mutate("uncached", budget_s=1, isolated=False)
+    assert examine(builtin.Uncached, None, budget_s=NEVER_BINDS_S, seed=0, max_examples=20).status == PASSES
+    report = mutate("uncached", budget_s=NEVER_BINDS_S, max_examples=20, isolated=False)
     assert report.baseline.status == PASSES and report.baseline.mutant is None
     assert all(outcome.mutant is not None for outcome in report.outcomes)
     assert report.count(KILLED_STATUS) == len(report.outcomes) == 1 and report.passed
@@ -249,7 +253,7 @@ def test_the_unmutated_subject_is_searched_first_and_never_counted_among_the_mut
 
 def test_a_diverging_subject_makes_no_figures_and_does_not_pass(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    report = mutate("test_mutate:WrongUnlessGuarded", budget_s=2, isolated=False)
+    report = mutate("test_mutate:WrongUnlessGuarded", budget_s=NEVER_BINDS_S, max_examples=10, isolated=False)
     assert report.baseline.status == "diverges" and report.outcomes == []
     assert not report.passed and "diverges" in report.headline()
 
@@ -268,15 +272,15 @@ def test_survivors_listed_as_equivalent_are_left_out_of_the_kill_rate_with_their
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     mutant_id = "negate-guard/RedundantlyGuarded.swa_write_location/1"
     reason = "both branches return the same rows"
-    report = mutate("test_mutate:RedundantlyGuarded", budget_s=1, isolated=False, operators=("negate-guard",),
-                    equivalents={mutant_id: reason})
+    report = mutate("test_mutate:RedundantlyGuarded", budget_s=NEVER_BINDS_S, max_examples=10, isolated=False,
+                    operators=("negate-guard",), equivalents={mutant_id: reason})
     (outcome,) = report.outcomes
     assert outcome.status == EQUIVALENT and outcome.equivalent_reason == reason
     assert report.counted == 0 and report.kill_rate is None and report.passed
     report.write(tmp_path)
     assert reason in (tmp_path / "mutants.md").read_text()
-    unlisted = mutate("test_mutate:RedundantlyGuarded", budget_s=1, isolated=False, operators=("negate-guard",),
-                      equivalents={})
+    unlisted = mutate("test_mutate:RedundantlyGuarded", budget_s=NEVER_BINDS_S, max_examples=10, isolated=False,
+                      operators=("negate-guard",), equivalents={})
     assert unlisted.outcomes[0].status == SURVIVED and unlisted.survivors and not unlisted.passed
 
 
@@ -292,8 +296,8 @@ class KeepsATallyNothingReads(Subject):
 def test_a_survivor_whose_edit_changes_only_what_nothing_reads_is_never_read_and_left_out_of_the_rate(
         tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    report = mutate("test_mutate:KeepsATallyNothingReads", budget_s=1, isolated=False, operators=("negate-guard",),
-                    equivalents={})
+    report = mutate("test_mutate:KeepsATallyNothingReads", budget_s=NEVER_BINDS_S, max_examples=10,
+                    isolated=False, operators=("negate-guard",), equivalents={})
     (outcome,) = report.outcomes
     assert outcome.status == NEVER_READ and "`self.tally_nothing_reads`" in outcome.sentence
     assert report.counted == 0 and report.passed and not report.survivors
@@ -310,7 +314,7 @@ def test_an_edit_that_reaches_a_returned_value_is_not_never_read():
 
 def test_a_never_read_mutant_that_the_search_kills_counts_as_killed(monkeypatch):
     # the reading explains survivors; an edit it calls unread may still raise, and that is a kill
-    def outcome(runner, mutant, budget_s, seed, scope):
+    def outcome(runner, mutant, budget_s, seed, search):
         if mutant is None:
             return mutation.Outcome(None, PASSES)
         return mutation.Outcome(mutant, KILLED_STATUS, profile="realistic", time_to_kill_s=0.1, kind="raised")
@@ -324,13 +328,15 @@ def test_a_never_read_mutant_that_the_search_kills_counts_as_killed(monkeypatch)
 
 def test_a_killed_mutant_listed_as_equivalent_is_named_as_wrongly_listed():
     listed = {"ring-window/UncachedRing.swa_write_location/1": "thought to be the same"}
-    report = mutate("uncached-ring", budget_s=4, isolated=False, operators=("ring-window",), equivalents=listed)
+    report = mutate("uncached-ring", budget_s=NEVER_BINDS_S, max_examples=20, isolated=False,
+                    operators=("ring-window",), equivalents=listed)
     assert report.outcomes[0].status == KILLED_STATUS
     assert report.wrongly_listed == list(listed) and report.kill_rate == 1.0
 
 
 def test_the_json_report_carries_the_figures_and_each_mutant(tmp_path):
-    report = mutate("uncached-ring", budget_s=2, isolated=False, operators=("ring-window", "swap-arguments"))
+    report = mutate("uncached-ring", budget_s=NEVER_BINDS_S, max_examples=20, isolated=False,
+                    operators=("ring-window", "swap-arguments"))
     report.write(tmp_path)
     data = json.loads((tmp_path / "mutants.json").read_text())
     for name in ("subject", "budget_s", "seed", "passed", "unmutated", "made", "killed", "killed_by_profile",
@@ -346,7 +352,8 @@ def test_the_json_report_carries_the_figures_and_each_mutant(tmp_path):
 
 
 def test_the_figures_count_the_kills_whose_diagnosis_names_a_cause_per_operator():
-    report = mutate("uncached-ring", budget_s=2, isolated=False, operators=("ring-window", "swap-arguments"))
+    report = mutate("uncached-ring", budget_s=NEVER_BINDS_S, max_examples=20, isolated=False,
+                    operators=("ring-window", "swap-arguments"))
     causes = {outcome.mutant.operator: outcome.cause for outcome in report.outcomes}
     assert causes["ring-window"] == "window_ring"  # the diagnosis's name for the window used as the ring
     figures = report.diagnosis()
@@ -355,6 +362,38 @@ def test_the_figures_count_the_kills_whose_diagnosis_names_a_cause_per_operator(
     assert figures["catch_all"] == [o.mutant.id for o in report.outcomes if o.cause == "unknown"]
     assert figures["by_operator"]["ring-window"] == {"named": 1, "killed": 1}
     assert f"the diagnosis names the cause of {named} of 2 kills" in report.headline()
+
+
+# ---- the search's bounds -----------------------------------------------------------------------
+
+
+def test_a_seed_and_an_example_bound_give_the_same_figures_whatever_budget_does_not_bind():
+    def figures(budget_s):
+        report = mutate("uncached-ring", budget_s=budget_s, max_examples=20, seed=0, isolated=False,
+                        operators=("ring-window", "swap-arguments"))
+        return report.baseline.status, [(o.mutant.id, o.status, o.profile, o.kind, o.cause, o.sentence, o.scenario)
+                                        for o in report.outcomes]
+
+    halved, tenfold = figures(NEVER_BINDS_S / 2), figures(NEVER_BINDS_S * 10)
+    assert halved == tenfold
+    assert halved[0] == PASSES and [status for _, status, *_ in halved[1]] == [KILLED_STATUS, KILLED_STATUS]
+
+
+def test_each_profile_searches_its_share_of_the_example_bound_within_its_share_of_the_budget(monkeypatch):
+    asked = []
+
+    def search(info, **options):  # a search that finds nothing, having run all it may
+        asked.append((options["profile"], options["max_examples"], options["budget_s"]))
+        return FuzzResult(info.name, options["profile"], "ci", examples=options["max_examples"] or 0, elapsed_s=0.0)
+
+    monkeypatch.setattr(mutation, "fuzz", search)
+    assert examine(builtin.Uncached, None, budget_s=NEVER_BINDS_S, seed=0, max_examples=7).status == PASSES
+    (first, shared, first_budget), (second, rest, second_budget) = asked
+    assert (first, shared, second, rest) == ("realistic", 3, "adversarial", 4)
+    assert first_budget <= NEVER_BINDS_S / 2 <= second_budget <= NEVER_BINDS_S  # the first half, then the rest
+    asked.clear()
+    examine(builtin.Uncached, None, budget_s=NEVER_BINDS_S, seed=0)  # the budget alone, as before
+    assert [shared for _, shared, _ in asked] == [None, None]
 
 
 # ---- a mutant that ends, hangs or cannot be built ----------------------------------------------
@@ -376,7 +415,8 @@ class GuardedAgainstEnding(Subject):
 
 def test_a_mutant_that_ends_its_process_is_killed_and_one_that_raises_when_built_is_not_runnable(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    report = mutate("test_mutate:GuardedAgainstEnding", budget_s=2, isolated=True, operators=("negate-guard",))
+    report = mutate("test_mutate:GuardedAgainstEnding", budget_s=NEVER_BINDS_S, max_examples=10, isolated=True,
+                    operators=("negate-guard",))
     outcomes = {outcome.mutant.function: outcome for outcome in report.outcomes}
     assert outcomes["__init__"].status == NOT_RUNNABLE
     assert "raises on construction" in outcomes["__init__"].sentence
@@ -401,7 +441,10 @@ def test_a_mutant_that_hangs_past_every_alarm_is_ended_and_killed(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     # the grace covers the first search of a process (its one-time loading) on a loaded machine
     monkeypatch.setattr(mutation, "WORKER_GRACE_S", 15.0)
-    report = mutate("test_mutate:GuardedAgainstHanging", budget_s=1, isolated=True, operators=("negate-guard",))
+    # the budget is what ends the hung mutant's process, so it stays short: the unmutated
+    # subject passes within it on examples or time, whichever runs out first
+    report = mutate("test_mutate:GuardedAgainstHanging", budget_s=1, max_examples=10, isolated=True,
+                    operators=("negate-guard",))
     assert report.baseline.status == PASSES, report.baseline
     hung = next(o for o in report.outcomes if "`layer_id < 0`" in o.mutant.description)
     assert hung.status == KILLED_STATUS and hung.kind == "hung" and hung.scenario is not None
@@ -411,7 +454,8 @@ def test_the_mutants_benchmark_prints_and_returns_the_figures():
     from swafuzz.tools.bench import bench_mutants
 
     printed: list[str] = []
-    figures = bench_mutants(subjects=("uncached",), targets=(), budget_s=1, out=printed.append)
+    figures = bench_mutants(subjects=("uncached",), targets=(), budget_s=NEVER_BINDS_S, max_examples=20,
+                            out=printed.append)
     overall = figures["overall"]
     assert overall["kill_rate"] == 1.0 and overall["unmutated_divergences"] == 0
     assert set(overall["time_to_kill"]) == {"median_s", "p90_s", "max_s"}
@@ -428,10 +472,13 @@ def test_the_mutants_benchmark_prints_and_returns_the_figures():
 def test_mutate_on_the_command_line_writes_both_reports_and_exits_0_when_all_are_killed(tmp_path, monkeypatch,
                                                                                       capsys):
     monkeypatch.setenv("SWAFUZZ_SUPERVISOR", "0")
-    code = main(["mutate", "--subject", "uncached", "--budget", "1", "--report-dir", str(tmp_path), "--json"])
+    code = main(["mutate", "--subject", "uncached", "--budget", "600", "--max-examples", "20",
+                 "--report-dir", str(tmp_path), "--json"])
     printed = json.loads(capsys.readouterr().out)
     assert code == 0 and printed["killed"] == printed["made"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mutants.json", "mutants.md"]
+    assert printed["max_examples"] == 20
+    assert "Budget 600 s or 20 examples per mutant" in (tmp_path / "mutants.md").read_text()
 
 
 @pytest.mark.parametrize("arguments", [
@@ -441,8 +488,9 @@ def test_mutate_on_the_command_line_writes_both_reports_and_exits_0_when_all_are
     ["--subject", "sglang:pool-getter"],
     ["--subject", "uncached", "--exclude", "no-such-feature"],
     ["--subject", "uncached", "--profile", "no-such-profile"],
+    ["--subject", "uncached", "--max-examples", "0"],
 ], ids=["unknown-subject", "unknown-operator", "missing-equivalent-list", "unknown-sglang-target", "unknown-feature",
-        "unknown-profile"])
+        "unknown-profile", "no-examples"])
 def test_bad_input_to_mutate_is_a_usage_error(arguments, tmp_path):
     assert main(["mutate", *arguments, "--report-dir", str(tmp_path)]) == 2
 
@@ -476,15 +524,17 @@ def test_each_search_runs_only_the_profiles_given_and_never_draws_an_excluded_fe
     # the start-layer pool cache is right on a stage whose first layer stores SWA keys, with
     # no micro-batches: a scope in which its mutants can be measured
     scope = {"profiles": ("realistic",), "exclude": frozenset({"first_swa_layer_not_start", "micro_batches"})}
-    assert examine(builtin.PoolStartLayer, None, budget_s=3, seed=0, **scope).status == PASSES
-    found = examine(builtin.PoolStartLayer, None, budget_s=6, seed=0, profiles=("realistic",))
+    passes = examine(builtin.PoolStartLayer, None, budget_s=NEVER_BINDS_S, seed=0, max_examples=20, **scope)
+    assert passes.status == PASSES
+    found = examine(builtin.PoolStartLayer, None, budget_s=NEVER_BINDS_S, seed=0, max_examples=20,
+                    profiles=("realistic",))
     assert found.status == "diverges" and found.profile == "realistic"
 
 
 def test_the_reports_name_the_scope_the_mutants_were_searched_in(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SWAFUZZ_SUPERVISOR", "0")
-    code = main(["mutate", "--subject", "uncached", "--budget", "1", "--profile", "adversarial",
-                 "--exclude", "graph_replay", "--report-dir", str(tmp_path), "--json"])
+    code = main(["mutate", "--subject", "uncached", "--budget", "600", "--max-examples", "20",
+                 "--profile", "adversarial", "--exclude", "graph_replay", "--report-dir", str(tmp_path), "--json"])
     printed = json.loads(capsys.readouterr().out)
     assert code == 0 and printed["profiles"] == ["adversarial"] and printed["exclude"] == ["graph_replay"]
     assert all(m["profile"] == "adversarial" for m in printed["mutants"])

@@ -66,10 +66,45 @@ def test_the_readings_agree_with_the_matrix_on_two_batch_overlap_and_hybrid_laye
     assert terms <= engine_features.unreached(tree, settings_for(version))
 
 
-def test_the_merge_before_replay_is_drawn_and_says_why_it_is_unconfirmed():
-    readings = engine_features.read(_tree("0.5.17"), settings_for("0.5.17"))
-    merge = next(r for r in readings if r.feature.startswith("metadata merge"))
-    assert merge.unreached == frozenset() and "MODELLED_PATHS" in merge.describe()
+def _merge(version: str, **switches: bool):
+    readings = engine_features.read(_tree(version), settings_for(version, switches))
+    return next(r for r in readings if r.feature.startswith("metadata merge"))
+
+
+BACKEND = "layers/attention/deepseek_v4_backend.py:DeepseekV4AttnBackend"
+MERGED = ("decode and idle replays: init_forward_metadata_decode builds the decode_or_idle bucket's metadata outside "
+          "the graph ({}) and replay_cuda_graph_metadata_from merges it with copy_ into the captured metadata")
+RAW = "raw inputs only, from which the graph rebuilds the rest"
+
+
+def test_before_0_5_18_the_decode_bucket_merges_the_metadata_itself_only_with_in_graph_preparation_off():
+    off = _merge("0.5.17", SGLANG_PREP_IN_CUDA_GRAPH=False)
+    assert off.unconfirmed is None and off.unreached == frozenset()
+    assert off.says == MERGED.format("the metadata itself")
+    assert off.where == (
+        f"{BACKEND}.init_forward_metadata_out_graph line 1335; {BACKEND}.replay_cuda_graph_metadata_from line 1542; "
+        "model_executor/runner/decode_cuda_graph_runner.py:DecodeCudaGraphRunner.load_batch line 1168; "
+        f"{BACKEND}.init_forward_metadata_out_graph line 1239; {BACKEND}.init_forward_metadata_decode line 702")
+    assert _merge("0.5.17").says == MERGED.format(RAW)
+
+
+def test_from_0_5_18_the_decode_bucket_merges_raw_inputs_only_and_0_5_12_prepares_in_the_older_runner():
+    raw = _merge("0.5.18")
+    assert raw.says == MERGED.format(RAW) and raw.unreached == frozenset()
+    assert f"{BACKEND}.init_forward_metadata_decode line 693" in raw.where
+    old = _merge("0.5.12", SGLANG_PREP_IN_CUDA_GRAPH=False)
+    assert old.says == MERGED.format("the metadata itself")
+    assert old.where == (
+        f"{BACKEND}.init_forward_metadata_replay_cuda_graph line 867; {BACKEND}.replay_cuda_graph_metadata_from "
+        "line 882; model_executor/cuda_graph_runner.py:CudaGraphRunner.replay_prepare line 1297; "
+        f"{BACKEND}.init_forward_metadata_replay_cuda_graph line 832; {BACKEND}.init_forward_metadata_decode line 430")
+
+
+@pytest.mark.parametrize("version", SUITE_RELEASES)
+def test_every_release_of_the_suite_merges_decode_and_idle_replays_as_the_matrix_draws_them(version):
+    # the matrix draws graph replays of decode and idle for every release: the reading excludes neither
+    merge = _merge(version)
+    assert merge.unconfirmed is None and merge.unreached == frozenset(), merge.describe()
 
 
 def test_the_realistic_profile_of_0_5_12_post1_has_no_two_batch_overlap():

@@ -14,14 +14,16 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import edited_release
 
 from swafuzz.subjects.sglang import locate
 from swafuzz.subjects.sglang.reachability import (
+    ALL_QUESTIONS,
+    COMPRESSED_QUESTIONS,
     DRIVER_SWITCHES,
     MODEL,
     MODELLED_PATHS,
     PACKAGE,
-    QUESTIONS,
     Hop,
     Route,
     function_source,
@@ -51,7 +53,7 @@ def _tree(version: str) -> locate.SourceTree | str:
 
 
 def _cases():
-    for item in QUESTIONS:
+    for item in ALL_QUESTIONS:
         for number, route in enumerate(item.routes):
             for version in route.releases:
                 if version in CHECKED:
@@ -68,7 +70,7 @@ def test_each_cited_call_path_reads_as_cited_in_its_release(key, number, version
     assert route_problems(tree, route) == []
 
 
-@pytest.mark.parametrize("item", QUESTIONS, ids=lambda q: q.key)
+@pytest.mark.parametrize("item", ALL_QUESTIONS, ids=lambda q: q.key)
 def test_every_release_has_exactly_one_default_reading_of_every_problem(item):
     for version in locate.RELEASES:
         defaults = [r for r in item.routes_for(version) if r.setting is None]
@@ -76,11 +78,49 @@ def test_every_release_has_exactly_one_default_reading_of_every_problem(item):
 
 
 def test_a_reached_route_cites_the_code_it_passes_through():
-    for item in QUESTIONS:
+    for item in ALL_QUESTIONS:
         for route in item.routes:
             if route.reached:
-                assert all(hop.function for hop in route.hops), f"{item.key}: a reached path cites whole files"
+                # a kernel's C++ source is read whole: the checker parses Python only
+                assert all(hop.function or not hop.path.endswith(".py") for hop in route.hops), (
+                    f"{item.key}: a reached path cites whole Python files")
                 assert len(route.hops) >= 2
+
+
+def test_a_route_scoped_to_some_targets_cites_only_their_code():
+    for item in ALL_QUESTIONS:
+        for route in item.routes:
+            if route.targets is not None:
+                assert set(route.targets) <= set(item.targets), f"{item.key}: a route for a target it does not ask of"
+
+
+def test_the_request_window_idle_route_cites_each_getter_for_its_own_target_only():
+    item = question("skipped-metadata-init-idle")
+    switched = {target: [r for r in item.routes_for("0.5.22", target) if r.reached]
+                for target in ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc", "hip-unified-swa-loc")}
+    assert "DeepseekV4AttnBackend.get_swa_out_cache_loc" in switched["cuda-swa-out-cache-loc"][0].cited()
+    assert "DeepseekV4HipRadixBackend.get_swa_out_cache_loc" in switched["hip-swa-out-cache-loc"][0].cited()
+    assert "DeepseekV4AttnBackend" not in switched["hip-swa-out-cache-loc"][0].cited()
+    assert switched["hip-unified-swa-loc"] == []  # the ring getter reads no request window
+    # 0.5.21's HIP getter has no request window, so nothing reaches it there
+    assert item.verdict("0.5.21", "hip-swa-out-cache-loc")[0] == "not reached"
+    assert item.verdict("0.5.21", "cuda-swa-out-cache-loc")[0] == "reachable off-default"
+
+
+def test_questions_about_compressed_values_ask_of_no_target_and_have_keys_of_their_own():
+    assert all(item.targets == () for item in COMPRESSED_QUESTIONS)
+    keys = [item.key for item in ALL_QUESTIONS]
+    assert len(keys) == len(set(keys))
+    assert {question(item.key) for item in COMPRESSED_QUESTIONS} == set(COMPRESSED_QUESTIONS)
+
+
+def test_the_fixed_draft_pad_reading_fails_on_a_planner_that_pads_otherwise():
+    route = question("compress-plan-fixed-draft-pad").routes_for("0.5.12")[0]
+    planner = route.hops[-1]
+    tree = edited_release("0.5.12", planner.file, "kMaxMTPDraftTokens = 4", "kMaxMTPDraftTokens = 8",
+                          "an 8-token draft pad")
+    assert route.reached and route_problems(tree, route) == [
+        f"{planner}: does not mention 'kMaxMTPDraftTokens = 4'"]
 
 
 def test_releases_are_ordered_with_their_post_releases():
@@ -128,6 +168,20 @@ def test_a_route_the_code_contradicts_is_reported_hop_by_hop(tmp_path):
     ]
 
 
+def test_a_hop_outside_sglang_srt_is_read_from_the_package_root(tmp_path):
+    tree = _checkout(tmp_path, MODEL_WITH_OVERLAP)
+    kernel = tmp_path / "sglang" / "kernels" / "plan.cuh"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("constexpr int32_t kPad = 4;\n")
+    route = Route(("9.9.9",), False, (
+        Hop("sglang/kernels/plan.cuh", mentions=("kPad = 4",), lacks=("kPad = 8",)),
+        Hop("sglang/kernels/absent.cuh"),
+        Hop(MODEL, "DeepseekV4Model.forward", mentions=("self.start_layer",)),
+    ), "a kernel constant and the model's loop")
+    assert route_problems(tree, route) == ["sglang/kernels/absent.cuh: not found"]
+    assert Hop(MODEL).file == PACKAGE + MODEL and Hop("sglang/kernels/plan.cuh").file == "sglang/kernels/plan.cuh"
+
+
 def test_nested_functions_are_found_by_their_dotted_names(tmp_path):
     tree = _checkout(tmp_path, MODEL_WITH_OVERLAP)
     assert function_source(tree, Hop(MODEL, "DeepseekV4Model.Inner.helper.nested")).startswith("def nested")
@@ -152,7 +206,7 @@ def test_each_switch_default_is_the_one_the_release_declares(name, version):
 
 
 def test_a_route_that_needs_a_setting_sets_a_switch_against_its_default():
-    for item in QUESTIONS:
+    for item in ALL_QUESTIONS:
         for route in item.routes:
             if route.setting is None:
                 continue

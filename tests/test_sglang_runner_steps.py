@@ -3,7 +3,8 @@
 Before a CUDA graph replays, SGLang carries freshly built metadata into the captured
 objects (``copy_`` for a full replay, ``refresh_for_breakable_cuda_graph_replay_`` for a
 breakable one). A store inside the graph reads its rows by address, so a store-row field
-must end with the new rows in the captured tensor unless the recorded graph refills it.
+must end with the new rows in the captured tensor unless the recorded graph refills it, and
+a full replay's merge must do the same for every compressed-KV field the layers read.
 Each release's steps (the table ``STEPS``, bound in source mode with SGLang's own
 ``copy_metadata``) run on CPU tensors with distinct rows. Releases:
 ``$SWAFUZZ_SGLANG_TEST_VERSIONS`` and any already in the wheel cache.
@@ -17,12 +18,14 @@ import os
 import textwrap
 
 import pytest
+from conftest import release_or_skip
 
-from swafuzz.subjects.sglang import locate
+from swafuzz.subjects.sglang import locate, tree_checks
 from swafuzz.subjects.sglang.binding import BindError
 from swafuzz.subjects.sglang.real_classes import attributes
 from swafuzz.subjects.sglang.runner_steps import (
     ATTN_METADATA,
+    COMPRESSED,
     EARLY_VERIFY_INSTALL,
     GRAPH_REPLAY,
     MERGE,
@@ -305,3 +308,111 @@ def test_the_graph_replay_runs_on_the_captured_metadata_with_its_swa_rows_refill
     assert installed_captured and report.findings == ()
     extra = GraphReplayBackend.attributes - attributes(tree(version), GraphReplayBackend.replaces)
     assert not extra, f"{GraphReplayBackend.__name__} has {sorted(extra)}"
+
+
+# ---- the merge's compressed-KV fields ----------------------------------------------------------
+
+
+COMPRESSED_MERGE = Step("CUDA", CUDA_BACKEND_FILE, "unused", ATTN_METADATA, MERGE, ("swa_out_cache_loc",),
+                        ("c4_out_loc", "c128_out_loc", "page_table"))
+
+
+def _written_merge(method_body: str) -> BoundStep:
+    namespace: dict = {}
+    exec("def step(self, other):\n" + textwrap.indent(method_body, "    "), namespace)
+    fields = {name: "torch.Tensor" for name in ("swa_out_cache_loc", "c4_out_loc", "c128_out_loc", "page_table")}
+    return BoundStep(COMPRESSED_MERGE, None, dataclasses.make_dataclass(ATTN_METADATA, list(fields)),
+                     namespace["step"], fields, frozenset())
+
+
+COPY_ALL = """
+for name in ("swa_out_cache_loc", "c4_out_loc", "c128_out_loc", "page_table"):
+    getattr(self, name).copy_(getattr(other, name))
+"""
+
+
+def test_a_merge_that_copies_every_compressed_field_in_place_has_no_compressed_finding():
+    assert check_step(_written_merge(COPY_ALL)).compressed_findings == ()
+
+
+def test_a_merge_that_repoints_or_skips_a_compressed_field_is_found_naming_it():
+    report = check_step(_written_merge(COPY_ALL.replace('"page_table"', "") + "self.c4_out_loc = other.c4_out_loc\n"))
+    assert report.findings == ()  # the SWA store rows are copied
+    assert report.compressed_findings == (
+        "c4_out_loc is re-pointed to the replayed forward's tensor, not copied into the captured one: "
+        "the captured kernels read the previous replay's values",
+        "page_table is left out of the merge: the captured tensor keeps the previous replay's values",
+    )
+
+
+def test_the_breakable_refresh_is_not_judged_for_compressed_fields():
+    # the same re-pointing that a full replay's merge is found for
+    repointing = COPY_ALL + "self.c4_out_loc = other.c4_out_loc\n"
+    assert check_step(_written_merge(repointing)).compressed_findings != ()
+    refresh = dataclasses.replace(_written_merge(repointing), step=dataclasses.replace(COMPRESSED_MERGE, method=REFRESH))
+    assert check_step(refresh).compressed_findings == ()
+
+
+def _compressed_verdicts(tree) -> dict[str, tree_checks.TreeCheck]:
+    return {c.name: c for c in tree_checks.check_runner_steps(tree) if c.name.endswith(f"({COMPRESSED})")}
+
+
+@pytest.mark.parametrize("version, hip_unified", [("0.5.13", False), ("0.5.23", True)])
+def test_each_release_merge_copies_every_compressed_field_in_place(version, hip_unified):
+    # 0.5.13's HIP backend has no unified record yet
+    found = _compressed_verdicts(release_or_skip(version))
+    assert list(found) == [f"CUDA {ATTN_METADATA}.copy_ ({COMPRESSED})", f"HIP {ATTN_METADATA}.copy_ ({COMPRESSED})",
+                           f"HIP {UNIFIED_METADATA}.copy_ ({COMPRESSED})"]
+    outcomes = [c.outcome for c in found.values()]
+    assert outcomes == [tree_checks.RIGHT, tree_checks.RIGHT, tree_checks.RIGHT if hip_unified else tree_checks.ABSENT]
+    cuda = found[f"CUDA {ATTN_METADATA}.copy_ ({COMPRESSED})"]
+    assert cuda.detail.startswith("judged c4_out_loc, c128_out_loc, ")
+
+
+# 0.5.23's merges: the CUDA DSV4AttnMetadata.copy_'s write locations in its copy list, the
+# start and the end of its assign list; the HIP unified record's copy list and empty assign list
+CUDA_COPY_LOCATIONS = '                "c4_out_loc",\n                "c128_out_loc",\n                "page_table",'
+CUDA_ASSIGN_START = "            assign_fields=[\n"
+CUDA_ASSIGN_END = '                "trtllm_prefill_c128",\n            ],\n        )\n\n    def refresh_for_breakable'
+HIP_UNIFIED_COPY = '                "c4_out_loc",\n                "c128_out_loc",\n                # Captured store_cache'
+HIP_UNIFIED_ASSIGN = "            assign_fields=[],"
+
+
+def _edited(path: str, edits: list[tuple[str, str]], name: str) -> locate.SourceTree:
+    """0.5.23 with each ``(old, new)`` made in ``path``, where each ``old`` occurs once."""
+    release = release_or_skip("0.5.23")
+    text = release.read(path)
+    for old, new in edits:
+        assert text.count(old) == 1, f"sglang 0.5.23's {path} no longer holds the text this edit replaces once"
+        text = text.replace(old, new)
+    return locate.EditedTree(root=release.root, origin=release.origin, path=path, text=text, name=name)
+
+
+REPOINTED = "is re-pointed to the replayed forward's tensor, not copied into the captured one"
+
+
+@pytest.mark.parametrize("path, edits, step, field, finding", [
+    # c128_out_loc moved from the copy list to the assign list
+    (CUDA_BACKEND_FILE, [(CUDA_COPY_LOCATIONS, CUDA_COPY_LOCATIONS.replace('"c128_out_loc",\n                ', "")),
+                         (CUDA_ASSIGN_START, CUDA_ASSIGN_START + '                "c128_out_loc",\n')],
+     f"CUDA {ATTN_METADATA}.copy_", "c128_out_loc", REPOINTED),
+    # a plain assignment after the merge
+    (CUDA_BACKEND_FILE, [(CUDA_ASSIGN_END, CUDA_ASSIGN_END.replace(
+        "        )\n\n", "        )\n        self.c128_page_indices = other.c128_page_indices\n\n"))],
+     f"CUDA {ATTN_METADATA}.copy_", "c128_page_indices", REPOINTED),
+    # dropped from the copy list alone: copy_metadata's own check raises, naming it
+    (CUDA_BACKEND_FILE, [(CUDA_COPY_LOCATIONS, CUDA_COPY_LOCATIONS.replace('"c4_out_loc",\n                ', ""))],
+     f"CUDA {ATTN_METADATA}.copy_", "c4_out_loc", "the step raised AssertionError: "),
+    # the HIP unified record's offset C4 locations moved to its assign list
+    (HIP_BACKEND_FILE, [(HIP_UNIFIED_COPY, HIP_UNIFIED_COPY.replace('                "c4_out_loc",\n', "")),
+                        (HIP_UNIFIED_ASSIGN, '            assign_fields=["c4_out_loc"],')],
+     f"HIP {UNIFIED_METADATA}.copy_", "c4_out_loc", REPOINTED),
+])
+def test_a_merge_that_leaves_a_compressed_field_off_the_captured_tensor_is_wrong_naming_it(path, edits, step, field,
+                                                                                          finding):
+    found = _compressed_verdicts(_edited(path, edits, "compressed field off the copy list"))
+    edited = found.pop(f"{step} ({COMPRESSED})")
+    assert edited.outcome == tree_checks.WRONG
+    assert finding in edited.detail and field in edited.detail, edited.detail
+    # the other merges are untouched by the edit
+    assert {c.outcome for c in found.values()} == {tree_checks.RIGHT}

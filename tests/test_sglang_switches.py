@@ -43,6 +43,7 @@ from swafuzz.subjects.sglang.tree_checks import (
 from swafuzz.subjects.sglang.configure import configured
 from swafuzz.subjects.sglang.runner_steps import Verdict
 from swafuzz.subjects.sglang.reachability import (
+    COMPRESSED_QUESTIONS,
     PROBLEMS,
     Question,
     Route,
@@ -60,6 +61,7 @@ from swafuzz.strategies.restrictions import scenarios_without
 PREP = "SGLANG_PREP_IN_CUDA_GRAPH"
 CACHE = "SGLANG_OPT_CACHE_SWA_TRANSLATION"
 WINDOW = "--enable-encoder-swa-bounded-replay"
+TAIL = "--enable-decoder-swa-bounded-replay"
 
 
 # ---- switch settings -----------------------------------------------------------------------
@@ -68,7 +70,7 @@ WINDOW = "--enable-encoder-swa-bounded-replay"
 def test_a_release_runs_with_its_own_defaults_unless_a_switch_is_overridden():
     assert settings_for("0.5.12").to_dict() == {PREP: True, CACHE: True}
     assert settings_for("0.5.19").to_dict() == {}
-    assert settings_for("0.5.23").to_dict() == {"SGLANG_DSV4_UNIFIED_KV_FP8": False, WINDOW: False}
+    assert settings_for("0.5.23").to_dict() == {"SGLANG_DSV4_UNIFIED_KV_FP8": False, WINDOW: False, TAIL: False}
     overridden = settings_for("0.5.17", {PREP: False, CACHE: False})
     # an override of a switch the release lacks does not apply to it
     assert overridden.to_dict() == {PREP: False}
@@ -84,6 +86,7 @@ def test_a_release_runs_with_its_own_defaults_unless_a_switch_is_overridden():
     ("SGLANG_OPT_CACHE_SWA_TRANSLATION=1", (CACHE, True)),
     ("enable-encoder-swa-bounded-replay=1", (WINDOW, True)),
     ("--enable-encoder-swa-bounded-replay=0", (WINDOW, False)),
+    ("enable-decoder-swa-bounded-replay=1", (TAIL, True)),
 ])
 def test_a_switch_override_names_a_switch_and_zero_or_one(text, parsed):
     assert parse_override(text) == parsed
@@ -464,6 +467,32 @@ def test_the_report_answers_per_release_whether_each_historical_problem_is_reach
     # every citation and divergence link lands on an anchor of the report
     for anchor in set(re.findall(r"\]\(#([pd]\d+)\)", text)):
         assert f'<a id="{anchor}"></a>' in text, anchor
+
+
+def test_the_report_answers_per_release_which_compressed_kv_history_problems_it_reaches():
+    text = render(_matrix(), Path("/tmp/sglang-matrix.md"))
+    section = text.split("## Compressed-KV history by release", 1)[1].split("\n## ", 1)[0]
+    assert all(f"- `{item.key}`: {item.title}" in section for item in COMPRESSED_QUESTIONS)
+    for version in ("0.5.17", "0.5.19"):
+        row = _row(section, "`compress-plan-fixed-draft-pad`", version)
+        assert set(row) == {"release", *(f"`{item.key}`" for item in COMPRESSED_QUESTIONS)}
+        for item in COMPRESSED_QUESTIONS:
+            verdict, routes = item.verdict(version)
+            cell = row[f"`{item.key}`"]
+            assert cell.startswith(f"**{verdict}**" if verdict == "reachable" else verdict), cell
+            marks = re.findall(r"\[(P\d+)\]\(#p\d+\)", cell)
+            assert len(marks) == len(routes)
+            for mark, route in zip(marks, routes):
+                assert f'<a id="{mark.lower()}"></a>{mark}: {route.why}: {route.cited()}' in section
+    # the verify write plan's fixed pad of 4 draft tokens is gone from 0.5.18
+    assert _row(section, "`compress-plan-fixed-draft-pad`", "0.5.17")["`compress-plan-fixed-draft-pad`"].startswith(
+        "**reachable** ([P")
+    assert _row(section, "`compress-plan-fixed-draft-pad`", "0.5.19")["`compress-plan-fixed-draft-pad`"].startswith(
+        "not reached ([P")
+    # each call path is listed once, under the first table that cites it
+    swa = text.split("## Historical problems by release", 1)[1].split("## Compressed-KV history by release", 1)[0]
+    listed = re.compile(r'<a id="(p\d+)"></a>')
+    assert listed.findall(section) and not set(listed.findall(swa)) & set(listed.findall(section))
 
 
 def test_the_report_has_a_producer_column_per_release_naming_the_wrong_the_absent_and_the_unchecked():

@@ -20,12 +20,16 @@ import torch
 from conftest import release_or_skip, released_tree, wait_until
 
 from swafuzz.api import ForwardMode, ModelSpec
+from swafuzz.reference import Scenario
 from swafuzz.run.executor import run_scenario
 from swafuzz.search.fuzz import fuzz
 from swafuzz.subjects.sglang import BindError, bind_target, callsites, engine_features, locate, tree_checks
 from swafuzz.subjects.sglang.drivers import RING_GETTER_MODES
+from swafuzz.subjects.sglang.late_layer_tail import ATTN_METADATA_FILES
 from swafuzz.subjects.sglang.request_window import WINDOW_FILE
-from swafuzz.subjects.sglang.switches import ENVIRON, REQUEST_WINDOW_SWITCH, settings_of, switch
+from swafuzz.subjects.sglang.switches import (
+    DECODER_REPLAY_SWITCH, ENVIRON, REQUEST_WINDOW_SWITCH, settings_of, switch,
+)
 from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE, METADATA_FILE, POOL_FILE, target
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, MICRO_BATCHES, RAGGED_EXTEND, in_mode
@@ -33,8 +37,9 @@ from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, MICRO_
 # what a target binds, and what its call sites and switches are read from
 WINDOW_SWITCH_FILE = switch(REQUEST_WINDOW_SWITCH).declared_in[0]
 FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, WINDOW_FILE, WINDOW_SWITCH_FILE,
-         *locate.VERSION_FILES,
-         *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py")
+         *ATTN_METADATA_FILES, "sglang/srt/utils/common.py", *locate.VERSION_FILES,
+         *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py",
+         *engine_features.RUNNER_FILES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,6 +216,67 @@ def test_wrong_rows_are_told_as_what_the_sglang_function_handed_on(tmp_path):
         "store hold the rows of forward 1 (decode): a cached value was not refreshed for this forward.")
 
 
+# ---- timeouts, writes into inputs and stale fields, told in SGLang's terms (0.5.23) -------------
+
+GETTER_START = '        out_cache_loc to the dummy slot."""\n        join_in_graph_metadata_prep()\n'
+CUDA_GETTER = "DeepseekV4AttnBackend.get_swa_out_cache_loc (sglang/srt/layers/attention/deepseek_v4_backend.py:{})"
+
+
+def _cuda_getter_running(tmp_path: Path, statement: str) -> tuple[locate.SourceTree, int]:
+    """0.5.23 with ``statement`` run first in the CUDA getter, and the line it is on."""
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [(GETTER_START, GETTER_START + statement + "\n")]})
+    return tree, _line_of(tree, CUDA_BACKEND_FILE, "def get_swa_out_cache_loc(", statement.strip())
+
+
+def _getter_defined_at(tree: locate.SourceTree) -> int:
+    return _line_of(tree, CUDA_BACKEND_FILE, "class DeepseekV4AttnBackend", "def get_swa_out_cache_loc(")
+
+
+def test_a_getter_that_never_returns_is_told_at_the_sglang_line_the_alarm_interrupted(tmp_path):
+    tree, line = _cuda_getter_running(tmp_path, "        while forward_batch.positions is not None: pass")
+    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["first-swa-layer-not-start"],
+                         timeout_s=1).divergence
+    assert found.kind == "timeout"
+    assert found.sentence == f"At forward 1 (decode), layer 1, {CUDA_GETTER.format(line)} did not return within 1 s."
+
+
+def test_a_getter_that_writes_into_the_locations_it_is_handed_is_told_as_that_sglang_function(tmp_path):
+    # the getter returns the metadata's rows, right as they are: the write is found at its call all the same
+    tree, _ = _cuda_getter_running(tmp_path, "        forward_batch.out_cache_loc.add_(1)")
+    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["graph-replay"]).divergence
+    assert found.kind == "wrote_input"
+    assert found.sentence == (
+        f"By forward 1 (decode), layer 0, {CUDA_GETTER.format(_getter_defined_at(tree))} had written into "
+        "forward_batch.out_cache_loc (rows 0-1), which the engine hands in read-only: in SGLang this tensor is "
+        "shared by every later layer and the allocator.")
+
+
+@pytest.mark.parametrize("name, field", [
+    ("cuda-swa-out-cache-loc", "forward_metadata.core_attn_metadata.swa_out_cache_loc"),
+    ("hip-unified-swa-loc", "forward_metadata.core_attn_metadata.unified.swa_loc"),
+])
+def test_stale_rows_name_the_metadata_field_they_were_returned_from_and_the_forward_that_set_it(name, field):
+    release = released_tree("0.5.23")
+    if isinstance(release, str):
+        pytest.skip(release)
+    found = run_scenario(_subject(release, name).subject, EXAMPLES["skipped-metadata-init"]).divergence
+    assert found.kind == "wrong_rows"
+    assert (f"returned from {field}, as forward 1 (decode) set it, hold the rows of forward 1 (decode)"
+            in found.sentence)
+
+
+def test_stale_rows_of_a_graph_replay_name_no_field_as_the_replay_returns_what_the_capture_recorded():
+    release = released_tree("0.5.14")
+    if isinstance(release, str):
+        pytest.skip(release)
+    found = run_scenario(_subject(release, "unified-metadata-merge").subject, EXAMPLES["graph-replay"]).divergence
+    line = _line_of(release, HIP_BACKEND_FILE, "class DeepseekV4HipRadixBackend", "def get_unified_swa_loc(")
+    assert found.sentence == (
+        "Stale cache: at forward 1 (decode), layer 0, all live rows that DeepseekV4HipRadixBackend.get_unified_swa_loc "
+        f"(sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py:{line}) returned hold the rows recorded at "
+        "graph capture (forward 1): the captured layers read a tensor that the replay no longer updates.")
+
+
 # ---- the ring getter reading a per-forward field (0.5.23) --------------------------------------
 
 FIELD = "    unified: Optional[UnifiedKvMetadata] = None\n"
@@ -300,6 +366,22 @@ def test_what_the_backend_init_derives_from_the_worker_and_the_scenario_binds_wi
     assert run_scenario(subject, scenario).passed
 
 
+def test_what_the_pool_init_derives_from_the_worker_binds_without_being_supplied(tmp_path):
+    # a pool that keeps its worker's role, and a translation that reads it
+    kept = "        self.full_to_swa_index_mapping = None\n"
+    tree = edited_tree(tmp_path, "0.5.23", {POOL_FILE: [
+        (kept, kept + "        self.is_draft_worker = is_draft_worker\n"),
+        ("    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor):\n",
+         "    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor):\n"
+         "        assert self.is_draft_worker in (True, False)\n"),
+    ]})
+    subject = _subject(tree, "cuda-swa-out-cache-loc").subject  # no --sglang-attr
+    scenario = EXAMPLES["multi-step-draft"]
+    spec = ModelSpec.of(scenario.config, "target", torch.device("cpu"))
+    assert subject(spec).pool.is_draft_worker is False
+    assert run_scenario(subject, scenario).passed
+
+
 def test_only_what_no_model_of_the_engine_knows_is_asked_for_and_the_message_says_why(tmp_path):
     tree = _getter_reading(tmp_path, "        if self.is_dsv41 and self.is_dspark_draft:\n            pass\n")
     with pytest.raises(BindError) as caught:
@@ -314,7 +396,8 @@ def test_only_what_no_model_of_the_engine_knows_is_asked_for_and_the_message_say
 
 
 def _swafuzz(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swafuzz", *arguments], capture_output=True, text=True, timeout=300)
+    # a safety net only: every run that must find something is bounded by examples, not time
+    return subprocess.run([sys.executable, "-m", "swafuzz", *arguments], capture_output=True, text=True, timeout=3600)
 
 
 def test_a_replay_records_the_tree_and_reproduces_as_printed(tmp_path):
@@ -362,7 +445,7 @@ def test_a_replay_on_a_tree_that_does_not_bind_the_target_exits_125_for_git_bise
 def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     head = _ring_field_tree(tmp_path / "head", "core.unified_swa_loc", (BYPASS, ""))
     done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.23", "--max-examples", "150",
-                    "--budget", "60", "--report-dir", str(tmp_path / "reports"))
+                    "--budget", "600", "--report-dir", str(tmp_path / "reports"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "swafuzz gate: [14/14] " in done.stderr  # each run's outcome as it ends
     table = (tmp_path / "reports" / "pr-gate.md").read_text()
@@ -396,7 +479,9 @@ WINDOW_BRANCH = """        metadata = self.forward_metadata
 
 
 # the verdicts of rows that do not hold the gate
-QUIET = {"clean", "not in HEAD", "not checked in either tree"}
+# what leaves the gate passing: BASE's own findings (0.5.23's draft-step compressed locations)
+# stay with it
+QUIET = {"clean", "not in HEAD", "not checked in either tree", "diverges in BASE too"}
 
 
 def _checks(tree) -> dict:
@@ -504,7 +589,8 @@ def test_the_sglang_workflow_gates_every_pull_request_that_touches_a_file_the_ga
     globs = [line.split('"')[1].removeprefix("python/").replace("**", "*")
              for line in workflow.splitlines() if line.lstrip().startswith('- "python/')]
     read = set(files_the_tree_checks_read("0.5.23")) | set(FILES) | set(provenance.sglang_paths())
-    read |= {engine_features.MODEL_FILE, engine_features.DRAFT_MODEL_FILE, engine_features.BACKEND_FILE}
+    read |= {engine_features.MODEL_FILE, engine_features.DRAFT_MODEL_FILE, engine_features.BACKEND_FILE,
+             *engine_features.RUNNER_FILES}
     for item in TARGETS:
         read |= {code.path for code in item.code}
     missed = sorted(path for path in read if release.read(path) is not None
@@ -524,7 +610,7 @@ def test_the_gate_with_the_request_window_on_finds_the_idle_layout_fixed_in_0_5_
     # --sglang-switch reaches both sides' runs: each inherits the switches the gate was given
     head = edited_tree(tmp_path / "head", "0.5.23", {}, with_tree_checks=True)
     done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.22", "--max-examples", "6",
-                    "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
+                    "--budget", "600", "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
                     "--report-dir", str(tmp_path / "reports"))
     table = (tmp_path / "reports" / "pr-gate.md").read_text()
     assert "engine switches `enable-encoder-swa-bounded-replay=1`" in table.splitlines()[2]
@@ -613,6 +699,37 @@ def test_a_tree_without_the_model_class_leaves_two_batch_overlap_unconfirmed_and
     assert overlap.unconfirmed == "models/deepseek_v4.py defines no DeepseekV4Model" and not overlap.unreached
 
 
+def _merge_reading(tree: locate.SourceTree):
+    readings = engine_features.read(tree, settings_of(tree))
+    return next(reading for reading in readings if reading.feature.startswith("metadata merge"))
+
+
+MERGE = "        chosen_metadata.copy_(temp_metadata)\n"
+
+
+def test_a_tree_whose_replay_merges_without_copy_leaves_the_merge_unconfirmed_and_drawn(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [(MERGE, MERGE.replace("copy_", "update_from"))]})
+    merge = _merge_reading(tree)
+    # (0.5.23's early verify metadata still copies into the captured metadata, from its own branch)
+    assert merge.unconfirmed == ("DeepseekV4AttnBackend.init_forward_metadata_out_graph in "
+                                 "layers/attention/deepseek_v4_backend.py merges none of the metadata its bucket "
+                                 "branches build")
+    assert not merge.unreached and "drawn anyway" in merge.describe()
+
+
+def test_a_replay_prep_with_no_branch_for_the_decode_bucket_replays_no_decode_or_idle_graph(tmp_path):
+    # the decode bucket's branch builds under another bucket's name: decode and idle have nothing to merge
+    branch = "        if bucket == _GraphBucket.DECODE_OR_IDLE:\n            assert out_cache_loc is not None\n"
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [
+        (branch, branch.replace("DECODE_OR_IDLE", "DRAFT_EXTEND"))]})
+    merge = _merge_reading(tree)
+    assert merge.unconfirmed is None
+    assert merge.unreached == {in_mode(GRAPH_REPLAY, "decode"), in_mode(GRAPH_REPLAY, "idle")}
+    assert merge.says.startswith("decode and idle: no branch of init_forward_metadata_out_graph builds their bucket")
+    assert {in_mode(GRAPH_REPLAY, "decode"), in_mode(GRAPH_REPLAY, "idle")} <= engine_features.unreached(
+        tree, settings_of(tree))
+
+
 # ---- the getter's request-window branch (0.5.21+) ------------------------------------------------
 
 WINDOW_ON = {REQUEST_WINDOW_SWITCH: True}
@@ -667,3 +784,123 @@ def test_a_getter_that_tests_for_idle_after_the_window_and_the_tail_diverges(tmp
     # after a window forward comes later in this seed's search than in 0.5.22's
     divergence = _window_finding(tree, max_examples=200).divergence
     assert divergence is not None and "(idle)" in divergence.sentence, divergence
+
+
+def test_the_gate_fails_each_compressed_kv_reader_that_head_gets_wrong_naming_the_quantity(tmp_path):
+    from swafuzz.subjects.sglang import readers
+    from swafuzz.subjects.sglang.interpreted import TRITON_MISSING, triton_available
+    from swafuzz.subjects.sglang.runner_steps import COMPRESSED
+    from swafuzz.tools.pr_gate import DIVERGES, FAILS, check_rows
+
+    if not triton_available():
+        pytest.skip(TRITON_MISSING)
+    copied = '                "c4_out_loc",\n                "c128_out_loc",\n                "page_table",'
+    assign = "            assign_fields=[\n"
+    head = edited_tree(tmp_path, "0.5.23", {
+        # every compressor reads the C4 locations
+        readers.COMPRESSOR_FILE: [('attr_name = f"c{compress_ratio}_out_loc"', 'attr_name = "c4_out_loc"')],
+        CUDA_BACKEND_FILE: [
+            # the merge re-points c128_out_loc instead of copying it
+            (copied, copied.replace('"c128_out_loc",\n                ', "")),
+            (assign, assign + '                "c128_out_loc",\n'),
+            # every draft step is handed the whole multi-step buffer
+            ("            if self.topk > 0 and self.speculative_num_steps > 1:\n",
+             "            if False and self.speculative_num_steps > 1:\n"),
+        ],
+    }, with_tree_checks=True)
+    rows = {row.name: row for row in check_rows(_checks(head), _checks("0.5.23"))}
+    failing = {
+        readers.OUT_LOC_READER: "c128_out_loc, the rows a C128 layer stores, as CompressorBackendMixin._get_out_loc(128)",
+        readers.STORE_PATH: "c128_out_loc, the rows the C128 store writes, as CompressorBackendMixin.forward_unified",
+        f"CUDA DSV4AttnMetadata.copy_ ({COMPRESSED})": "c128_out_loc is re-pointed to the replayed forward's tensor",
+        f"DeepseekV4AttnBackend {readers.DRAFT_STEP_SLOTS}": "out_cache_loc, the write slots DeepseekV4AttnBackend.",
+    }
+    for name, quantity in failing.items():
+        assert rows[name].verdict == FAILS and rows[name].head.outcome == DIVERGES, name
+        assert rows[name].head.detail.startswith(quantity), rows[name].head.detail
+    assert {row.verdict for name, row in rows.items() if name not in failing} <= QUIET
+
+
+# ---- the getter's late-layer tail branch (0.5.21+) -----------------------------------------------
+
+TAIL_ON = {DECODER_REPLAY_SWITCH: True}
+# plausible edits of 0.5.23's tail branch: answer the tail layers with the full forward's
+# translated locations, or with the tail a backend kept from its first extend
+TAIL_AS_FULL_EXTENT = [(TAIL_RETURN, "            return self.token_to_kv_pool.translate_loc_from_full_to_swa(\n"
+                                     "                out_cache_loc\n            ).to(torch.int32)\n")]
+TAIL_KEPT = [(TAIL_RETURN, "            if getattr(self, \"_tail_swa_loc\", None) is None:\n"
+                           "                self._tail_swa_loc = metadata.late_layer_tail.swa_out_cache_loc\n"
+                           "            return self._tail_swa_loc\n")]
+
+
+# two extends longer than the window (4): the late layers (2 and 3 of 0..3) store each
+# request's last 4 rows, the second extend's other rows than the first's
+TAIL_SCENARIO = Scenario.from_dict({"config": {"end_layer": 4, "sliding_window": 4}, "events": [
+    {"op": "admit", "count": 2},
+    {"op": "forward", "mode": "extend", "requests": [0, 1], "tokens": [7, 2]},
+    {"op": "forward", "mode": "extend", "requests": [0, 1], "tokens": [5, 6]},
+    {"op": "forward", "requests": [0, 1]},
+]})
+
+
+def _tail_getter(tree: locate.SourceTree, name: str = "cuda-swa-out-cache-loc", tail: bool = True,
+                 window: bool = False):
+    return bind_target(target(name), tree, "source",
+                       switches={DECODER_REPLAY_SWITCH: tail, REQUEST_WINDOW_SWITCH: window})
+
+
+def _tail_finding(tree: locate.SourceTree, max_examples: int = 40):
+    """What a short seeded search of the CUDA getter under decoder SWA bounded replay finds."""
+    return fuzz(_tail_getter(tree), settings="ci", max_examples=max_examples, seed=4)
+
+
+def test_the_getters_of_0_5_23_store_the_late_layer_tail_rows_right():
+    release = release_or_skip("0.5.23")
+    for name in ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"):
+        info = _tail_getter(release, name)
+        assert not any(note.startswith("late-layer tail: --enable") for note in info.subject.not_checked())
+        found = fuzz(info, settings="ci", max_examples=40, seed=4)
+        assert found.divergence is None, found.divergence.sentence
+
+
+def test_a_getter_that_answers_tail_layers_with_the_full_extent_is_found(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: TAIL_AS_FULL_EXTENT})
+    divergence = _tail_finding(tree).divergence
+    assert divergence is not None and "DeepseekV4AttnBackend.get_swa_out_cache_loc" in divergence.sentence, divergence
+    assert "late-layer tail layer" in divergence.sentence, divergence.sentence
+    # the same tree with the switch off stores every row in every layer, which it gets right
+    assert fuzz(_tail_getter(tree, tail=False), settings="ci", max_examples=40, seed=4).divergence is None
+
+
+def test_a_getter_that_keeps_the_tail_of_an_earlier_extend_is_found(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: TAIL_KEPT})
+    divergence = _tail_finding(tree).divergence
+    assert divergence is not None and "DeepseekV4AttnBackend.get_swa_out_cache_loc" in divergence.sentence, divergence
+
+
+def test_the_tail_branch_is_listed_unchecked_only_while_its_switch_is_off():
+    release = release_or_skip("0.5.23")
+    off = _tail_getter(release, tail=False).subject.not_checked()
+    assert any(f"{DECODER_REPLAY_SWITCH} is off" in note for note in off), off
+    on = _tail_getter(release).subject.not_checked()
+    assert not any("is off" in note for note in on) and any(note.startswith("late-layer tail:") for note in on), on
+
+
+def test_a_tail_layer_answered_with_the_whole_extent_names_the_getter_and_both_row_counts(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: TAIL_AS_FULL_EXTENT})
+    result = run_scenario(_tail_getter(tree).subject, TAIL_SCENARIO)
+    assert not result.passed
+    assert result.divergence.sentence.startswith(
+        "At forward 1 (extend), layer 2, DeepseekV4AttnBackend.get_swa_out_cache_loc"), result.divergence.sentence
+    assert "returned 9 rows in a late-layer tail layer of an extend whose tail holds 6" in result.divergence.sentence
+
+
+def test_under_both_bounded_replays_0_5_23_stores_the_tail_through_the_windows_layout_of_it():
+    release = release_or_skip("0.5.23")
+    for name in ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"):
+        stores = []
+        result = run_scenario(_tail_getter(release, name, window=True).subject, TAIL_SCENARIO, on_store=stores.append)
+        assert result.passed, result.divergence.sentence
+        # every late layer of both extends was checked, and found right
+        late = {(store.forward, store.layer_id) for store in stores if store.layer_id >= 2 and store.divergence is None}
+        assert {(1, 2), (1, 3), (2, 2), (2, 3)} <= late, stores

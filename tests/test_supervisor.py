@@ -147,7 +147,7 @@ def test_a_subject_that_leaves_a_thread_behind_is_ended_with_its_verdict(tmp_pat
 
 def test_a_subject_that_ignores_interrupts_is_ended_and_reported(tmp_path):
     process = swafuzz(tmp_path, "fuzz", "--subject", "hostile:IgnoresInterrupts", "--settings", "nightly",
-                      "--budget", "120", "--report-dir", "reports", "--json")
+                      "--budget", "600", "--report-dir", "reports", "--json")
     wait_until((tmp_path / "ignoring").exists, "the subject set its signals to be ignored", process)
     process.send_signal(signal.SIGINT)
     out, _ = process.communicate(timeout=120)
@@ -160,7 +160,7 @@ def test_an_interrupt_reaches_a_well_behaved_run_through_the_supervisor(tmp_path
     # the supervisor's own limits: the short ones are for subjects meant to break them, and
     # a loaded machine can stall a well-behaved run past them
     process = swafuzz(tmp_path, "fuzz", "--subject", answering_subject(tmp_path), "--settings", "nightly",
-                      "--budget", "120", "--report-dir", "reports", "--json", limits={})
+                      "--budget", "600", "--report-dir", "reports", "--json", limits={})
     wait_until(lambda: processes_answered(tmp_path) == 1, "the search answered a store", process)
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..api import Subject
+from ..api import CodeNames, Subject
 from ..errors import CodeFault, ModelGap, UnmodelledPath
 
 from . import diagnosis as dx
@@ -41,10 +41,22 @@ class SubjectCalls:
     """Makes the run's calls through :attr:`guard` (set once the run holds it), counting
     each as it starts; a failed call ends the run with its divergence."""
 
-    def __init__(self, progress: Progress, inputs: InputGuard):
+    def __init__(self, progress: Progress, inputs: InputGuard, names: CodeNames):
         self.progress = progress
         self.inputs = inputs
+        self.names = names.calls
         self.guard: CallGuard
+
+    def named(self, method: str) -> str:
+        """The subject's method ``method`` as sentences name it: by the code under test it
+        runs, where the subject names that code."""
+        return self.names.get(method, method)
+
+    def method(self, where: Where, subject: Subject, name: str, *args, phase: str = ""):
+        """A call of the subject's method ``name`` (``phase``: the graph run it is part of)."""
+        self.inputs.ran(name)
+        what = self.named(name) + (f" ({phase})" if phase else "")
+        return self.invoke(where, what, call_method, subject, name, *args)
 
     def invoke(self, where: Where, what: str, fn, *args):
         self.progress.call += 1
@@ -52,6 +64,8 @@ class SubjectCalls:
             result = self.guard.call(what, fn, *args)
         except SubjectFailure as failure:
             raise self.failed(where, failure) from None
+        if self.inputs.after_each_call and not self.progress.capturing:  # a capture's reads would be recorded
+            self.inputs.stop_if_written_by(where)
         self.progress.stop_if_past_deadline()
         return result
 

@@ -193,10 +193,14 @@ def input_change(shown: str, tensor: torch.Tensor, held: torch.Tensor) -> str | 
     return f"written into {shown} ({row_span((now != held).nonzero()[:, 0].unique().tolist())})"
 
 
-def wrote_input_sentence(when: str, name: str, change: str) -> str:
+def wrote_input_sentence(when: str, name: str, change: str, writer: str = "the subject",
+                         read_only: bool = False) -> str:
     """``when``: "the end of forward 2 (decode)", "forward 2 (decode), layer 1", "the
-    eviction after forward 2"; ``name``: the input (a batch field, or "mapping")."""
-    return f"By {when}, the subject had {change}: {_READERS[name]}."
+    eviction after forward 2"; ``name``: the input (a batch field, or "mapping");
+    ``writer``: the code that wrote it; ``read_only``: say that the engine hands the input
+    in read-only (where ``change`` names it in the code's own terms)."""
+    handed = ", which the engine hands in read-only" if read_only else ""
+    return f"By {when}, {writer} had {change}{handed}: {_READERS[name]}."
 
 
 # the replaced mappings the history keeps per model: enough changes to reach back past a
@@ -627,11 +631,15 @@ def raised_sentence(site: Site, message: str, hint: Source | None) -> str:
     return f"At {site.describe()}, {message}; likely {hint.phrase} met this ragged batch: {hint.consequence}."
 
 
-def wrong_rows_sentence(site: Site, source: Source, n_wrong: int, n_rows: int, answered_by: str | None = None) -> str:
-    """``answered_by``: as for :func:`padding_sentence`."""
+def wrong_rows_sentence(site: Site, source: Source, n_wrong: int, n_rows: int, answered_by: str | None = None,
+                        held_in: str | None = None) -> str:
+    """``answered_by``: as for :func:`padding_sentence`; ``held_in``: the field of the
+    subject's state the rows were returned from, and which forward set it."""
     rows = ("all" if n_wrong == n_rows else f"{n_wrong} of {n_rows}") + " live rows"
     if answered_by:
         rows += f" that {answered_by}"
+    if held_in:
+        rows += f" from {held_in},"
     if source.kind == UNKNOWN:
         return f"At {site.describe()}, {rows} are wrong: {source.phrase}."
     label = "Stale cache" if source.kind in STALE_SOURCES else "Wrong rows"

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..api import ForwardBatch, ModelSpec, Subject
+from ..api import CodeNames, ForwardBatch, ModelSpec, Subject
 from ..quantities import answered, reads_per_layer
 from ..reference import EngineState, ForwardPlan, Scenario, StepInputs
 
@@ -22,7 +22,7 @@ from .arena import ALTERNATING_SLOTS, Arena
 from .calls import SubjectCalls, call_method
 from .devices import HostTimeline
 from .graph_forwards import MODES, GraphForwards
-from .guard import MAX_NAME_CHARS, CallGuard, quoted
+from .guard import MAX_NAME_CHARS, CallGuard, SubjectFailure, quoted
 from .inputs import BATCH_INPUTS, Handed, InputGuard
 from .judge import Judge, StoreOutcome
 from .mappings import MappingSync
@@ -52,8 +52,9 @@ class Driver:
         self.progress = Progress(deadline)
         self.subjects: dict[str, Subject] = {}
         self.mappings = MappingSync(self.state, self.history, self.arena, self.progress, device, self._register)
-        self.inputs = InputGuard(self.progress, self.mappings, self.on_host)
-        self.calls = SubjectCalls(self.progress, self.inputs)
+        names = code_names(subject_cls)
+        self.inputs = InputGuard(self.progress, self.mappings, self.on_host, names)
+        self.calls = SubjectCalls(self.progress, self.inputs, names)
         answered_by = getattr(subject_cls, "answered_by", None)
         self.judge = Judge(self.state, self.history, self.progress, self.inputs, subject_cls.truth.value, device,
                            on_store, keep_going, quoted(answered_by) if type(answered_by) is str else None)
@@ -67,6 +68,9 @@ class Driver:
         self.backends: dict[tuple[str, int], SimpleNamespace] = {}
         self.eager_forwards: dict[str, int] = {}  # per model: eager forwards so far (picks the slot)
         self.next_forward_id = 0
+        # per ForwardBatch.forward_id: the forward it was made in (its count, and its mode)
+        self.forward_of_id: dict[int, tuple[int, str]] = {}
+        self.judge.held_in = self._held_in
 
     def run(self, guard: CallGuard) -> None:
         """Set the subject up and run the events, every call through ``guard``; a
@@ -119,8 +123,9 @@ class Driver:
             timeline.delay_side_stream()
             for mb, batch in enumerate(batches):
                 where = Where(plan, micro_batch=mb)
-                self.calls.invoke(where, "init_forward_metadata", call_method, subject, "init_forward_metadata", batch)
+                self.calls.method(where, subject, "init_forward_metadata", batch)
         store = timeline.on_streams(self.calls.looked_up(Where(plan), subject, "swa_write_location"))
+        self.inputs.ran("swa_write_location")
         calls, mutation = plan.calls, event.mutation
         for step, step_inputs in enumerate(plan.steps):
             if step:
@@ -165,8 +170,7 @@ class Driver:
         """Hand ``model``'s newly placed mapping to its subject; graphs captured before it
         go, as the engine captures again after a pool is rebuilt."""
         self.graph_forwards.forget(model)
-        self.calls.invoke(Where(model=model), "register_mapping", call_method, self.subjects[model],
-                          "register_mapping", mapping)
+        self.calls.method(Where(model=model), self.subjects[model], "register_mapping", mapping)
 
     def _batch(self, plan: ForwardPlan, mb: int, inputs: StepInputs, tensors: dict[str, torch.Tensor]) -> ForwardBatch:
         return ForwardBatch(
@@ -230,4 +234,36 @@ class Driver:
 
     def _new_forward_id(self) -> int:
         self.next_forward_id += 1
+        plan = self.progress.plan
+        self.forward_of_id[self.next_forward_id] = (self.progress.forward, plan.event.mode if plan else "setup")
         return self.next_forward_id
+
+    def _held_in(self, plan: ForwardPlan, step: int, mb: int, out) -> str | None:
+        """Where the subject says ``out``, a stale eager answer of micro-batch ``mb``, sat in
+        its state: "FIELD, as forward 1 (decode) set it"; None where it does not say (a
+        replay's answers are what the capture recorded, not what the subject holds)."""
+        handed = self.inputs.handed
+        if plan.graph_batch_size is not None or handed is None or handed.plan is not plan:
+            return None
+        try:
+            origin = self.calls.guard.call("answer_origin", call_method, self.subjects[plan.model], "answer_origin",
+                                           handed.batches[mb], out)
+        except SubjectFailure:
+            return None  # the question is the harness's: a subject that cannot answer it has told nothing
+        if type(origin) is not tuple or len(origin) != 2 or type(origin[0]) is not str or type(origin[1]) is not int:
+            return None
+        field, forward_id = origin
+        if forward_id not in self.forward_of_id:
+            return None
+        forward, mode = self.forward_of_id[forward_id]
+        return f"{quoted(field, MAX_NAME_CHARS)}, as forward {forward} ({mode}) set it"
+
+
+def code_names(subject_cls: type[Subject]) -> CodeNames:
+    """The subject's :class:`~swafuzz.api.CodeNames`, as plain text a sentence can show: read
+    only from plain dicts of ``str`` (anything else is the subject's code, and names nothing)."""
+    names = getattr(subject_cls, "code_names", None)
+    if type(names) is not CodeNames:
+        return CodeNames({}, {})
+    return CodeNames(*({key: quoted(value) for key, value in part.items() if type(key) is str and type(value) is str}
+                       if type(part) is dict else {} for part in (names.calls, names.inputs)))

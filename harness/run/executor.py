@@ -94,7 +94,7 @@ def _checked(subject: Any) -> type[Subject]:
 _READ_FIRST = ("__name__", "truth", "api_version", "swa_write_location")
 # the class attributes that reports, search settings and device checks read
 _READ_LATER = ("requires", "realistic_exclusions", "__doc__", "__module__", "__qualname__", "call_sites",
-               "answered_by")
+               "answered_by", "code_names")
 
 
 def _read_class(subject: type, names: Sequence[str]) -> list[Any]:

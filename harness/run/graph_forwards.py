@@ -14,7 +14,7 @@ from ..reference import EngineConfig, ForwardPlan
 
 from . import diagnosis as dx
 from .arena import Arena
-from .calls import SubjectCalls, call_method
+from .calls import SubjectCalls
 from .devices import HostTimeline
 from .graphs import make_graph
 from .guard import TorchState
@@ -86,10 +86,8 @@ class GraphForwards:
         self.inputs.handed = Handed(plan, [static], [[fields]], held)
         subject = self.subjects[plan.model]
         if not plan.event.skip_init:
-            self.calls.invoke(Where(plan), "init_replay_metadata", call_method, subject, "init_replay_metadata", static)
-        self.calls.invoke(Where(plan), "graph replay", graph.replay)
-        self.timeline.settle()
-        self.inputs.check_inputs(plan)
+            self.calls.method(Where(plan), subject, "init_replay_metadata", static)
+        self._replay(plan, graph)
         replay = self.progress.call - 1
         self.judge.check_answers(plan, 0, ((mb, layer_id, sink, replay)
                                            for (mb, layer_id), sink in zip(plan.calls, sinks)))
@@ -116,7 +114,7 @@ class GraphForwards:
         fills = {**STATIC_INPUTS, "seq_lens_cpu": STATIC_INPUTS["seq_lens"]}
         held = {name: torch.full((size,), fills[name]) for name in fields}
         self.inputs.handed = Handed(plan, [static], [[fields]], held, phase="the graph capture for")
-        self.calls.invoke(Where(plan), "init_capture_metadata", call_method, subject, "init_capture_metadata", static)
+        self.calls.method(Where(plan), subject, "init_capture_metadata", static)
         for _ in range(self.config.graph_warmups):
             self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
@@ -135,9 +133,7 @@ class GraphForwards:
             guard.torch_state = outer
         static.in_graph = False
         # what the captured work yields for the capture inputs (a GPU capture runs nothing)
-        self.calls.invoke(Where(plan), "graph replay", graph.replay)
-        self.timeline.settle()
-        self.inputs.check_inputs(plan)
+        self._replay(plan, graph)
         if sinks:
             self.history.record_capture(self.progress.forward, sinks[0].to("cpu", copy=True), 0)
         recorded: set[str] = set()
@@ -147,6 +143,15 @@ class GraphForwards:
                 self.judge.value_history(quantity).record_capture(self.progress.forward, sink.to("cpu", copy=True), 0)
         return graph, static, sinks, fields, value_sinks
 
+    def _replay(self, plan: ForwardPlan, graph: Any) -> None:
+        """Replay ``graph``, the recorded work of the subject's graph metadata and stores,
+        and check the inputs once it has run."""
+        for method in ("init_graph_metadata", "swa_write_location"):
+            self.inputs.ran(method)
+        self.calls.invoke(Where(plan), "graph replay", graph.replay)
+        self.timeline.settle()
+        self.inputs.check_inputs(plan)
+
     def _run_graph_forward(self, plan: ForwardPlan, static: ForwardBatch, phase: str,
                            sinks: list[torch.Tensor] | None = None,
                            value_sinks: Iterator[tuple[tuple[int, int], Quantity, torch.Tensor]] | None = None) -> None:
@@ -154,12 +159,11 @@ class GraphForwards:
         ``value_sinks`` for the per-step values, in call order) the captured run, where each
         layer's answers are consumed before the next layer runs."""
         subject = self.subjects[plan.model]
-        invoke = self.calls.invoke
-        invoke(Where(plan), f"init_graph_metadata ({phase})", call_method, subject, "init_graph_metadata", static)
+        method = self.calls.method
+        method(Where(plan), subject, "init_graph_metadata", static, phase=phase)
         for index, (mb, layer_id) in enumerate(plan.calls):
             where = Where(plan, 0, mb, layer_id)
-            out = invoke(where, f"swa_write_location ({phase})", call_method, subject, "swa_write_location", static,
-                         layer_id)
+            out = method(where, subject, "swa_write_location", static, layer_id, phase=phase)
             problem = self.judge.shape_problem(self.progress.site(where), out, plan.graph_batch_size)
             if problem is not None:
                 raise Stop(problem)

@@ -54,8 +54,12 @@ MAX_DETAIL_CHARS = 20_000  # of a traceback kept with a divergence
 class SubjectTimeout(BaseException):
     """Raised inside a subject call that ran past its deadline.
 
-    A BaseException so that a subject's own ``except Exception`` cannot swallow it.
+    A BaseException so that a subject's own ``except Exception`` cannot swallow it. A subject
+    that tells findings in its code's terms may set ``running_in`` as it passes through: the
+    function of that code it interrupted, and where (``"Cls.fn (file.py:12)"``).
     """
+
+    running_in: str | None = None
 
 
 class SubjectFailure(Exception):
@@ -262,6 +266,9 @@ class CallGuard:
         arrived is no failure: it is raised again."""
         self.restore_harness_state()
         if isinstance(exc, SubjectTimeout) and self.fired_serial == self.serial:
+            running_in = vars(exc).get("running_in")
+            if type(running_in) is str:
+                what = quoted(running_in)
             return SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s")
         if from_a_signal(exc, self._signals):
             raise exc

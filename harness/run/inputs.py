@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from ..api import ForwardBatch
+from ..api import CodeNames, ForwardBatch
 from ..reference import PACKED_INPUTS, ForwardPlan
 
 from . import diagnosis as dx
@@ -66,13 +66,61 @@ class InputGuard:
     """Finds the subject's writes into what it was handed: :attr:`handed`, the current
     forward's inputs (set by whoever hands them), and the registered mappings."""
 
-    def __init__(self, progress: Progress, mappings: MappingSync, on_host: bool):
+    def __init__(self, progress: Progress, mappings: MappingSync, on_host: bool, names: CodeNames):
         self.progress = progress
         self.mappings = mappings
         self.history = mappings.history
         self.on_host = on_host
-        self.handed: Handed | None = None  # the current forward's inputs
+        self.names = names
+        # a subject that names its code has each write told at the call that made it
+        self.after_each_call = bool(names.calls)
+        self._handed: Handed | None = None
+        self._versions_seen: tuple[int, ...] = ()
         self.mappings_checked_at = -1  # the call count when the mappings were last checked
+        # the subject methods called since the inputs were last found intact, and the latest
+        self._ran: dict[str, None] = {}
+        self._latest = ""
+
+    @property
+    def handed(self) -> Handed | None:
+        """The current forward's inputs (set by whoever hands them)."""
+        return self._handed
+
+    @handed.setter
+    def handed(self, handed: Handed) -> None:
+        self._handed = handed
+        self._versions_seen = self._versions()
+
+    def _versions(self) -> tuple[int, ...]:
+        """The versions of the tensors handed for the current forward (an eager forward's
+        device inputs share their block's)."""
+        handed = self._handed
+        if handed is None:
+            return ()
+        if handed.block is not None:
+            return (handed.block._version,)
+        return tuple(tensor._version for tensor in handed.fields[0][0].values())
+
+    def moved(self) -> bool:
+        """Whether a handed tensor's version moved since the inputs were last found intact."""
+        return self._versions() != self._versions_seen
+
+    def stop_if_written_by(self, where: Where) -> None:
+        """After the call at ``where``: stop at a write it made into what it was handed,
+        where it moved a handed tensor's version and changed what that holds (a write of
+        the values already there is none). Made after each call where
+        :attr:`after_each_call`, for the price of reading a version or a few."""
+        versions = self._versions()
+        if versions != self._versions_seen:
+            self._versions_seen = versions
+            written = self.input_written(where)
+            if written is not None:
+                raise Stop(written)
+
+    def ran(self, method: str) -> None:
+        """Note a call of the subject's ``method``: a write found later may be its."""
+        self._ran[method] = None
+        self._latest = method
 
     def check_inputs(self, plan: ForwardPlan) -> None:
         """At the end of a forward (graph replay, capture): every tensor handed to the subject
@@ -96,6 +144,7 @@ class InputGuard:
             written = self.input_written()
             if written is not None:
                 raise Stop(written)
+        self._ran.clear()
 
     def _holds(self, tensor: torch.Tensor, held: torch.Tensor) -> bool:
         return _equal(tensor, held) if self.on_host else _equal(tensor.cpu(), held)
@@ -122,12 +171,14 @@ class InputGuard:
                     if found is not tensor:
                         what = ("another tensor" if type(found) is torch.Tensor else "nothing" if found is _MISSING
                                 else "None" if found is None else f"a {type_name(found)}")
+                        shown = self.names.inputs.get(name, f"the batch's {name}")
                         return self._wrote(where, Where(handed.plan, handed.step, mb), name,
-                                           f"replaced the batch's {name} with {what}")
+                                           f"replaced {shown} with {what}")
             for step, step_fields in enumerate(handed.fields):
                 for mb, fields in enumerate(step_fields):
                     for name, tensor in fields.items():
-                        change = dx.input_change(name, tensor, handed.held(step, mb, name))
+                        change = dx.input_change(self.names.inputs.get(name, name), tensor,
+                                                 handed.held(step, mb, name))
                         if change is not None:
                             return self._wrote(where, Where(handed.plan, step, mb), name, change)
         return self._mapping_written(None, where)
@@ -136,8 +187,19 @@ class InputGuard:
         """The divergence of a write found by the call ``by`` (None: after the forward's
         calls, in the batch of ``found``)."""
         at = by or found
-        return self.progress.site(at).divergence(dx.WROTE_INPUT,
-                                                 dx.wrote_input_sentence(self._when(at, by is not None), name, change))
+        sentence = dx.wrote_input_sentence(self._when(at, by is not None), name, change, self._writer(by),
+                                           read_only=name in self.names.inputs)
+        return self.progress.site(at).divergence(dx.WROTE_INPUT, sentence)
+
+    def _writer(self, by: Where | None) -> str:
+        """Who made a write found by the call ``by`` (None: since the inputs were last found
+        intact): the code the subject names for that call, or for each call since."""
+        calls = self.names.calls
+        if by is not None:
+            method = "swa_write_location" if by.layer_id is not None else self._latest
+            return calls.get(method, "the subject")
+        named = [calls[method] for method in self._ran if method in calls]
+        return " or ".join(named) if named else "the subject"
 
     def _when(self, where: Where, by_call: bool) -> str:
         described = self.progress.site(where).describe()
@@ -168,11 +230,13 @@ class InputGuard:
             # on the host compared whole: a write through numpy or .data leaves the version alone
             if (_equal(mapping, values) if self.on_host else mapping._version == version):
                 continue
-            change = dx.input_change(f"the {model} model's {which}", mapping, values)
+            shown = self.names.inputs.get("mapping", "")
+            change = dx.input_change(f"the {model} model's {which}" + (f" ({shown})" if shown else ""), mapping, values)
             if change is not None:
                 plan = self.progress.plan
                 at = by or (Where(plan) if plan is not None and plan.model == model else Where(model=model))
-                sentence = dx.wrote_input_sentence(when or self._when(at, by is not None), "mapping", change)
+                sentence = dx.wrote_input_sentence(when or self._when(at, by is not None), "mapping", change,
+                                                   self._writer(by))
                 return self.progress.site(at).divergence(dx.WROTE_INPUT, sentence)
         return None
 

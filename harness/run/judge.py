@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..quantities import Quantity
-from ..reference import EngineState, ForwardPlan, StepInputs
+from ..reference import EngineState, ForwardPlan
 
 from . import diagnosis as dx
 from .guard import type_name
@@ -66,6 +66,9 @@ class Judge:
         self.value_histories: dict[str, dx.History] = {}
         self.value_plan: ForwardPlan | None = None
         self.value_truths: dict[tuple[int, int, str], torch.Tensor] = {}
+        # where a stale eager answer sat in the subject's state, told as "FIELD, as forward 1
+        # (decode) set it" (None: not known); set by whoever can ask the subject
+        self.held_in: Callable[[ForwardPlan, int, int, Any], str | None] = lambda plan, step, mb, out: None
 
     def check_answers(self, plan: ForwardPlan, step: int, answers: Iterable[tuple[int, int, Any, int]]) -> None:
         """Check each (micro-batch, layer, answer, call index) of one draft step against the
@@ -100,7 +103,7 @@ class Judge:
         if not matched:
             where = Where(plan, step, mb, layer_id)
             divergence = self.inputs.input_written(where) or self._diagnose(
-                self.progress.site(where, call), plan.model, plan.steps[step][mb], out, expected.cpu()
+                self.progress.site(where, call), plan, step, mb, out, expected.cpu()
             )
         if self.on_store is not None:
             self.on_store(StoreOutcome(self.progress.forward, step, mb, layer_id, divergence))
@@ -151,10 +154,11 @@ class Judge:
             )
         return None
 
-    def _diagnose(self, site: dx.Site, model: str, inputs: StepInputs, out: Any,
+    def _diagnose(self, site: dx.Site, plan: ForwardPlan, step: int, mb: int, out: Any,
                   expected: torch.Tensor, quantity: Quantity | None = None) -> dx.Divergence | None:
         """The divergence of an answer the fast comparison did not settle, of the SWA write
         location or (``quantity``) of a per-step value, traced through that value's history."""
+        model, inputs = plan.model, plan.steps[step][mb]
         if quantity is None:
             history, truth_kind, answered_by, extra = self.history, self.truth_kind, self.answered_by, {}
         else:
@@ -171,8 +175,10 @@ class Judge:
         if not torch.equal(live, want):
             source = dx.explain(history, site, truth_kind, inputs, self.config, live, want)
             n_wrong = int((live != want).sum())
+            held_in = (self.held_in(plan, step, mb, out)
+                       if quantity is None and source.kind in dx.STALE_SOURCES else None)
             return site.divergence(
-                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n, answered_by),
+                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n, answered_by, held_in),
                 expected=dx.stored_values(want), actual=dx.stored_values(live), source=dx.source_dict(source),
                 **extra,
             )
@@ -246,7 +252,7 @@ class Judge:
             return
         where = Where(plan, step, mb, layer_id)
         divergence = self.inputs.input_written(where) or self._diagnose(
-            self.progress.site(where, call), plan.model, plan.steps[step][mb], out, expected, quantity)
+            self.progress.site(where, call), plan, step, mb, out, expected, quantity)
         if divergence is None:
             return
         if not self.keep_going:

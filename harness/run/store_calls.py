@@ -75,13 +75,16 @@ class StoreCalls:
     def _answers(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
                  calls: tuple[tuple[int, int], ...]) -> Iterator[tuple[int, int, Any, int]]:
         """Each call's answer, the call made when the previous answer has been taken."""
-        guarded, progress = self.calls.guard.call, self.progress
+        guarded, progress, what = self.calls.guard.call, self.progress, self.calls.named("swa_write_location")
+        inputs = self.calls.inputs
         for mb, layer_id in calls:
             progress.call += 1
             try:
-                out = guarded("swa_write_location", store, batches[mb], layer_id)
+                out = guarded(what, store, batches[mb], layer_id)
             except SubjectFailure as failure:
                 raise self.calls.failed(Where(plan, step, mb, layer_id), failure) from None
+            if inputs.after_each_call:
+                inputs.stop_if_written_by(Where(plan, step, mb, layer_id))
             progress.stop_if_past_deadline()
             yield mb, layer_id, out, progress.call - 1
 
@@ -98,7 +101,10 @@ class StoreCalls:
         deadline = progress.deadline
         truths: list[torch.Tensor | None] = [None] * plan.num_micro_batches
         first, checks, serial = progress.call, progress.checks, guard.serial
-        before = serial
+        what = self.calls.named("swa_write_location")
+        inputs = self.calls.inputs
+        watch_inputs = inputs.after_each_call
+        call = first
         guard.in_call = True
         try:
             for call, (mb, layer_id) in enumerate(calls, first):
@@ -108,7 +114,13 @@ class StoreCalls:
                     if guard.fired_serial == serial:  # the subject swallowed the alarm
                         raise SubjectTimeout()
                 except BaseException as exc:
-                    raise guard.failure("swa_write_location", exc) from None
+                    raise guard.failure(what, exc) from None
+                if watch_inputs and inputs.moved():
+                    guard.in_call = False
+                    guard.restore_harness_state()
+                    progress.call, progress.checks = call + 1, checks + call - first
+                    inputs.stop_if_written_by(Where(plan, step, mb, layer_id))
+                    guard.in_call = True
                 if not modes_kept():  # a mode the subject left could answer the comparison
                     guard.torch_state.restore()
                 # between calls the harness only compares (a lowered recursion limit lets the
@@ -126,15 +138,16 @@ class StoreCalls:
                     guard.restore_harness_state()
                     progress.call, progress.checks = call + 1, checks + call + 1 - first
                     judge.verdict(plan, step, mb, layer_id, out, expected, matched, call)
+                    serial = guard.serial  # the verdict may ask the subject where a stale answer sat
                     guard.in_call = True
                 if deadline is not None and monotonic() >= deadline:
                     progress.call, progress.checks = call + 1, checks + call + 1 - first
                     raise DeadlinePassed(progress.checks)
         except (SubjectFailure, SubjectTimeout) as exc:
             # the call that failed is the latest to start (an alarm may also land in its check)
-            started = guard.serial - before
+            started = call + 1 - first
             progress.call, progress.checks = first + started, checks + started - 1
-            failure = exc if isinstance(exc, SubjectFailure) else guard.failure("swa_write_location", exc)
+            failure = exc if isinstance(exc, SubjectFailure) else guard.failure(what, exc)
             mb, layer_id = calls[started - 1]
             raise self.calls.failed(Where(plan, step, mb, layer_id), failure) from None
         finally:
@@ -149,7 +162,7 @@ class StoreCalls:
         Answers are cloned as they return (what the layer would write at that moment) and
         checked afterwards in the order the calls ran.
         """
-        count = plan.num_micro_batches
+        count, what = plan.num_micro_batches, self.calls.named("swa_write_location")
         layers = [[layer for mb, layer in plan.calls if mb == m] for m in range(count)]
         rows = [inputs.num_rows for inputs in step_inputs]
         entered: list[int] = []
@@ -167,7 +180,7 @@ class StoreCalls:
                     try:
                         out = store(batches[mb], layer_id)
                     except BaseException as exc:  # noqa: BLE001 - reported as the subject's failure
-                        answers[mb].append(failure_of("swa_write_location", exc))
+                        answers[mb].append(failure_of(what, exc))
                         return
                     answers[mb].append(_snapshot(out, rows[mb]))
                 time.sleep(0)  # let another micro-batch take the next turn: the lock is not fair

@@ -334,12 +334,16 @@ class MutatedTarget:
     def version(self) -> str:
         return self.subject.partition("@")[2]
 
+    @property
+    def target(self) -> str:
+        return self.subject.partition("@")[0].removeprefix("sglang:")
+
     def reasons(self) -> list[str]:
         from ..subjects.sglang.reachability import question
 
         lines = []
         for feature, key in self.excluded:
-            verdict, routes = question(key).verdict(self.version)
+            verdict, routes = question(key).verdict(self.version, self.target)
             lines.append(f"{feature}: {key} is {verdict} in {self.version}"
                          + (f" ({routes[0].why})" if routes else ""))
         return lines
@@ -359,14 +363,15 @@ MUTATED_TARGETS = (
 
 
 def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[MutatedTarget, ...] = MUTATED_TARGETS,
-                  budget_s: float = SCALING_BUDGET_S, out=print) -> dict:
+                  budget_s: float = SCALING_BUDGET_S, max_examples: int | None = None, out=print) -> dict:
     """Mutation figures of each correct built-in design and of each SGLang target's bound
-    functions, each in one ``mutate`` run (its own worker process), then over all of them.
+    functions, each in one ``mutate`` run (its own worker process), then over all of them;
+    ``max_examples`` bounds each mutant's search as ``mutate``'s does.
     Returns them as ``--json-out`` writes them."""
-    from .mutate import ADVERSARIAL, REALISTIC, mutate, nearest_rank
+    from .mutate import ADVERSARIAL, REALISTIC, mutate, nearest_rank, search_bound
 
-    out(f"mutants: swafuzz mutate, {budget_s:g} s per mutant (built-ins: realistic, then adversarial; "
-        f"SGLang targets: realistic), seed 0, CPU")
+    out(f"mutants: swafuzz mutate, {search_bound(budget_s, max_examples)} per mutant (built-ins: realistic, "
+        f"then adversarial; SGLang targets: realistic), seed 0, CPU")
     out(f"{'subject':38s} {'unmutated':>9s} {'made':>4s} {'killed':>6s} {'real':>4s} {'adv':>4s} {'surv':>4s} "
         f"{'equiv':>5s} {'never':>5s} {'n/r':>3s} {'rate':>6s} {'ttk med':>7s} {'p90':>6s} {'max':>6s} {'run s':>6s}")
     runs = [(name, {}) for name in subjects] + [
@@ -374,7 +379,7 @@ def bench_mutants(subjects: tuple[str, ...] = MUTATED_SUBJECTS, targets: tuple[M
         for item in targets]
     reports = []
     for name, scope in runs:
-        report = mutate(name, budget_s=budget_s, seed=0, **scope)
+        report = mutate(name, budget_s=budget_s, max_examples=max_examples, seed=0, **scope)
         reports.append(report)
         times = {name: "-" if value is None else f"{value:.2f}" for name, value in report.time_to_kill().items()}
         rate = "-" if report.kill_rate is None else f"{report.kill_rate:.1%}"

@@ -15,7 +15,8 @@ functions its binding runs, by the same operators; each such mutant is the tree 
 edit, read in place and bound as any tree is (:func:`tree_mutant_subject`).
 
 :func:`mutate` fuzzes the unmutated subject first (it must pass: a subject that diverges
-makes no figures), then every mutant with its own budget, the realistic profile for the
+makes no figures), then every mutant with its own budget (and, where given, its own number
+of scenarios: whichever runs out first ends the search), the realistic profile for the
 first half and the adversarial one for the rest (or the profiles given, never drawing the
 features excluded: the scope a subject is meant to be right on). A mutant is *killed* only
 when the unmutated subject passes the shrunk scenario that the mutant failed. All of it runs
@@ -763,11 +764,15 @@ def _construction_spec(device: str) -> ModelSpec:
 
 
 def examine(subject: type, mutant: Mutant | None, budget_s: float, seed: int, device: str = "cpu", *,
-            profiles: tuple[str, ...] = PROFILE_ORDER, exclude: frozenset[str] = frozenset()) -> Outcome:
+            profiles: tuple[str, ...] = PROFILE_ORDER, exclude: frozenset[str] = frozenset(),
+            max_examples: int | None = None) -> Outcome:
     """Fuzz ``mutant`` (None: ``subject`` itself) for ``budget_s``, split evenly over
     ``profiles`` in their order (the realistic profile for the first half, the adversarial
     one for what is left), never drawing the features ``exclude`` names; a divergence kills
-    the mutant when ``subject`` passes its shrunk scenario."""
+    the mutant when ``subject`` passes its shrunk scenario. ``max_examples`` bounds the
+    scenarios too, split over the profiles as the budget is: each search stops at whichever
+    bound it reaches first, so with a budget that never binds a seed gives one outcome on a
+    fast machine and a busy one alike."""
     started = time.monotonic()
     tested = subject
     if mutant is not None and mutant.tree_subject is not None:
@@ -797,11 +802,13 @@ def examine(subject: type, mutant: Mutant | None, budget_s: float, seed: int, de
     for number, profile in enumerate(profiles, 1):
         until = budget_s * number / len(profiles)
         offset = time.monotonic() - searched
-        if until - offset <= 0:
+        share = None if max_examples is None else (max_examples * number // len(profiles)
+                                                   - max_examples * (number - 1) // len(profiles))
+        if until - offset <= 0 or share == 0:
             continue
         try:
             result = fuzz(info, profile=profile, settings="ci", seed=seed, budget_s=until - offset, device=device,
-                          timeout_s=CALL_TIMEOUT_S, exclude=exclude)
+                          max_examples=share, timeout_s=CALL_TIMEOUT_S, exclude=exclude)
         except UnmodelledPath as gap:  # a path swafuzz's stand-ins lack: says nothing of the mutant
             return Outcome(mutant, NOT_RUNNABLE, sentence=f"it reaches code swafuzz does not model: {gap}",
                            elapsed_s=time.monotonic() - started)
@@ -944,6 +951,11 @@ def nearest_rank(ordered: list[float], fraction: float) -> float | None:
 # ---- a mutation run -----------------------------------------------------------------------------
 
 
+def search_bound(budget_s: float, max_examples: int | None) -> str:
+    """Each mutant's search bound, as a phrase: ``20 s``, or ``20 s or 200 examples``."""
+    return f"{budget_s:g} s" + (f" or {max_examples} examples" if max_examples is not None else "")
+
+
 @dataclass
 class MutationReport:
     subject: str
@@ -957,6 +969,7 @@ class MutationReport:
     wrongly_listed: list[str] = field(default_factory=list)
     profiles: tuple[str, ...] = PROFILE_ORDER  # each search's, in order
     exclude: tuple[str, ...] = ()  # lifecycle features no search drew
+    max_examples: int | None = None  # scenarios per search, at most (None: the budget alone)
 
     def count(self, status: str) -> int:
         return sum(outcome.status == status for outcome in self.outcomes)
@@ -1032,7 +1045,8 @@ class MutationReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": "swafuzz-mutants", "subject": self.subject, "budget_s": self.budget_s, "seed": self.seed,
+            "format": "swafuzz-mutants", "subject": self.subject, "budget_s": self.budget_s,
+            "max_examples": self.max_examples, "seed": self.seed,
             "elapsed_s": self.elapsed_s, "passed": self.passed, "profiles": list(self.profiles),
             "exclude": list(self.exclude), "unmutated": self.baseline.to_dict(),
             "made": len(self.outcomes), "killed": self.count(KILLED_STATUS), "killed_by_profile": self.killed_by_profile,
@@ -1047,7 +1061,8 @@ class MutationReport:
         times = self.time_to_kill()
         shown = {name: "-" if value is None else f"{value:.2f} s" for name, value in times.items()}
         lines = [f"# Mutants of `{self.subject}`", "", self.headline().removeprefix("swafuzz mutate: ") + ".", "",
-                 f"Budget {self.budget_s:g} s per mutant ({self.scope()}), seed {self.seed}; "
+                 f"Budget {search_bound(self.budget_s, self.max_examples)} per mutant ({self.scope()}), "
+                 f"seed {self.seed}; "
                  f"the unmutated subject {self.baseline.status}.", "",
                  "| figure | value |", "|---|---|"]
         rows = {"made": len(self.outcomes), "killed (realistic)": self.killed_by_profile[REALISTIC],
@@ -1103,8 +1118,8 @@ def builtin_equivalents(subject: str) -> dict[str, str]:
     return lists.get(subject, {})
 
 
-def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, device: str = "cpu",
-           equivalents: dict[str, str] | None = None, operators: tuple[str, ...] | None = None,
+def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, max_examples: int | None = None, seed: int = 0,
+           device: str = "cpu", equivalents: dict[str, str] | None = None, operators: tuple[str, ...] | None = None,
            profiles: tuple[str, ...] = PROFILE_ORDER, exclude: frozenset[str] = frozenset(),
            isolated: bool | None = None, on_outcome: Callable[[int, int, Outcome], None] | None = None,
            ) -> MutationReport:
@@ -1112,8 +1127,9 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
 
     An ``sglang:<target>[@<version>]`` is mutated in the SGLang functions its binding runs,
     each mutant the tree with one edit (:func:`tree_mutant_subject`).
-    ``profiles`` share each search's budget in their order; ``exclude`` names lifecycle
-    features no search draws (the scope the subject is meant to be right on).
+    ``profiles`` share each search's budget, and its ``max_examples`` where given, in their
+    order; a search stops at whichever of the two it reaches first. ``exclude`` names
+    lifecycle features no search draws (the scope the subject is meant to be right on).
     ``equivalents`` (mutant id to reason) defaults to the reviewed list of a built-in subject
     or SGLang target. ``isolated`` (default: unless ``SWAFUZZ_SUPERVISOR=0``) runs them in a
     worker process. ``on_outcome(number, total, outcome)`` sees each mutant's outcome as it
@@ -1136,13 +1152,13 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
         isolated = os.environ.get(SUPERVISOR_SWITCH_ENV, "1") != "0"
     runner = (_Worker if isolated else _InProcess)(spec, device)
     try:
-        scope = {"profiles": tuple(profiles), "exclude": frozenset(exclude)}
-        baseline = _outcome(runner, None, budget_s, seed, scope)
+        search = {"profiles": tuple(profiles), "exclude": frozenset(exclude), "max_examples": max_examples}
+        baseline = _outcome(runner, None, budget_s, seed, search)
         report = MutationReport(spec, budget_s, seed, baseline, equivalents_listed=len(equivalents),
-                                profiles=tuple(profiles), exclude=tuple(sorted(exclude)))
+                                profiles=tuple(profiles), exclude=tuple(sorted(exclude)), max_examples=max_examples)
         if baseline.status == PASSES:
             for number, mutant in enumerate(mutants, 1):
-                outcome = _outcome(runner, mutant, budget_s, seed, scope)
+                outcome = _outcome(runner, mutant, budget_s, seed, search)
                 if outcome.status == SURVIVED and mutant.id in equivalents:
                     outcome.status, outcome.equivalent_reason = EQUIVALENT, equivalents[mutant.id]
                 elif outcome.status == SURVIVED and mutant.never_read:
@@ -1159,8 +1175,8 @@ def mutate(spec: str, *, budget_s: float = MUTANT_BUDGET_S, seed: int = 0, devic
 
 
 def _outcome(runner: _Worker | _InProcess, mutant: Mutant | None, budget_s: float, seed: int,
-             scope: dict[str, Any]) -> Outcome:
-    answer = runner.ask("examine", (mutant, budget_s, seed, scope), budget_s + WORKER_GRACE_S)
+             search: dict[str, Any]) -> Outcome:
+    answer = runner.ask("examine", (mutant, budget_s, seed, search), budget_s + WORKER_GRACE_S)
     if not isinstance(answer, _Lost):
         return answer
     sentence = f"The process running it {answer.how}"

@@ -70,10 +70,12 @@ from ..subjects.sglang.tree_checks import (
     TreeCheck,
     check_compressed_values,
     check_producers,
+    check_readers,
     check_tables,
     producer_batches,
 )
 from ..subjects.sglang.reachability import (
+    COMPRESSED_QUESTIONS,
     DRIVER_SWITCHES,
     EVERY_SCENARIO,
     MODE_QUESTIONS,
@@ -159,6 +161,7 @@ class Matrix:
     runner_steps: dict[str, list[runner_steps.Verdict]] = field(default_factory=dict)  # version -> steps
     kernels: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> compressed-KV kernel checks
     tables: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> index-table builder checks
+    readers: dict[str, list[TreeCheck]] = field(default_factory=dict)  # version -> compressed-KV reader checks
 
 
 def run_matrix(
@@ -179,6 +182,7 @@ def run_matrix(
     steps: dict[str, list[runner_steps.Verdict]] = {}
     kernels: dict[str, list[TreeCheck]] = {}
     tables: dict[str, list[TreeCheck]] = {}
+    readers: dict[str, list[TreeCheck]] = {}
     for version in versions:
         try:
             tree = locate.wheel(version, cache)
@@ -192,6 +196,7 @@ def run_matrix(
         steps[version] = runner_steps.verdicts(tree)
         kernels[version] = check_compressed_values(tree)
         tables[version] = check_tables(tree)
+        readers[version] = check_readers(tree)
         for target in TARGETS:
             try:
                 info = configured(target.info(tree, "source", name=f"{target.subject_name}@{version}"),
@@ -211,7 +216,7 @@ def run_matrix(
             log(f"{version} {target.name}: " + ", ".join(f"{k} {v}" for k, v in cell.runs.items()))
             cells.append(cell)
     return Matrix(list(versions), cells, unavailable, settings, max_examples, seed, time.monotonic() - started,
-                  sources, revision, overrides, producers, steps, kernels, tables)
+                  sources, revision, overrides, producers, steps, kernels, tables, readers)
 
 
 def concerning(target: Target, switches: SwitchSettings) -> dict[str, bool]:
@@ -317,7 +322,7 @@ def reachability(finding: Finding) -> tuple[str, str]:
     facts = [f"{DOMAIN_FACTS[f][1]} (DOMAIN.md {DOMAIN_FACTS[f][0]})" for f in sorted(features) if f in DOMAIN_FACTS]
     cause = question_key(finding, features)
     keys = [k for k in (_mode_question(target, event.mode), cause) if k is not None]
-    readings = [(key, question(key).routes_for(version)) for key in keys]
+    readings = [(key, question(key).routes_for(version, target.name)) for key in keys]
     readings = [(key, routes) for key, routes in readings if routes]
     for key, routes in readings:
         if not any(route.reached for route in routes):
@@ -511,8 +516,17 @@ def render(matrix: Matrix, report_path: Path) -> str:
               *_question_table(PROBLEMS, matrix.versions, marks, evidence),
               "", "Where SGLang's model reads the ring getter at all (a condition of the ring problems):", "",
               *_question_table(tuple(question(key) for key in MODE_QUESTIONS), matrix.versions, marks, evidence),
-              "", "Call paths:", "",
-              *(f"- <a id=\"{mark.lower()}\"></a>{mark}: {route.why}: {route.cited()}" for route, mark in marks.items())]
+              "", "Call paths:", "", *_call_paths(marks, 0)]
+    swa_paths = len(marks)
+    lines += ["", "## Compressed-KV history by release", "",
+              "The same reading for the public history of the compressed-KV values a DeepSeek-V4 layer "
+              "reads (`COMPRESSED_QUESTIONS`): write plans, compressed write locations, the page table and "
+              "HIP's fp4 write metadata. No target binds these values (SGLang's own kernels run under "
+              "*Compressed-KV values by release* and *Index tables by release*), so no divergence is "
+              "counted here; *not read* marks a release whose call path has not been read.", "",
+              *(f"- `{item.key}`: {item.title}" for item in COMPRESSED_QUESTIONS), "",
+              *_question_table(COMPRESSED_QUESTIONS, matrix.versions, marks, {}),
+              "", "Call paths:", "", *_call_paths(marks, swa_paths)]
     lines += ["", "## Producers of the rows by release", "",
               f"SGLang's own producers of the per-token rows the unified-KV stores read "
               f"(`harness/subjects/sglang/producers.py`), run on {len(producer_batches(matrix.seed))} generated batches "
@@ -548,7 +562,14 @@ def render(matrix: Matrix, report_path: Path) -> str:
                   "one column per SGLang function, run on CPU (the Triton ones under Triton's interpreter) on "
                   "generated batches and compared row by row with `reference/compressed.py`; **absent** where "
                   "the release builds the table elsewhere or not at all.", "",
-                  *_tables_table(matrix)]
+                  *_checks_table(matrix.tables)]
+    if matrix.readers:
+        lines += ["", "## Readers of the compressed values by release", "",
+                  "SGLang's own readers of the compressed-KV values (`harness/subjects/sglang/readers.py`: the "
+                  "compressor's `_get_out_loc` and store path, each draft step's slots and compressed locations), "
+                  "run on metadata the release's own `init_compression_metadata` made and compared row by row "
+                  "with `reference/`; a wrong value no layer of the release reads says `never read` and why.", "",
+                  *_checks_table(matrix.readers)]
     lines += ["", "## Engine switches by release", "",
               "Defaults read from each release (`harness/subjects/sglang/switches.py`); a route that needs a "
               "switch set against its default makes a divergence *reachable off-default*.", "",
@@ -607,6 +628,17 @@ def _run_label(finding: Finding) -> str:
     if finding.column != SWITCHED_COLUMN or finding.switches is None:
         return finding.column
     return f"{REALISTIC} with {', '.join(finding.switches.off_default()) or finding.switches.label()}"
+
+
+def _scope(route: Route) -> str:
+    return f"({', '.join(f'`{t}`' for t in route.targets)} only) " if route.targets else ""
+
+
+def _call_paths(marks: dict[Route, str], skip: int) -> list[str]:
+    """The numbered call paths of ``marks``, from the ``skip``-th on (a later table lists
+    only the paths it added)."""
+    return [f"- <a id=\"{mark.lower()}\"></a>{mark}: {_scope(route)}{route.why}: {route.cited()}"
+            for route, mark in list(marks.items())[skip:]]
 
 
 def _question_table(items: tuple[Question, ...], versions: list[str], marks: dict[Route, str],
@@ -709,11 +741,12 @@ def _table(matrix: Matrix, column: str) -> str:
     return "\n".join(rows)
 
 
-def _tables_table(matrix: Matrix) -> list[str]:
-    names = list(dict.fromkeys(c.name for checks in matrix.tables.values() for c in checks))
+def _checks_table(by_version: dict[str, list[TreeCheck]]) -> list[str]:
+    """Release x check, one column per SGLang function checked."""
+    names = list(dict.fromkeys(c.name for checks in by_version.values() for c in checks))
     rows = ["| release | " + " | ".join(f"`{name}`" for name in names) + " |",
             "| --- |" + " --- |" * len(names)]
-    for version, checks in matrix.tables.items():
+    for version, checks in by_version.items():
         by_name = {c.name: c for c in checks}
         rows.append(f"| {version} | " + " | ".join(_table_cell(by_name.get(name), version) for name in names) + " |")
     return rows
@@ -773,6 +806,7 @@ def verdict_row(matrix: Matrix, version: str) -> str:
     cells.append(f"stale: {', '.join(stale)}" if stale else f"all kept ({len(steps)} run)")
     cells.append("; ".join(c.outcome for c in matrix.kernels.get(version, [])) or "-")
     cells.append(_outcomes(matrix.tables.get(version, [])))
+    cells.append(_outcomes(matrix.readers.get(version, [])))
     return f"| {version} | " + " | ".join(cells) + " |"
 
 
@@ -786,12 +820,12 @@ def _outcomes(checks: list[TreeCheck]) -> str:
 
 def verdicts_table(matrix: Matrix) -> str:
     header = ["release", *(t.name for t in TARGETS), "producers", "runner steps", "compressed-KV values",
-              "index tables"]
+              "index tables", "compressed-KV readers"]
     return "\n".join([
         "# SGLang verdicts by release", "",
         f"The fast part of [sglang-matrix.md](sglang-matrix.md), in seconds a release: each target's "
         f"hand-written examples (`strategies/examples.py`: how many diverge, and which), and each release's "
-        f"producers of the rows, graph-runner steps, compressed-KV kernels and index-table builders. Written by `{VERDICTS_COMMAND}`; "
+        f"producers of the rows, graph-runner steps, compressed-KV kernels, index-table builders and the readers of the compressed values. Written by `{VERDICTS_COMMAND}`; "
         f"`tests/test_sglang_verdicts.py` makes the rows of the releases the suite reads again and "
         f"compares them, so this table is what the code says now. The full report's searches are rebuilt "
         f"with `tox -e sglang-matrix`, and its examples and producers columns must agree with this table.", "",

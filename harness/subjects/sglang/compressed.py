@@ -287,10 +287,14 @@ def generated_batches(count: int, seed: int = 0, max_rows: int = 12) -> list[Com
     length 1, request slot 0, location 0). Small on purpose: the interpreter runs a kernel
     row in milliseconds."""
     rng = random.Random(seed)
-    return [_batch(rng, max_rows) for _ in range(count)]
+    return [generated_batch(rng, max_rows) for _ in range(count)]
 
 
-def _batch(rng: random.Random, max_rows: int) -> CompressionBatch:
+def generated_batch(rng: random.Random, max_rows: int, tokens_per_request: int | None = None,
+           padding: int | None = None) -> CompressionBatch:
+    """One batch of :func:`generated_batches`: ``tokens_per_request`` consecutive rows per
+    request (1, 2 or 4 when not given), then ``padding`` graph padding rows (0, 1 or 3 when
+    not given)."""
     slots, columns = 8, 4 * PAGE_SIZE
     free = list(range(1, slots * columns + 1))
     rng.shuffle(free)
@@ -301,14 +305,16 @@ def _batch(rng: random.Random, max_rows: int) -> CompressionBatch:
     mapping[0] = 0
     mapping[1:-1] = torch.randperm(slots * columns, generator=torch.Generator().manual_seed(rng.getrandbits(32))) + 1
     near = [1, 2, 3, 4, 5, 127, 128, 129, 255, 256, 257, 383, 384, 385, 512, 640]
-    tokens_per_request = rng.choice([1, 1, 2, 4])
+    if tokens_per_request is None:
+        tokens_per_request = rng.choice([1, 1, 2, 4])
     positions, req_slots = [], []
     for slot in rng.sample(range(slots), rng.randint(1, min(slots, max(1, max_rows // tokens_per_request)))):
         length = rng.choice(near) if rng.random() < 0.7 else rng.randint(1, columns - tokens_per_request)
         positions += range(length - 1, length - 1 + tokens_per_request)
         req_slots += [slot] * tokens_per_request
     out_loc = [int(req_to_token[s, p]) for s, p in zip(req_slots, positions)]
-    padding = rng.choice([0, 0, 1, 3])
+    if padding is None:
+        padding = rng.choice([0, 0, 1, 3])
     positions += [0] * padding
     req_slots += [0] * padding
     out_loc += [0] * padding

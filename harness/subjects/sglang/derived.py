@@ -27,8 +27,8 @@ from ...errors import ModelGap, StandInGap
 # the stand-in attribute that carries the engine model (an EngineModel): a role whose stand-in
 # has it gets the attributes its __init__ derives
 ENGINE_MODEL = "engine_model"
-KNOWN = ("the worker's role, the speculative settings (top-k, draft token count, algorithm) and the engine "
-         "switches")
+KNOWN = ("the worker's role, the speculative settings (top-k, draft token count, algorithm), the engine "
+         "switches, and whether a pool serves a draft worker")
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
            ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -59,6 +59,11 @@ class EngineModel:
             "is_dspark": _Predicate(False),
         })
         return _Facts("model_runner", {"is_draft_worker": self.role == "draft", "spec_algorithm": algorithm})
+
+    def arguments(self) -> dict[str, Any]:
+        """The constructor arguments the model knows, by SGLang's parameter names: the pool
+        is built for a draft worker or not (``DeepSeekV4TokenToKVPool(is_draft_worker=...)``)."""
+        return {"is_draft_worker": self.role == "draft"}
 
     def speculative_settings(self) -> "_Facts":
         """What ``get_spec()`` gives: the server's speculative arguments."""
@@ -302,6 +307,8 @@ class _Interpreter:
     def _name(self, name: str) -> Any:
         if name == "model_runner" and name in self.d.parameters:
             return self.model.runner()
+        if name in self.d.parameters and name in self.model.arguments():
+            return self.model.arguments()[name]
         if name in self.locals:
             value = self.locals[name]
             if isinstance(value, Underivable):

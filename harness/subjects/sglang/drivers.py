@@ -27,10 +27,11 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from ...api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
+from ...reference.truth import late_layer_tail_tokens
 from .binding import Binding
 from .derived import EngineModel, InitDerivation
 from .faults import defined_at, location_fault
-from .switches import REQUEST_WINDOW_SWITCH
+from .switches import DECODER_REPLAY_SWITCH, REQUEST_WINDOW_SWITCH
 from ...errors import CodeFault, StandInGap
 
 
@@ -57,7 +58,7 @@ class StandIn:
             value = self.__dict__[name] = make()
             return value
         derivation = type(self).tree_derivation
-        if derivation is not None and derivation.derives(name):
+        if derivation is not None and derivation.derives(name) and self.__dict__.get("engine_model") is not None:
             for derived, value in derivation.values(self, self.engine_model).items():
                 self.__dict__.setdefault(derived, value)
             if name in self.__dict__:  # else this object's __init__ path reads what no model knows
@@ -90,6 +91,7 @@ class PoolStandIn(StandIn):
         "full_to_swa_index_mapping", "start_layer", "_stage_start", "cached_loc",
         "_should_cache_swa", "swa_kv_pool", "request_window", "swa_req_ring_size",
         "unified_swa_ring_size", "unified_swa_window", "unified_swa_pages",
+        "engine_model",  # what __init__ derives the rest from (swafuzz.subjects.sglang.derived)
     })
 
 
@@ -133,6 +135,15 @@ class CoreMetadata(StandIn):
             swa_topk_lengths=lengths, c128_topk_lengths_raw=lengths, c4_sparse_topk_lengths_raw=lengths,
             c128_page_indices=pages, c4_sparse_page_indices=pages,
         )
+
+
+class LateLayerTailStandIn(StandIn):
+    """The rows the late layers run over under decoder SWA bounded replay (SGLang's
+    ``LateLayerTail``, 0.5.21+): the tail's indices into the extend, its positions, its
+    length per request and the SWA rows its keys are written to."""
+
+    role = "late-layer tail"
+    attributes = frozenset({"token_indices", "positions", "extend_seq_lens_cpu", "swa_out_cache_loc"})
 
 
 class UnifiedStandIn(StandIn):
@@ -318,23 +329,30 @@ class SglangSubject(Subject):
     call_sites: ClassVar[Any] = None  # the reading target_modes comes from (callsites.Reading)
     environment: ClassVar[EngineEnvironment]  # what the bound code's envs reads (Target.subject)
     answer_verb: ClassVar[str]  # how the target's entry method gives its answer, for answered_by
+    # per lifecycle method, the bound SGLang methods it calls (the store call: the target's
+    # entry method), which findings name for it
+    runs: ClassVar[dict[str, tuple[str, ...]]] = {"register_mapping": ("register_mapping",)}
     # the tree's request window (.request_window.WindowCode; None where the target's code has
     # no branch for it, and window_absent says why)
     window_code: ClassVar[Any] = None
     window_absent: ClassVar[str] = ""
+    # the tree's late_layer_tail_layout (.late_layer_tail.TailLayout; None where the target's
+    # code has no branch for the tail, and tail_absent says why)
+    tail_code: ClassVar[Any] = None
+    tail_absent: ClassVar[str] = ""
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.pool = self._new_pool(request_window=self._new_request_window())
+        self.pool = self._new_pool(request_window=self._new_request_window(), role="target")
         # SGLang's draft worker keeps a pool of its own, which never holds a request window
-        self.draft_pool = self._new_pool(request_window=None) if self.pool.request_window is not None else self.pool
+        self.draft_pool = self._new_pool(request_window=None, role="draft") if self.pool.request_window is not None else self.pool
         if self.backend_class_name is not None:
             self.backend_class = self.binding.classes[self.backend_class_name].build(BackendStandIn)
         # the tree's own metadata records where it declares them: a field a tree adds is there
         self.metadata_class = self._record(METADATA_CLASS, ForwardMetadata)
         self.core_class = self._record(CORE_METADATA_CLASS, CoreMetadata)
 
-    def _new_pool(self, request_window: Any) -> PoolStandIn:
+    def _new_pool(self, request_window: Any, role: str) -> PoolStandIn:
         spec = self.spec
         pool_code = self.binding.classes.get(POOL_CLASS)
         pool_class = pool_code.build(PoolStandIn) if pool_code else PoolStandIn
@@ -344,6 +362,7 @@ class SglangSubject(Subject):
             _should_cache_swa=self.cache_swa_translation,
             swa_kv_pool=SwaKeyStore(), request_window=request_window, swa_req_ring_size=None,
             unified_swa_ring_size=spec.ring, unified_swa_window=spec.sliding_window, unified_swa_pages=0,
+            engine_model=EngineModel(role, spec.speculative, spec.num_draft_tokens, self.environment),
         )
 
     @classmethod
@@ -449,12 +468,17 @@ class _BackendSlot:
     """What the engine keeps per micro-batch: one backend per role and draft step."""
 
     backends: dict[tuple[str, int], Any] = field(default_factory=dict)
-    built_for: dict[tuple[str, int], int] = field(default_factory=dict)  # forward id of the metadata
+    # per backend: the forward id of the batch whose metadata init set its metadata last
+    built_for: dict[tuple[str, int], int] = field(default_factory=dict)
     initialised_forward: int | None = None
     captured: dict[int, ForwardMetadata] = field(default_factory=dict)  # graph batch size -> metadata
     # graph batch size -> the reference's workspace rows, read before the capture (which
     # refuses host reads)
     window_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    # the late-layer tail metadata the target model's backend holds (SGLang's
+    # tail_forward_metadata), and the forward whose metadata init built it
+    tail: ForwardMetadata | None = None
+    tail_for: int | None = None
 
 
 def _role(mode: ForwardMode) -> str:
@@ -472,6 +496,33 @@ class _MetadataSubject(SglangSubject):
 
     getter: ClassVar[str]
     answer_verb = "returned"
+    # the metadata fields the getter may return as they are, from the backend's forward_metadata down
+    answer_fields: ClassVar[tuple[str, ...]] = ()
+
+    def _set_metadata(self, batch: ForwardBatch, step: int, metadata: ForwardMetadata) -> None:
+        """Hand the backend of ``batch``'s role and draft ``step`` the metadata its init built."""
+        self._backend(batch, step).forward_metadata = metadata
+        self._set_by(batch, step)
+
+    def _set_by(self, batch: ForwardBatch, step: int) -> None:
+        self._slot(batch).built_for[(_role(batch.mode), step)] = batch.forward_id
+
+    def answer_origin(self, batch: ForwardBatch, answer: torch.Tensor) -> tuple[str, int] | None:
+        """The metadata field the getter returned ``answer`` from (the tensor itself or a view
+        of its memory, read after the call, so the getter computes as before), and the
+        forward whose metadata init set it; None where ``answer`` is none of them."""
+        key = (_role(batch.mode), batch.draft_step)
+        slot = self._slot(batch)
+        backend = slot.backends.get(key)
+        if backend is None or key not in slot.built_for or type(answer) is not torch.Tensor:
+            return None
+        for path in self.answer_fields:
+            held = backend.forward_metadata
+            for name in path.split("."):
+                held = getattr(held, name, None)
+            if type(held) is torch.Tensor and held.untyped_storage().data_ptr() == answer.untyped_storage().data_ptr():
+                return f"forward_metadata.{path}", slot.built_for[key]
+        return None
 
     def _slot(self, batch: ForwardBatch) -> _BackendSlot:
         return batch.backend.__dict__.setdefault("sglang", _BackendSlot())
@@ -532,10 +583,27 @@ class TranslatedLocSubject(_MetadataSubject):
     that row's SWA slot; a workspace row that belongs to no row of this forward (a previous
     forward's layout) is answered -1, which no slot is. The draft model's pool has no
     window (SGLang builds one only for the target worker).
+
+    Under decoder SWA bounded replay (``--enable-decoder-swa-bounded-replay``, 0.5.21+, where
+    the getter has a branch for the late-layer tail) an extend's metadata init also builds
+    the tail metadata (``DeepseekV4AttnBackend.init_forward_metadata`` calls
+    ``_build_late_layer_tail_metadata`` for extends without speculation; the HIP backend the
+    same, 0.5.22+): the tree's ``late_layer_tail_layout`` picks each request's last
+    ``sliding_window`` tokens (SGLang passes its ``SWA_WINDOW``, the model's window; here the
+    engine model's), and the tail's ``swa_out_cache_loc`` is the pool's translation of those
+    rows' locations. The layers from :attr:`late_layer_start` on read the getter with that
+    metadata as the backend's ``forward_metadata`` (``enter_late_layer_tail`` swaps it in,
+    ``exit_late_layer_tail`` back). A tail layer stores the tail's rows only: the answer must
+    hold one row per tail row (:func:`swafuzz.reference.truth.late_layer_tail_tokens`), else
+    the getter is at fault; each is answered at its extend row, and the rows the layer does
+    not store as the reference has them, so that findings are the getter's.
     """
 
     truth = Truth.POOL
     getter = "get_swa_out_cache_loc"
+    answer_fields = ("core_attn_metadata.swa_out_cache_loc",)
+    runs = {**SglangSubject.runs, "init_forward_metadata": ("translate_loc_from_full_to_swa",),
+            "init_graph_metadata": ("translate_loc_from_full_to_swa",)}
 
     def _metadata(self, batch: ForwardBatch, swa_out_cache_loc=None, unified=None) -> ForwardMetadata:
         metadata = super()._metadata(batch, swa_out_cache_loc, unified)
@@ -546,6 +614,56 @@ class TranslatedLocSubject(_MetadataSubject):
 
     def _request_window(self, batch: ForwardBatch) -> Any:
         return self.pool.request_window if _role(batch.mode) == "model" else None
+
+    @classmethod
+    def late_layer_tail_on(cls) -> bool:
+        """Whether the run sets decoder SWA bounded replay (DeepSeek-V4.1's late-layer tail)."""
+        settings = cls.environment.settings
+        return bool(settings is not None and settings.get(DECODER_REPLAY_SWITCH))
+
+    @property
+    def late_layer_start(self) -> int | None:
+        """The first layer that runs on the tail. SGLang's ``DeepseekV4Model.__init__`` sets
+        ``late_layer_start`` from the model config's KV-source layers: the last of them in
+        0.5.23 (its compressed keys are written for every row first), the layer after it in
+        0.5.21 and 0.5.22. The engine model has no KV-source layers, so the middle SWA layer
+        of the stage stands for it, leaving layers before it that store every row."""
+        layers = self.spec.swa_layers
+        return layers[len(layers) // 2] if layers else None
+
+    def _builds_tail(self, batch: ForwardBatch) -> bool:
+        """Whether metadata init builds a late-layer tail for ``batch``: the switch is on, the
+        getter has the branch, and the forward is an extend without speculation on the target
+        model."""
+        return (self.tail_code is not None and self.late_layer_tail_on() and batch.mode is ForwardMode.EXTEND
+                and self.spec.model == "target" and self.late_layer_start is not None)
+
+    def _tail_metadata(self, batch: ForwardBatch) -> ForwardMetadata:
+        """The tail metadata as ``_build_late_layer_tail_metadata`` makes it for the getter:
+        the tree's layout of the tail rows, their locations translated by the pool, or under
+        the request window the rows of the window's layout of the tail (its prefill metadata
+        init lays the tail rows out with one history group per request)."""
+        token_indices, tail_lens, _floor = self.tail_code.function(
+            extend_lens_cpu=[int(n) for n in batch.extend_seq_lens.tolist()],
+            seq_lens_cpu=[int(n) for n in batch.seq_lens_cpu.tolist()],
+            tail_len=self.spec.sliding_window, device=batch.out_cache_loc.device,
+        )
+        positions = batch.positions[token_indices]
+        window = self._request_window(batch)
+        if window is None:
+            swa_out_cache_loc = self.pool.translate_loc_from_full_to_swa(
+                batch.out_cache_loc[token_indices]).to(torch.int32)
+            core = self.core_class.of(positions, swa_out_cache_loc)
+        else:
+            live = int(batch.extend_seq_lens.sum())
+            slots = batch.req_pool_indices.repeat_interleave(batch.extend_seq_lens, output_size=live)
+            layout = self.window_code.layout(window, slots[token_indices], positions, batch.batch_size)
+            swa_out_cache_loc = layout.write_loc
+            core = self.core_class.of(positions, swa_out_cache_loc)
+            core.request_window_layout = layout
+        tail = LateLayerTailStandIn(token_indices=token_indices, positions=positions,
+                                    extend_seq_lens_cpu=list(tail_lens), swa_out_cache_loc=swa_out_cache_loc)
+        return self.metadata_class(core_attn_metadata=core, late_layer_tail=tail)
 
     @classmethod
     def not_checked(cls) -> tuple[str, ...]:
@@ -559,12 +677,22 @@ class TranslatedLocSubject(_MetadataSubject):
         elif cls.request_window_on():
             notes.append(f"request window: {cls.window_absent}")
         if "late_layer_tail" in reads:
-            notes.append("late-layer tail (--enable-decoder-swa-bounded-replay): the metadata never carries one, "
-                         "as the layers from the model's late_layer_start store an extend's last rows only, "
-                         "which swafuzz's layers do not model")
+            notes.append(cls._tail_note())
         if "pre_kv_store_hook" in reads:
             notes.append("pre_kv_store_hook: never set (the DSpark worker sets it)")
         return tuple(notes)
+
+    @classmethod
+    def _tail_note(cls) -> str:
+        if not cls.late_layer_tail_on():
+            return (f"late-layer tail: {DECODER_REPLAY_SWITCH} is off in this run, so no extend builds one "
+                    f"(set {DECODER_REPLAY_SWITCH.removeprefix('--')}=1 to check it)")
+        if cls.tail_code is None:
+            return f"late-layer tail: {cls.tail_absent}"
+        return ("late-layer tail: prefill CUDA graph tail blocks, context-parallel tails and whole-extend tails "
+                "(prompt logprobs, every hidden state) are not modelled, nor an extend whose metadata init is "
+                "skipped (it runs every layer over every row here); an extend split into micro-batches runs "
+                "a tail per micro-batch, which SGLang's tail path never does (it refuses two-batch overlap)")
 
     def _window_layout(self, batch: ForwardBatch, window: Any) -> Any:
         if batch.mode.is_idle():
@@ -580,6 +708,9 @@ class TranslatedLocSubject(_MetadataSubject):
         return self.window_code.layout(window, slots, batch.positions[:live], batch.batch_size, padded)
 
     def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        slot = self._slot(batch)
+        if slot.tail_for == batch.forward_id and layer_id >= self.late_layer_start:
+            return self._tail_rows_read_back(batch, self._in_tail(batch, layer_id, slot.tail))
         if self._request_window(batch) is None:
             return super()._target_location(batch, layer_id)
         if batch.num_tokens == 0:
@@ -588,21 +719,70 @@ class TranslatedLocSubject(_MetadataSubject):
             return torch.empty(0, dtype=torch.int32, device=batch.positions.device)
         return self._window_rows_read_back(batch, super()._target_location(batch, layer_id))
 
-    def _window_rows_read_back(self, batch: ForwardBatch, rows: torch.Tensor) -> torch.Tensor:
+    def _in_tail(self, batch: ForwardBatch, layer_id: int, tail: ForwardMetadata) -> Any:
+        """The getter's answer with the backend on the tail metadata, as between SGLang's
+        ``enter_late_layer_tail`` and ``exit_late_layer_tail``."""
+        backend = self._backend(batch, batch.draft_step)
+        saved, backend.forward_metadata = backend.forward_metadata, tail
+        try:
+            return super()._target_location(batch, layer_id)
+        finally:
+            backend.forward_metadata = saved
+
+    def _tail_rows_read_back(self, batch: ForwardBatch, answer: Any) -> Any:
+        """The answer of a tail layer at the extend rows whose keys it stores (the reference's
+        tail rows; under the request window, workspace rows read back through the reference's
+        layout of the tail first), the other rows as the reference has them; an answer that is
+        not an int32 row per tail row on the batch's device is handed on as it is, for the
+        judge to say so, and one of another length is the getter's fault (a full extent's rows
+        among them)."""
+        tail = late_layer_tail_tokens(batch.extend_seq_lens, self.spec.sliding_window).to(batch.out_cache_loc.device)
+        if type(answer) is torch.Tensor and self._request_window(batch) is not None:
+            answer = self._window_rows_read_back(batch, answer, tail)
+        if type(answer) is not torch.Tensor or answer.dtype != torch.int32 or answer.dim() != 1 \
+                or answer.device != batch.out_cache_loc.device:
+            return answer
+        if answer.shape[0] != tail.shape[0]:
+            getter = getattr(self.backend_class, self.getter)
+            raise CodeFault(*defined_at(getter),
+                            f"returned {answer.shape[0]} rows in a late-layer tail layer of an extend whose tail "
+                            f"holds {tail.shape[0]} (decoder SWA bounded replay): the tail's keys are stored "
+                            "to the wrong rows")
+        rows = self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32)
+        rows[tail] = answer
+        return rows
+
+    def _window_rows_read_back(self, batch: ForwardBatch, rows: torch.Tensor,
+                               tail: torch.Tensor | None = None) -> torch.Tensor:
         """The SWA slot of the batch row whose workspace row each of ``rows`` is, by the
-        reference's layout; -1 for a row that is none of this forward's. Tensor operations
-        only, so that a captured graph redoes the reading at each replay."""
-        if batch.in_graph:
+        reference's layout; -1 for a row that is none of this forward's. ``tail``: the
+        extend rows a tail layer stores (the reference's), laid out on their own. Tensor
+        operations only, so that a captured graph redoes the reading at each replay."""
+        locations = batch.out_cache_loc.to(torch.int64)
+        if tail is not None:
+            want, locations = self._tail_window_truth(batch, tail).write_loc, locations[tail]
+        elif batch.in_graph:
             want = self._slot(batch).window_rows[batch.num_tokens]
         else:
-            want = self._window_truth(batch).write_loc.to(device=rows.device, dtype=torch.int64)
+            want = self._window_truth(batch).write_loc
+        want = want.to(device=rows.device, dtype=torch.int64)
         got = rows.to(torch.int64)
         if want.numel() == 0:
             return torch.full_like(got, -1, dtype=torch.int32)
         order = torch.argsort(want)
         place = order[torch.searchsorted(want[order], got).clamp(max=want.numel() - 1)]
-        slots = self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32)
+        slots = self.mapping[locations].to(torch.int32)
         return torch.where(want[place] == got, slots[place], torch.full_like(slots[place], -1))
+
+    def _tail_window_truth(self, batch: ForwardBatch, tail: torch.Tensor):
+        """The reference's window layout of a forward whose requests add only their tail rows
+        (after the rows before them): the layout the tail metadata carries."""
+        counts = batch.extend_seq_lens.cpu()
+        kept = torch.bincount(torch.arange(batch.batch_size).repeat_interleave(counts)[tail.cpu()],
+                              minlength=batch.batch_size)
+        capacity = self.window_code.capacity(self._draft_tokens())
+        return self.window_code.truth(batch.req_pool_indices, batch.extend_prefix_lens.cpu() + counts - kept, kept,
+                                      capacity, batch.batch_size)
 
     def _window_truth(self, batch: ForwardBatch):
         capacity = self.window_code.capacity(self._draft_tokens())
@@ -622,11 +802,14 @@ class TranslatedLocSubject(_MetadataSubject):
         slot = self._slot(batch)
         slot.initialised_forward = batch.forward_id
         self._build_step(batch, 0)
+        if _role(batch.mode) == "model":
+            # SGLang's init sets the tail metadata on every forward: None but for extends
+            builds = self._builds_tail(batch)
+            slot.tail = self._tail_metadata(batch) if builds else None
+            slot.tail_for = batch.forward_id if builds else None
 
     def _build_step(self, batch: ForwardBatch, step: int) -> None:
-        backend = self._backend(batch, step)
-        backend.forward_metadata = self._metadata(batch, swa_out_cache_loc=self._translated(batch))
-        self._slot(batch).built_for[(_role(batch.mode), step)] = batch.forward_id
+        self._set_metadata(batch, step, self._metadata(batch, swa_out_cache_loc=self._translated(batch)))
 
     def _before_store(self, batch: ForwardBatch, backend) -> None:
         slot = self._slot(batch)
@@ -639,7 +822,7 @@ class TranslatedLocSubject(_MetadataSubject):
             self._build_step(batch, batch.draft_step)
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
-        self._backend(batch, 0).forward_metadata = self._metadata(batch)
+        self._set_metadata(batch, 0, self._metadata(batch))
         if self._request_window(batch) is not None:
             rows = self._window_truth(batch).write_loc
             self._slot(batch).window_rows[batch.num_tokens] = rows.to(device=batch.positions.device,
@@ -649,6 +832,7 @@ class TranslatedLocSubject(_MetadataSubject):
         # init_forward_metadata_in_graph: warm-ups run it eagerly, the capture records it
         metadata = self._backend(batch, 0).forward_metadata
         metadata.core_attn_metadata.swa_out_cache_loc = self._translated(batch)
+        self._set_by(batch, 0)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         # replay prep re-points swa_out_cache_loc (an assign-listed field), but the captured
@@ -669,6 +853,9 @@ class RingSubject(_MetadataSubject):
 
     truth = Truth.RING
     getter = "get_unified_swa_loc"
+    answer_fields = ("core_attn_metadata.unified.swa_loc",)
+    runs = {**SglangSubject.runs, **{method: ("_attach_unified_kv_decode_streams",) for method in (
+        "init_forward_metadata", "init_capture_metadata", "init_replay_metadata")}}
 
     def _unified(self) -> Any:
         return UnifiedStandIn(swa_loc=None)
@@ -692,12 +879,12 @@ class RingSubject(_MetadataSubject):
             return
         steps = batch.num_draft_steps if batch.mode is ForwardMode.DRAFT_DECODE else 1
         for step in range(steps):
-            self._backend(batch, step).forward_metadata = self._build(batch)
+            self._set_metadata(batch, step, self._build(batch))
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         metadata = self._build(batch)
         self._slot(batch).captured[batch.num_tokens] = metadata
-        self._backend(batch, 0).forward_metadata = metadata
+        self._set_metadata(batch, 0, metadata)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         # replay prep builds metadata for idle too (request slots and positions zeroed)
@@ -705,7 +892,7 @@ class RingSubject(_MetadataSubject):
         fresh = self._build(batch)
         self._merge(captured.core_attn_metadata.unified, fresh.core_attn_metadata.unified)
         _copy_written(captured.core_attn_metadata, fresh.core_attn_metadata)
-        self._backend(batch, 0).forward_metadata = captured
+        self._set_metadata(batch, 0, captured)
 
     def _merge(self, captured: Any, fresh: Any) -> None:
         if captured.swa_loc is not None and fresh.swa_loc is not None:
@@ -739,6 +926,7 @@ class RingMergeSubject(RingSubject):
     """
 
     modelled_modes = RING_GETTER_MODES
+    runs = {**RingSubject.runs, "init_replay_metadata": ("_attach_unified_kv_decode_streams", "copy_")}
 
     def __init__(self, spec):
         super().__init__(spec)

@@ -38,7 +38,14 @@ MODEL_FILE = callsites.MODEL_FILE
 DRAFT_MODEL_FILE = "sglang/srt/models/deepseek_v4_nextn.py"
 BACKEND_FILE = "sglang/srt/layers/attention/deepseek_v4_backend.py"
 MODEL_CLASS = "DeepseekV4Model"
+BACKEND_CLASS = "DeepseekV4AttnBackend"
 BUCKET_CLASS = "_GraphBucket"
+# where the backend keeps the metadata captured per bucket and batch size
+CAPTURED_BUCKETS = "cuda_graph_metadata_of_bucket_and_bs"
+# the graph runners that prepare a replay (before 0.5.14: the one runner file)
+RUNNER_FILES = ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+                "sglang/srt/model_executor/cuda_graph_runner.py")
+RAW_METADATA = "Raw"  # in the class a builder returns when the graph rebuilds the metadata
 # the micro-batch split of two-batch overlap: the model's method that runs the layers on it
 MICRO_BATCH_SPLIT = "tbo_children"
 # a condition that holds only on a single pipeline stage
@@ -287,8 +294,138 @@ def _graph_replay(reader: _Reader) -> Found:
 
 
 def _metadata_merge(reader: _Reader) -> Found:
-    raise Unreadable("which buckets build their metadata outside the graph is not read; the merge a "
-                     "target's driver models is read per target and switch (reachability.MODELLED_PATHS)")
+    """Before a graph replay the runner calls the backend's replay prep, which builds the
+    replayed bucket's metadata outside the graph (one branch per bucket) and hands it to the
+    method that ``copy_``s it into the metadata captured for that bucket. A mode the profile
+    replays merges there where the prep has a branch for its bucket (``_GraphBucket.of``);
+    what the branch's builder returns under the run's switches says whether that is the
+    metadata itself or the raw inputs (``DSV4Raw...``) the graph rebuilds it from. A mode
+    whose bucket has no branch replays nothing: the prep has nothing to merge for it."""
+    module = reader.module(BACKEND_FILE)
+    backend = _class(module, BACKEND_CLASS, BACKEND_FILE)
+    methods = {node.name: node for node in backend.body if isinstance(node, ast.FunctionDef)}
+    merges = {name for name, method in methods.items()
+              if CAPTURED_BUCKETS in ast.unparse(method) and _calls_named(method, "copy_")}
+    preps = [method for method in methods.values()
+             if any(_is_bucket_of(call) for call in _calls(method)) and _calls_named(method, *merges)]
+    if not preps:
+        raise Unreadable(f"no method of {BACKEND_CLASS} in {BACKEND_FILE.removeprefix(PACKAGE)} takes a "
+                         f"{BUCKET_CLASS} and merges into {CAPTURED_BUCKETS}")
+    prep = preps[0]
+    builders = _bucket_builders(prep)
+    built = {target for target, _, _ in builders.values()}
+    # the merge every bucket's branch leads to: a call in the prep's own body (a branch may
+    # merge its own way and return, as 0.5.23's early verify metadata does)
+    merge_call = next((statement.value for statement in prep.body
+                       if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)
+                       and isinstance(statement.value.func, ast.Attribute) and statement.value.func.attr in merges
+                       and any(isinstance(node, ast.Name) and node.id in built for node in ast.walk(statement))), None)
+    if merge_call is None:
+        raise Unreadable(f"{BACKEND_CLASS}.{prep.name} in {BACKEND_FILE.removeprefix(PACKAGE)} merges none of the "
+                         "metadata its bucket branches build")
+    merge = methods[merge_call.func.attr]
+    copy = _calls_named(merge, "copy_")[0]
+    sites = [_where(BACKEND_FILE, prep, merge_call.lineno), _where(BACKEND_FILE, merge, copy.lineno),
+             _replay_caller(reader, prep.name)]
+    by_bucket: dict[str | None, list[ForwardMode]] = {}
+    buckets = _buckets_of_modes(reader, module)
+    for mode in GRAPH_MODES:
+        by_bucket.setdefault(buckets.get(mode), []).append(mode)
+    terms, said = set(), []
+    for bucket, modes in by_bucket.items():
+        names = " and ".join(mode.value for mode in modes)
+        if bucket not in builders:
+            terms |= {in_mode(GRAPH_REPLAY, mode.value) for mode in modes}
+            said.append(f"{names}: no branch of {prep.name} builds {'its' if len(modes) == 1 else 'their'} "
+                        "bucket, so no graph replays there")
+            continue
+        _, builder, line = builders[bucket]
+        kinds, returned = _built(reader, module, methods.get(builder), builder)
+        sites += [_where(BACKEND_FILE, prep, line), returned]
+        said.append(f"{names} replays: {builder} builds the {bucket} bucket's metadata outside the graph "
+                    f"({kinds}) and {merge.name} merges it with copy_ into the captured metadata")
+    return frozenset(terms), "; ".join(dict.fromkeys(sites)), "; ".join(said)
+
+
+def _calls(node: ast.AST) -> list[ast.Call]:
+    return [call for call in ast.walk(node) if isinstance(call, ast.Call)]
+
+
+def _calls_named(node: ast.AST, *names: str) -> list[ast.Call]:
+    """The calls ``X.name(...)`` in ``node`` of any of ``names``, in source order."""
+    found = [call for call in _calls(node) if isinstance(call.func, ast.Attribute) and call.func.attr in names]
+    return sorted(found, key=lambda call: (call.lineno, call.col_offset))
+
+
+def _is_bucket_of(call: ast.Call) -> bool:
+    return ast.unparse(call.func) == f"{BUCKET_CLASS}.of"
+
+
+def _replay_caller(reader: _Reader, name: str) -> str:
+    """Where a graph runner calls the prep ``name`` before a replay (a call not marked
+    ``in_capture``)."""
+    for path in RUNNER_FILES:
+        module = reader._module(path)
+        for call in _calls_named(module, name) if module is not None else ():
+            if any(keyword.arg == "in_capture" for keyword in call.keywords):
+                continue
+            function = callsites._enclosing_function(call)
+            return (_where(path, function, call.lineno) if function is not None
+                    else f"{path.removeprefix(PACKAGE)} line {call.lineno}")
+    raise Unreadable(f"no graph runner ({', '.join(p.removeprefix(PACKAGE) for p in RUNNER_FILES)}) calls "
+                     f"{name} before a replay")
+
+
+def _bucket_builders(prep: ast.FunctionDef) -> dict[str, tuple[str, str, int]]:
+    """Per bucket the prep has a branch for (``if bucket == _GraphBucket.NAME``, without
+    further tests; the first such branch that builds), the name that branch assigns a
+    ``self`` method's result to, that method, and the line."""
+    found: dict[str, tuple[str, str, int]] = {}
+    for node in ast.walk(prep):
+        test = node.test if isinstance(node, ast.If) else None
+        if not (isinstance(test, ast.Compare) and isinstance(test.ops[0], ast.Eq)
+                and ast.unparse(test.comparators[0]).startswith(f"{BUCKET_CLASS}.")):
+            continue
+        for statement in node.body:
+            if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                    and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call)
+                    and callsites._is_self_call(statement.value)):
+                bucket = ast.unparse(test.comparators[0]).removeprefix(f"{BUCKET_CLASS}.").lower()
+                found.setdefault(bucket, (statement.targets[0].id, statement.value.func.attr, statement.lineno))
+    return found
+
+
+def _buckets_of_modes(reader: _Reader, module: ast.Module) -> dict[ForwardMode, str]:
+    """The bucket ``_GraphBucket.of`` returns for each forward mode (its ``if`` tests in
+    order, as :func:`_graph_replay` reads them)."""
+    of = _method(_class(module, BUCKET_CLASS, BACKEND_FILE), "of", BACKEND_FILE)
+    buckets: dict[ForwardMode, str] = {}
+    for node in ast.walk(of):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Attribute):
+            _, condition = reader._condition(BACKEND_FILE, module, of, node)
+            for mode in reader.modes_where(condition):
+                buckets.setdefault(mode, node.value.attr.lower())
+    return buckets
+
+
+def _built(reader: _Reader, module: ast.Module, builder: ast.FunctionDef | None, name: str) -> tuple[str, str]:
+    """What ``builder`` returns under the run's switches (the metadata, the raw inputs the
+    graph rebuilds it from, or either), and where it first returns one."""
+    if builder is None:
+        raise Unreadable(f"{BACKEND_FILE.removeprefix(PACKAGE)} defines no {BACKEND_CLASS}.{name}")
+    kinds, lines = set(), []
+    for node in ast.walk(builder):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Call):
+            _, condition = reader._condition(BACKEND_FILE, module, builder, node)
+            if reader.modes_where(condition):
+                kinds.add("raw" if RAW_METADATA in ast.unparse(node.value.func) else "full")
+                lines.append(node.lineno)
+    if not kinds:
+        raise Unreadable(f"{BACKEND_CLASS}.{name} returns no metadata this reading recognises")
+    said = {frozenset({"full"}): "the metadata itself",
+            frozenset({"raw"}): "raw inputs only, from which the graph rebuilds the rest",
+            }.get(frozenset(kinds), "the metadata itself or raw inputs, by a setting the tree leaves to the server")
+    return said, _where(BACKEND_FILE, builder, min(lines))
 
 
 def _idle_under_dp_attention(reader: _Reader) -> Found:

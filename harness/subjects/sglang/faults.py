@@ -15,7 +15,7 @@ import types
 from typing import Any, Callable
 
 from ...errors import CodeFault, SwafuzzError
-from ...run.guard import describe_exception
+from ...run.guard import SubjectTimeout, describe_exception
 
 TREE_PACKAGE = "sglang/srt/"
 
@@ -37,12 +37,8 @@ def defined_at(function: Callable[..., Any]) -> tuple[str, str]:
     return code.co_qualname, place(code, code.co_firstlineno)
 
 
-def raised_in_sglang(exc: Exception) -> CodeFault | None:
-    """The fault of the innermost SGLang function that ``exc`` passed through, saying what
-    it raised; None where no SGLang frame raised it, or it is swafuzz's own error (a gap
-    of the stand-ins, a fault already told)."""
-    if isinstance(exc, SwafuzzError):
-        return None
+def _innermost_in_tree(exc: BaseException) -> tuple[str, str] | None:
+    """The qualified name and place of the innermost SGLang frame ``exc`` passed through."""
     innermost = None
     traceback = exc.__traceback__
     while traceback is not None:
@@ -52,17 +48,34 @@ def raised_in_sglang(exc: Exception) -> CodeFault | None:
     if innermost is None:
         return None
     code = innermost.tb_frame.f_code
-    return CodeFault(code.co_qualname, place(code, innermost.tb_lineno), f"raised {describe_exception(exc)}")
+    return code.co_qualname, place(code, innermost.tb_lineno)
+
+
+def raised_in_sglang(exc: Exception) -> CodeFault | None:
+    """The fault of the innermost SGLang function that ``exc`` passed through, saying what
+    it raised; None where no SGLang frame raised it, or it is swafuzz's own error (a gap
+    of the stand-ins, a fault already told)."""
+    if isinstance(exc, SwafuzzError):
+        return None
+    found = _innermost_in_tree(exc)
+    return None if found is None else CodeFault(*found, f"raised {describe_exception(exc)}")
 
 
 def told_in_sglang_terms(method: Callable[..., Any]) -> Callable[..., Any]:
     """``method`` of a driver, raising what SGLang code raised in it as the fault of the
-    SGLang function that raised it."""
+    SGLang function that raised it, and naming the SGLang function a timeout interrupted."""
 
     @functools.wraps(method)
     def run(self, *args: Any) -> Any:
         try:
             return method(self, *args)
+        except SubjectTimeout as timeout:
+            # the guard's alarm: the SGLang function it interrupted (its line at the time)
+            # is the one that did not return
+            found = _innermost_in_tree(timeout)
+            if found is not None:
+                timeout.running_in = "{} ({})".format(*found)
+            raise
         except Exception as exc:
             fault = raised_in_sglang(exc)
             if fault is None:

@@ -46,6 +46,7 @@ from ...reference.truth import (
 from ...api import ForwardMode
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
 from .drivers import CoreMetadata, NotModelled, SglangMode, StandIn, StandInGap
+from .late_layer_tail import ATTN_METADATA_FILES, LATE_LAYER_TAIL, bind_tail_layout
 from .locate import SourceTree
 from .real_classes import RealClass
 from .request_window import (
@@ -60,7 +61,6 @@ WINDOW_IDLE = "RequestWindow.activate_idle"
 WINDOW_COMMIT = "RequestWindow.commit"
 WINDOW_ROW = "RequestWindow.row_loc"
 DECODE_STREAMS = "_attach_unified_kv_decode_streams"
-LATE_LAYER_TAIL = "late_layer_tail_layout"
 DRAFT_STEP_LOCS = "per_step_draft_out_cache_loc"
 IN_GRAPH_INIT = "init_forward_metadata_in_graph"
 CUDA_IN_GRAPH_INIT = f"{CUDA_BACKEND}.{IN_GRAPH_INIT}"
@@ -76,9 +76,6 @@ UNIFIED_RECORD = "UnifiedKvMetadata"  # the per-forward record of unified-KV row
 UTILS_FILE = "sglang/srt/utils/common.py"
 EAGLE_UTILS_FILE = "sglang/srt/speculative/eagle_utils.py"
 DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metadata.py"
-# where late_layer_tail_layout lives: 0.5.23, then 0.5.21-0.5.22
-ATTN_METADATA_FILES = ("sglang/kernels/ops/attention/dsv4/attn_metadata_kernels.py",
-                       "sglang/kernels/ops/attention/dsv4_attn_metadata_kernels.py")
 # the request window's shape in the checks: DeepSeek-V4's 128-token window and a verify of
 # up to three draft tokens past it (in WINDOW_PAGE pages, so the capacity is rounded up)
 SLIDING_WINDOW = 128
@@ -833,24 +830,8 @@ def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
 
 
 def _bind_late_layer_tail(tree: SourceTree, mode: str) -> Producer:
-    reasons = []
-    for path in ATTN_METADATA_FILES:
-        text = tree.read(path)
-        if text is None:
-            reasons.append(f"{tree.label} has no file {path}")
-            continue
-        # the helpers it calls, where this release has them
-        helpers = [FunctionCode(UTILS_FILE, "async_h2d")] if "async_h2d" in text else []
-        helpers += [FunctionCode(path, name) for name in ("late_layer_tail_lens", "_whole_extend_tail_layout")
-                    if f"def {name}(" in text]
-        try:
-            binding = bind(tree, (*helpers, FunctionCode(path, LATE_LAYER_TAIL)), PRODUCER_STAND_INS, {}, mode)
-        except BindError as exc:
-            reasons.append(str(exc))
-            continue
-        return Producer(path.rsplit("/", 1)[-1].removesuffix(".py"), LATE_LAYER_TAIL,
-                        binding.functions[LATE_LAYER_TAIL], binding=binding)
-    raise BindError("; ".join(reasons))
+    layout = bind_tail_layout(tree, PRODUCER_STAND_INS, mode)
+    return Producer(layout.module, LATE_LAYER_TAIL, layout.function, binding=layout.binding)
 
 
 def _run_late_layer_tail(producer: Producer, batch: Batch, _: int) -> list[str]:

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from .locate import SourceTree
-from .reachability import PACKAGE, QUESTIONS
+from .reachability import ALL_QUESTIONS
 from .targets import TARGETS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -67,9 +67,9 @@ def revision(root: Path = REPO_ROOT) -> str:
 
 
 def sglang_paths() -> tuple[str, ...]:
-    """The SGLang files (``sglang/...``) the targets bind and the call-path table cites."""
+    """The SGLang files (``sglang/...``) the targets bind and the call-path tables cite."""
     paths = {code.path for target in TARGETS for code in target.code}
-    paths |= {PACKAGE + hop.path for item in QUESTIONS for route in item.routes for hop in route.hops}
+    paths |= {hop.file for item in ALL_QUESTIONS for route in item.routes for hop in route.hops}
     return tuple(sorted(paths))
 
 

@@ -1,7 +1,8 @@
 """Whether SGLang's own call paths reach each historical problem, release by release.
 
 Every answer is a :class:`Route`: the call path read in the released source, as a list of
-``file:function`` hops (files relative to ``sglang/srt/``, nested functions joined by dots),
+``file:function`` hops (files relative to ``sglang/srt/``, or from ``sglang/`` for the kernel
+sources outside it; nested functions joined by dots),
 whether the path reaches the problem, and the engine setting it needs when that is not the
 release's default. A route also names what a hop must say (``mentions``) or must not say
 (``lacks``) for the reading to hold; ``tests/test_sglang_reachability.py`` checks every hop
@@ -10,6 +11,12 @@ and every such claim against each release's wheel, so the table cannot drift fro
 The matrix judges a realistic divergence "reachable" only through a route here that reaches
 it, and prints the route; where the release's route does not reach it, the divergence is
 "not reached" whatever profile found it.
+
+:data:`QUESTIONS` ask about the SWA write location, whose code the targets bind;
+:data:`COMPRESSED_QUESTIONS` ask the same of the compressed-KV values a DeepSeek-V4 layer
+reads (write plans, compressed write locations, page table, HIP fp4 write metadata), which
+no target binds: the tree checks run those values, and these routes say whether a release's
+own paths get to each problem of their public history.
 
 The engine switches also decide which lifecycle a target's driver may be given at all:
 :data:`MODELLED_PATHS` names each feature a driver models through a path of SGLang's that a
@@ -45,15 +52,21 @@ REQUEST_WINDOW_ON = switch("--enable-encoder-swa-bounded-replay").setting(True)
 
 @dataclass(frozen=True)
 class Hop:
-    """One function on a call path; ``function`` empty means the whole file."""
+    """One function on a call path; ``function`` empty means the whole file (the only
+    reading of a kernel's C++ source, which the checker does not parse)."""
 
-    path: str  # relative to sglang/srt/
+    path: str  # relative to sglang/srt/, or starting with sglang/ for a file outside it
     function: str = ""
     mentions: tuple[str, ...] = ()  # names the function's source must contain
     lacks: tuple[str, ...] = ()  # names it must not contain
 
     def __str__(self) -> str:
         return f"{self.path}:{self.function}" if self.function else self.path
+
+    @property
+    def file(self) -> str:
+        """The hop's file in a tree (``sglang/...``)."""
+        return self.path if self.path.startswith("sglang/") else PACKAGE + self.path
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,11 @@ class Route:
     hops: tuple[Hop, ...]
     why: str
     setting: str | None = None  # the non-default engine setting the route needs (switches.SWITCHES)
+    # the targets whose code the hops read, where that is not every target of the question
+    targets: tuple[str, ...] | None = None
+
+    def covers(self, target: str | None) -> bool:
+        return target is None or self.targets is None or target in self.targets
 
     def cited(self) -> str:
         return " -> ".join(f"`{hop}`" for hop in self.hops)
@@ -77,20 +95,21 @@ RING_TARGETS = ("hip-unified-swa-loc", "unified-metadata-merge")
 class Question:
     key: str
     title: str
-    targets: tuple[str, ...]  # the targets whose code the routes read
+    targets: tuple[str, ...]  # the targets whose code the routes read; none for values no target binds
     routes: tuple[Route, ...]
 
-    def routes_for(self, version: str) -> tuple[Route, ...]:
-        """The routes read for ``version``: the default one first, then any that need a setting."""
-        found = [r for r in self.routes if version in r.releases]
+    def routes_for(self, version: str, target: str | None = None) -> tuple[Route, ...]:
+        """The routes read for ``version`` (and for ``target``'s code, when given): the
+        default one first, then any that need a setting."""
+        found = [r for r in self.routes if version in r.releases and r.covers(target)]
         return tuple(sorted(found, key=lambda r: r.setting is not None))
 
-    def verdict(self, version: str) -> tuple[str, tuple[Route, ...]]:
+    def verdict(self, version: str, target: str | None = None) -> tuple[str, tuple[Route, ...]]:
         """Whether ``version`` reaches the problem: ``reachable`` (its default route does),
         ``reachable off-default`` (only a route that needs a setting does; those routes
         come first, then the default one), ``not reached``, or ``not read``; with the routes
         that say so."""
-        routes = self.routes_for(version)
+        routes = self.routes_for(version, target)
         if not routes:
             return "not read", ()
         default, switched = routes[0], tuple(r for r in routes[1:] if r.reached)
@@ -189,6 +208,11 @@ _IDLE_WHY = (
     "both getters never trust metadata on idle forwards (idle recomputes from the zero-padded "
     "inputs, which address the dummy slot), and graph replay prep runs on every replay, idle "
     "included, rebuilding the metadata from zeroed request slots and locations"
+)
+_WINDOW_BEFORE_IDLE_WHY = (
+    "under the request window the getter activates the layout of the forward's metadata before "
+    "it tests for an idle forward, so an idle forward gets the rows of the forward that set the "
+    "metadata last, or fails where none has"
 )
 
 # ---- the questions ---------------------------------------------------------------------------
@@ -367,11 +391,16 @@ QUESTIONS: tuple[Question, ...] = (
                 (Hop(POOL, "DeepSeekV4TokenToKVPool.__init__", mentions=("RequestWindow",)),
                  Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc",
                      mentions=("request_window", "core_attn_metadata", "is_idle"))),
-                "under the request window the getter activates the layout of the forward's metadata "
-                "before it tests for an idle forward, so an idle forward gets the rows of the forward "
-                "that set the metadata last, or fails where none has (the HIP getter of 0.5.22 reads "
-                "them in the same order)",
-                setting=REQUEST_WINDOW_ON,
+                _WINDOW_BEFORE_IDLE_WHY,
+                setting=REQUEST_WINDOW_ON, targets=("cuda-swa-out-cache-loc",),
+            ),
+            Route(
+                releases("0.5.22"), True,
+                (Hop(POOL, "DeepSeekV4TokenToKVPool.__init__", mentions=("RequestWindow",)),
+                 Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.get_swa_out_cache_loc",
+                     mentions=("request_window", "core_attn_metadata", "is_idle"))),
+                _WINDOW_BEFORE_IDLE_WHY,
+                setting=REQUEST_WINDOW_ON, targets=("hip-swa-out-cache-loc",),
             ),
         ),
     ),
@@ -427,7 +456,231 @@ QUESTIONS: tuple[Question, ...] = (
     ),
 )
 
-_BY_KEY = {question.key: question for question in QUESTIONS}
+# ---- the compressed-KV values a layer reads (no target binds them) ------------------------------
+
+NEXTN_MODEL = "models/deepseek_v4_nextn.py"
+COMPRESSOR = "layers/attention/dsv4/compressor_v2.py"
+ENVIRON = "environ.py"
+# the compress planner's Python wrapper and its C++ source: sglang/jit_kernel/ until 0.5.16,
+# sglang/kernels/ from 0.5.17
+JIT_PLANNER = ("sglang/jit_kernel/dsv4/compress.py", "sglang/jit_kernel/csrc/deepseek_v4/c_plan.cuh")
+KERNELS_PLANNER = (
+    "sglang/kernels/ops/attention/dsv4/compress.py", "sglang/kernels/jit/csrc/deepseek_v4/c_plan.cuh",
+)
+
+_UPGRADES = ("make_forward_metadata_from_raw_decode", "make_forward_metadata_from_raw_verify")
+# where raw decode and verify metadata become built metadata: lazily at the forward's first
+# layer until 0.5.12.post1, in the backend's in-graph init (recorded by a captured graph) after
+LAZY_UPGRADE = Hop(CUDA_BACKEND, "DeepseekV4AttnBackend._maybe_upgrade_forward_metadata", mentions=_UPGRADES)
+IN_GRAPH_UPGRADE = Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata_in_graph", mentions=_UPGRADES)
+
+_RAW_VERIFY_PLAN = Hop(
+    CUDA_BACKEND, "DeepseekV4AttnBackend.make_forward_metadata_from_raw_verify",
+    mentions=("create_paged_compressor_data", "seq_lens_cpu=None", "compress_ratio=4"),
+)
+_PLAN_BUILDER = Hop(COMPRESSOR, "create_paged_compressor_data", mentions=("CompressorPrefillPlan.generate",))
+_FIXED_DRAFT_PAD = ("kMaxMTPDraftTokens = 4", "std::min(ring_size - compress_ratio, kMaxMTPDraftTokens)")
+_FIXED_DRAFT_PAD_WHY = (
+    "target-verify metadata is kept raw (SGLANG_PREP_IN_CUDA_GRAPH's default) and upgraded from "
+    "device lengths, so the C4 write plan comes from "
+    "the device planner, which keeps at most min(ring - ratio, 4) trailing draft tokens resident: "
+    "with more than 4 draft tokens the compress-state ring is under-written"
+)
+_VERIFY_KEPT_RAW = Hop(
+    CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata_target_verify",
+    mentions=("SGLANG_PREP_IN_CUDA_GRAPH", "DSV4RawVerifyMetadata"),
+)
+_COMPRESSOR_V2_DEFAULT = Hop(ENVIRON, "Envs", mentions=("SGLANG_OPT_USE_COMPRESSOR_V2 = EnvBool(True)",))
+
+
+def _planned_verify(planner: tuple[str, str], pad: tuple[str, ...], *before: Hop, lacks: tuple[str, ...] = ()
+                    ) -> tuple[Hop, ...]:
+    """Target verify's C4 write plan: from the raw metadata's upgrade to what the planner's
+    C++ source says of the resident draft tail."""
+    wrapper, source = planner
+    return (*before, _RAW_VERIFY_PLAN, _PLAN_BUILDER,
+            Hop(wrapper, "CompressorPrefillPlan.generate", mentions=("plan_prefill",)),
+            Hop(source, mentions=pad, lacks=lacks))
+
+
+_DRAFT_LAYER_UNCOMPRESSED = (
+    Hop(NEXTN_MODEL, mentions=("COMPRESS_RATIO_NEXTN_LAYER = 0",)),
+    Hop(NEXTN_MODEL, "DeepseekV4ModelNextN.__init__", mentions=("compress_ratio_override=COMPRESS_RATIO_NEXTN_LAYER",)),
+    Hop(MODEL, "MQALayer.__init__", mentions=("self.compress_ratio", "Compressor(")),
+)
+def draft_layers_store_no_compressed_kv(tree: SourceTree) -> str | None:
+    """Why no layer of ``tree``'s draft model reads compressed-KV values, with the code
+    that says so; None where the tree does not read so (a draft layer may compress)."""
+    route = Route((), False, _DRAFT_LAYER_UNCOMPRESSED, "")
+    if route_problems(tree, route):
+        return None
+    return f"the draft model's layers are built with compress ratio 0 and store no compressed KV ({route.cited()})"
+
+
+_DRAFT_EXTEND_LIVE_LOCATIONS = Hop(
+    CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata_out_graph",
+    mentions=("_GraphBucket.DRAFT_EXTEND", "init_forward_metadata_draft_extend(", "out_cache_loc=out_cache_loc,"),
+)
+_BUILT_MERGE = (
+    Hop(CUDA_BACKEND, "DSV4Metadata.copy_", mentions=("core_attn_metadata", "c4_compress_metadata")),
+    Hop(CUDA_BACKEND, "DSV4AttnMetadata.copy_",
+        mentions=("copy_fields", "c4_out_loc", "c128_out_loc", "c128_page_indices", "page_table")),
+)
+_REPLAY_MERGE = (
+    Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.replay_cuda_graph_metadata_from",
+        mentions=("cuda_graph_metadata_of_bucket_and_bs", ".copy_(")),
+    Hop(CUDA_BACKEND, "DSV4RawDecodeMetadata.copy_", mentions=("req_pool_indices", "seq_lens", "out_cache_loc")),
+    Hop(CUDA_BACKEND, "DSV4RawVerifyMetadata.copy_", mentions=("req_pool_indices", "seq_lens", "out_cache_loc")),
+    *_BUILT_MERGE,
+)
+
+
+def _page_table_per_forward(upgrade: Hop) -> tuple[Hop, ...]:
+    return (
+        upgrade,
+        Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.make_forward_metadata_from_raw_decode",
+            mentions=("make_core_attn_metadata",)),
+        Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.make_core_attn_metadata", mentions=("req_to_token", "page_table")),
+        *_BUILT_MERGE,
+    )
+
+
+_PAGE_TABLE_WHY = (
+    "every forward builds its page table afresh from req_to_token: decode upgrades its raw metadata "
+    "{where}, and a replay that merges built metadata copies the table into the captured one in place"
+)
+_NO_FP4_WRITE_METADATA = Route(
+    releases("0.5.12", "0.5.19"), False, (Hop(COMPRESSOR, lacks=("fp4_k_write_metadata",)),),
+    "no fp4 write metadata: the C4 compressor's store takes no per-forward fp4 rows",
+)
+
+
+def _fp4_per_forward(in_graph_prep: str) -> tuple[Hop, ...]:
+    return (
+        Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata",
+            mentions=("init_forward_metadata_in_graph",)),
+        Hop(DECODE_RUNNER, in_graph_prep, mentions=("init_forward_metadata_in_graph",)),
+        Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata_in_graph",
+            mentions=("prepare_fp4_k_write_metadata", "c4_compress_metadata", "c4_out_loc")),
+        Hop(COMPRESSOR, "CompressorBackendMixin._forward_compress_all_in_one",
+            mentions=('getattr(self.forward_metadata, "fp4_k_write_metadata", None)',)),
+    )
+
+
+_FP4_WHY = (
+    "the backend derives the fp4 write metadata from the forward's C4 plan and c4_out_loc once per "
+    "forward, before any layer (eagerly, and in the prep a graph records, so every replay redoes it); "
+    "every C4 layer only reads it"
+)
+
+COMPRESSED_QUESTIONS: tuple[Question, ...] = (
+    Question(
+        "compress-plan-fixed-draft-pad",
+        "the C4 write plan keeps a fixed 4 draft tokens resident in CUDA target verify (sglang#34189)",
+        (),
+        (
+            Route(releases("0.5.12", "0.5.12.post1"), True,
+                  _planned_verify(JIT_PLANNER, _FIXED_DRAFT_PAD, _COMPRESSOR_V2_DEFAULT, _VERIFY_KEPT_RAW,
+                                  LAZY_UPGRADE),
+                  _FIXED_DRAFT_PAD_WHY + " (compressor v2 is the default)"),
+            Route(releases("0.5.13", "0.5.14"), True,
+                  _planned_verify(JIT_PLANNER, _FIXED_DRAFT_PAD, _COMPRESSOR_V2_DEFAULT, _VERIFY_KEPT_RAW,
+                                  IN_GRAPH_UPGRADE),
+                  _FIXED_DRAFT_PAD_WHY + " (compressor v2 is the default)"),
+            Route(releases("0.5.15", "0.5.16"), True,
+                  _planned_verify(JIT_PLANNER, _FIXED_DRAFT_PAD, _VERIFY_KEPT_RAW, IN_GRAPH_UPGRADE),
+                  _FIXED_DRAFT_PAD_WHY),
+            Route(releases("0.5.17", "0.5.17"), True,
+                  _planned_verify(KERNELS_PLANNER, _FIXED_DRAFT_PAD, _VERIFY_KEPT_RAW, IN_GRAPH_UPGRADE),
+                  _FIXED_DRAFT_PAD_WHY),
+            Route(releases("0.5.18"), False,
+                  _planned_verify(KERNELS_PLANNER, ("ring_size - window_size + 2",), IN_GRAPH_UPGRADE,
+                                  lacks=("kMaxMTPDraftTokens",)),
+                  "the planner's resident tail is derived from the compress-state ring (ring - window + 2), "
+                  "not from a fixed draft count"),
+        ),
+    ),
+    Question(
+        "draft-step-compressed-locations",
+        "every multi-step draft step given the whole out_cache_loc for its c4/c128 locations "
+        "(sglang#24750, sglang#26239)",
+        (),
+        (
+            Route(releases("0.5.12", "0.5.12.post1"), False,
+                  (*_DRAFT_LAYER_UNCOMPRESSED, Hop(CUDA_BACKEND, lacks=("per_step_draft_out_cache_loc",))),
+                  "the backend takes no per-step slice of out_cache_loc for draft metadata, but "
+                  "DeepSeek-V4's draft layer is built with compress ratio 0: no draft step stores "
+                  "compressed KV, so no layer reads a draft step's c4/c128 locations"),
+            Route(releases("0.5.13"), False,
+                  (*_DRAFT_LAYER_UNCOMPRESSED,
+                   Hop(CUDA_BACKEND, "DeepseekV4AttnBackend._build_forward_metadata",
+                       mentions=("per_step_draft_out_cache_loc(", "speculative_step_id"))),
+                  "each draft step's metadata takes its own slice of out_cache_loc, and the draft layer "
+                  "(compress ratio 0) stores no compressed KV anyway"),
+        ),
+    ),
+    Question(
+        "draft-extend-bucket-zero-locations",
+        "a CUDA draft-extend graph bucket replayed with zero write locations (sglang#27091 review)",
+        (),
+        (
+            Route(releases("0.5.12", "0.5.12.post1"), False,
+                  (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata_replay_cuda_graph",
+                       mentions=("_GraphBucket.DRAFT_EXTEND", "init_forward_metadata_draft_extend(")),
+                   Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata_draft_extend",
+                       mentions=("seq_lens.new_zeros(num_tokens)", "need_compress=False")),
+                   Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.store_cache",
+                       mentions=("raw_loc = forward_batch.out_cache_loc",)),
+                   *_DRAFT_LAYER_UNCOMPRESSED),
+                  "the bucket's replay metadata does get zero write locations, but they feed only the "
+                  "compressed locations, which draft extend never builds or stores (need_compress=False, "
+                  "draft layer ratio 0); SWA stores translate the forward's own out_cache_loc"),
+            Route(releases("0.5.13"), False, (_DRAFT_EXTEND_LIVE_LOCATIONS,),
+                  "the draft-extend bucket's replay metadata is built from the forward's own out_cache_loc, "
+                  "padded to the captured token count"),
+        ),
+    ),
+    Question(
+        "metadata-reallocated-per-replay",
+        "CUDA decode, verify or draft graph replay installs fresh metadata, so captured kernels read "
+        "old addresses (sglang#27664)",
+        (),
+        (
+            Route(RELEASES, False, _REPLAY_MERGE,
+                  "replay merges the fresh metadata into the bucket's captured object in place: raw decode "
+                  "and verify metadata (request slots, lengths, locations), which the prep recorded in the "
+                  "graph upgrades, or built metadata, whose copy_ copies the compressed locations, C128 page "
+                  "indices, page table and C4/C128 plans"),
+        ),
+    ),
+    Question(
+        "page-table-not-repopulated",
+        "a CUDA page table never repopulated, sending every compressed read to slot 0 (decode forwards "
+        "and full-graph replays; sglang#26019 review)",
+        (),
+        (
+            Route(releases("0.5.12", "0.5.12.post1"), False,
+                  _page_table_per_forward(LAZY_UPGRADE),
+                  _PAGE_TABLE_WHY.format(where="at its first layer (recorded in a captured graph)")),
+            Route(releases("0.5.13"), False,
+                  _page_table_per_forward(IN_GRAPH_UPGRADE),
+                  _PAGE_TABLE_WHY.format(where="in the prep a captured graph records")),
+        ),
+    ),
+    Question(
+        "hip-fp4-write-metadata-reused",
+        "HIP fp4 write metadata derived by the first C4 layer of a forward and reused by the rest",
+        (),
+        (
+            _NO_FP4_WRITE_METADATA,
+            Route(releases("0.5.20", "0.5.22"), False, _fp4_per_forward(_RUNNER_0_5_14[1]), _FP4_WHY),
+            Route(releases("0.5.23"), False, _fp4_per_forward(_RUNNER_0_5_23[1]), _FP4_WHY),
+        ),
+    ),
+)
+ALL_QUESTIONS = QUESTIONS + COMPRESSED_QUESTIONS
+
+_BY_KEY = {question.key: question for question in ALL_QUESTIONS}
 # whether the model reads a target's code in a forward mode: conditions of the problems, not problems
 MODE_QUESTIONS = ("ring-getter-in-verify", "ring-getter-in-extend")
 PROBLEMS = tuple(item for item in QUESTIONS if item.key not in MODE_QUESTIONS)
@@ -509,6 +762,12 @@ DRIVER_SWITCHES: tuple[DriverSwitch, ...] = (
         (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("request_window",)),),
     ),
     DriverSwitch(
+        "--enable-decoder-swa-bounded-replay", ("cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"), None,
+        (Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.init_forward_metadata",
+             mentions=("enable_decoder_swa_bounded_replay", "_build_late_layer_tail_metadata")),
+         Hop(CUDA_BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc", mentions=("late_layer_tail",))),
+    ),
+    DriverSwitch(
         "SGLANG_OPT_CACHE_SWA_TRANSLATION", POOL_TARGETS, "cache_swa_translation",
         (Hop(POOL, "DeepSeekV4TokenToKVPool.__init__",
              mentions=("SGLANG_OPT_CACHE_SWA_TRANSLATION", "_should_cache_swa")),
@@ -556,7 +815,7 @@ def needed_settings(target: str, version: str, features: set[str]) -> tuple[list
 
 def function_source(tree: SourceTree, hop: Hop) -> str | None:
     """The source of the hop's function (or file) in ``tree``, or None when it is not there."""
-    text, module = _parsed(tree, PACKAGE + hop.path)
+    text, module = _parsed(tree, hop.file)
     if text is None or not hop.function:
         return text
     body: list[ast.stmt] = module.body

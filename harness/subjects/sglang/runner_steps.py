@@ -23,6 +23,22 @@ replay, so a step may leave or reassign it (0.5.23's ``DSV4AttnMetadata.copy_`` 
 stores). The request window (``request_window_layout``, 0.5.21+) is a record with its own
 ``copy_`` and is left out here (None on both sides).
 
+The full replay's merge (``copy_``) is also judged for the compressed-KV fields the layers
+read inside the graph (:data:`ATTN_COMPRESSED_FIELDS`, each where the release declares it:
+``c4_out_loc``, ``c128_out_loc``, the compressed and SWA lengths, ``c128_page_indices``,
+``page_table``, ``swa_page_indices``, the V4.1 ``c1_*`` / ``c2_*`` from 0.5.21; the HIP
+unified record's ``c4_out_loc`` and ``c128_out_loc``), as a verdict of its own per step
+(``... copy_ (compressed-KV fields)``). Every one must end holding the replayed forward's
+values in the captured tensor: the copy list copies in place, and a field re-pointed (the
+assign list, or a plain assignment) or left out leaves the captured kernels reading the
+old storage. No release's in-graph init refills them on a decode or verify replay (0.5.18+'s
+CUDA one rebuilds the SWA indices for a DSpark draft block only, and the raw metadata it
+upgrades has a merge of its own), so none is exempt. The breakable refresh is not judged for them: it
+reference-assigns the tables its attention reads after a graph break (0.5.23's CUDA and
+HIP refreshes say so), and which of its fields captured kernels read is not modelled here.
+A step that raises (``copy_metadata`` asserts that every field is named) is a finding of
+both verdicts, with its message.
+
 What "refilled in graph" rests on: the backend names the field in the in-graph init the
 breakable graph records. Whether that init refills ``swa_out_cache_loc`` on a prefill
 (extend) replay is not checked here; 0.5.23's
@@ -102,6 +118,18 @@ UNIFIED_METADATA = "UnifiedKvMetadata"
 # the fields whose rows the SWA store getter returns (get_swa_out_cache_loc of both backends)
 ATTN_STORE_ROWS = ("swa_out_cache_loc",)
 UNIFIED_STORE_ROWS = ("swa_loc", "verify_store_state_slot", "pf_state_slot")
+# the compressed-KV fields the layers read inside a captured graph (each judged where the
+# release declares it): the compressed write locations, the compressed and SWA lengths, the
+# ratio-128 and SWA index tables and the page table; the V4.1 ratio-1/2 ones from 0.5.21
+ATTN_COMPRESSED_FIELDS = (
+    "c4_out_loc", "c128_out_loc", "c4_topk_lengths_raw", "c4_topk_lengths_clamp1", "c4_sparse_topk_lengths",
+    "c128_topk_lengths_raw", "c128_topk_lengths_clamp1", "c128_page_indices", "page_table", "swa_page_indices",
+    "swa_topk_lengths", "c1_out_loc", "c1_topk_lengths_clamp1", "c1_sparse_topk_lengths", "c2_out_loc",
+    "c2_topk_lengths_clamp1", "c2_sparse_topk_lengths",
+)
+# the HIP unified record's compressed write locations, offset by the unified SWA region
+UNIFIED_COMPRESSED_FIELDS = ("c4_out_loc", "c128_out_loc")
+COMPRESSED = "compressed-KV fields"
 IN_GRAPH_INIT = "init_forward_metadata_in_graph"
 # annotations of fields that hold plain configuration (compared, never copied)
 _PLAIN_ANNOTATIONS = ("int", "bool", "float", "str", "dict", "Tuple", "tuple", "List[int]", "Literal")
@@ -119,19 +147,24 @@ class Step:
     class_name: str
     method: str
     store_rows: tuple[str, ...]
+    compressed_rows: tuple[str, ...] = ()  # judged on the full replay's merge (copy_) only
 
     @property
     def name(self) -> str:
         return f"{self.backend} {self.class_name}.{self.method}"
 
+    @property
+    def judges_compressed_rows(self) -> bool:
+        return self.method == MERGE and bool(self.compressed_rows)
+
 
 STEPS = tuple(
-    Step(backend, path, backend_class, class_name, method, rows)
-    for backend, path, backend_class, class_name, rows in (
-        ("CUDA", CUDA_BACKEND_FILE, CUDA_BACKEND, ATTN_METADATA, ATTN_STORE_ROWS),
-        ("HIP", HIP_BACKEND_FILE, HIP_BACKEND, ATTN_METADATA, ATTN_STORE_ROWS),
+    Step(backend, path, backend_class, class_name, method, rows, compressed_rows)
+    for backend, path, backend_class, class_name, rows, compressed_rows in (
+        ("CUDA", CUDA_BACKEND_FILE, CUDA_BACKEND, ATTN_METADATA, ATTN_STORE_ROWS, ATTN_COMPRESSED_FIELDS),
+        ("HIP", HIP_BACKEND_FILE, HIP_BACKEND, ATTN_METADATA, ATTN_STORE_ROWS, ATTN_COMPRESSED_FIELDS),
         # the CUDA backend file has no unified record in any release
-        ("HIP", HIP_BACKEND_FILE, HIP_BACKEND, UNIFIED_METADATA, UNIFIED_STORE_ROWS),
+        ("HIP", HIP_BACKEND_FILE, HIP_BACKEND, UNIFIED_METADATA, UNIFIED_STORE_ROWS, UNIFIED_COMPRESSED_FIELDS),
     )
     for method in (REFRESH, MERGE)
 )
@@ -174,6 +207,7 @@ class StepReport:
     assigned: tuple[str, ...]
     untouched: tuple[str, ...]
     findings: tuple[str, ...]  # store-row fields left stale at the captured address
+    compressed_findings: tuple[str, ...] = ()  # compressed-KV fields left stale there (the merge only)
 
 
 def _recomputed_in_graph(tree: SourceTree, step: Step) -> frozenset[str]:
@@ -291,10 +325,27 @@ def check_step(bound: BoundStep, run: Callable[[Any, Any], None] | None = None) 
             findings.append(f"{name} is reference-assigned: the captured graph keeps the previous rows")
         elif name in untouched:
             findings.append(f"{name} is left untouched: the captured graph keeps the previous rows")
-    return StepReport(tuple(copied), tuple(assigned), tuple(untouched), tuple(findings))
+    return StepReport(tuple(copied), tuple(assigned), tuple(untouched), tuple(findings),
+                      _compressed_findings(bound, assigned, untouched))
+
+
+def _compressed_findings(bound: BoundStep, assigned: list[str], untouched: list[str]) -> tuple[str, ...]:
+    """The compressed-KV fields a full replay's merge leaves off the captured tensors: the
+    captured kernels read them by address, and nothing in the graph recomputes them."""
+    if not bound.step.judges_compressed_rows:
+        return ()
+    found = []
+    for name in bound.step.compressed_rows:
+        if name in assigned:
+            found.append(f"{name} is re-pointed to the replayed forward's tensor, not copied into the captured one: "
+                         "the captured kernels read the previous replay's values")
+        elif name in untouched:
+            found.append(f"{name} is left out of the merge: the captured tensor keeps the previous replay's values")
+    return tuple(found)
 
 
 KEPT = "store rows at the captured address"
+KEPT_COMPRESSED = "compressed-KV fields at the captured address"
 
 
 @dataclass(frozen=True)
@@ -306,6 +357,8 @@ class Verdict:
     findings: tuple[str, ...] = ()
     detail: str = ""  # what the step did to the fields, for a reader checking by hand
     absent: str = ""
+    kept: str = KEPT  # what no finding means
+
 
 
 def verdicts(tree: SourceTree) -> list[Verdict]:
@@ -314,18 +367,31 @@ def verdicts(tree: SourceTree) -> list[Verdict]:
     found, absent = bind_steps(tree)
     out = []
     for bound in found:
-        report = check_step(bound)
+        try:
+            report = check_step(bound)
+        except Exception as exc:  # noqa: BLE001 - the tree's step may raise anything: that is its answer
+            raised = (_raised(exc),)
+            report = StepReport((), (), (), raised, raised if bound.step.judges_compressed_rows else ())
         refilled = sorted(bound.recomputed_in_graph & set(bound.fields))
         out.append(Verdict(bound.step.name, report.findings,
                            f"copied {', '.join(report.copied) or '-'}; assigned {', '.join(report.assigned) or '-'}; "
                            f"refilled in graph {', '.join(refilled) or '-'}"))
+        if bound.step.judges_compressed_rows:
+            judged = [name for name in bound.step.compressed_rows if _is_tensor(bound.fields.get(name, ""))]
+            out.append(Verdict(f"{bound.step.name} ({COMPRESSED})", report.compressed_findings,
+                               f"judged {', '.join(judged) or '-'}", kept=KEPT_COMPRESSED))
     out += [Verdict(name, absent=why) for name, why in absent.items()]
+    out += [Verdict(f"{step.name} ({COMPRESSED})", absent=absent[step.name])
+            for step in STEPS if step.judges_compressed_rows and step.name in absent]
     for backend in ("CUDA", "HIP"):
         name = f"{backend} {GRAPH_REPLAY}"
         try:
             report, on_captured = check_graph_replay(tree, backend)
         except BindError as exc:
             out.append(Verdict(name, absent=str(exc)))
+            continue
+        except Exception as exc:  # noqa: BLE001 - the merges it calls may raise anything: that is their answer
+            out.append(Verdict(name, (_raised(exc),)))
             continue
         problems = report.findings + (() if on_captured else ("the backend runs on the fresh metadata, "
                                                               "not the captured one",))
@@ -334,6 +400,8 @@ def verdicts(tree: SourceTree) -> list[Verdict]:
         early = check_early_verify_install(tree)
     except BindError as exc:
         out.append(Verdict(EARLY_VERIFY_INSTALL, absent=str(exc)))
+    except Exception as exc:  # noqa: BLE001 - as above
+        out.append(Verdict(EARLY_VERIFY_INSTALL, (_raised(exc),)))
     else:
         problems = tuple(text for ok, text in (
             (early.kept_address, "swa_out_cache_loc is not the captured tensor after the install"),
@@ -344,11 +412,15 @@ def verdicts(tree: SourceTree) -> list[Verdict]:
     return out
 
 
+def _raised(exc: Exception) -> str:
+    return f"the step raised {type(exc).__name__}: {exc}"
+
+
 def describe(tree: SourceTree) -> list[str]:
     """One line per step of ``tree``: what it did to the fields, and its findings (or why it
     is absent)."""
     return [f"{v.step}: absent ({v.absent})" if v.absent else
-            f"{v.step}: {v.detail + ': ' if v.detail else ''}{'; '.join(v.findings) or KEPT}"
+            f"{v.step}: {v.detail + ': ' if v.detail else ''}{'; '.join(v.findings) or v.kept}"
             for v in verdicts(tree)]
 
 

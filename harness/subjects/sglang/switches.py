@@ -27,6 +27,7 @@ from .locate import RELEASES, SourceTree, release_key
 
 ENVIRON = "sglang/srt/environ.py"
 REQUEST_WINDOW_SWITCH = "--enable-encoder-swa-bounded-replay"
+DECODER_REPLAY_SWITCH = "--enable-decoder-swa-bounded-replay"
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Switch:
     effect: str
     defaults: tuple[tuple[str, str | None, bool | None], ...]  # (first, last, default) release ranges
     fixed: str = ""  # what the releases without the switch do
+    # the value a declared default of None stands for (a server argument resolved at start-up)
+    unresolved: bool | None = None
 
     def default(self, version: str) -> bool | None:
         key = release_key(version)
@@ -85,6 +88,17 @@ SWITCHES: tuple[Switch, ...] = (
         "DeepSeek-V4.1 and CUDA only",
         (("0.5.21", None, False),),
         fixed="before 0.5.21: no request window",
+    ),
+    Switch(
+        DECODER_REPLAY_SWITCH,
+        ("sglang/srt/arg_groups/fields/exec_.py",), "enable_decoder_swa_bounded_replay",
+        "the DeepSeek-V4.1 layers from the model's late_layer_start store only each extend's last "
+        "sliding-window rows (the backend's late-layer tail metadata); 0.5.23 declares no default and "
+        "resolves it at start-up (validate_deepseek_v41_features: on for DeepSeek-V4.1 where supported), "
+        "which swafuzz's DeepSeek-V4 takes as off",
+        (("0.5.21", None, False),),
+        fixed="before 0.5.21: every layer stores every row",
+        unresolved=False,
     ),
 )
 
@@ -210,7 +224,8 @@ def declared_environment(tree: SourceTree) -> dict[str, Any]:
 
 def declared_default(tree: SourceTree, item: Switch) -> bool | None:
     """The default ``tree`` declares for ``item``: ``NAME = EnvBool(True)`` in a class body,
-    or ``name: A[...] = False`` for a server-argument field; None when it declares none."""
+    or ``name: A[...] = False`` for a server-argument field (``= None``, resolved at start-up:
+    ``item.unresolved``); None when it declares none."""
     for path in item.declared_in:
         text = tree.read(path)
         if text is None:
@@ -219,17 +234,20 @@ def declared_default(tree: SourceTree, item: Switch) -> bool | None:
             if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == item.field for t in node.targets
             ):
-                return _literal_bool(node.value)
+                return _literal_bool(node.value, item.unresolved)
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == item.field:
-                return _literal_bool(node.value)
+                return _literal_bool(node.value, item.unresolved)
     return None
 
 
-def _literal_bool(value: ast.expr | None) -> bool | None:
+def _literal_bool(value: ast.expr | None, unresolved: bool | None = None) -> bool | None:
+    """The boolean ``value`` declares; ``unresolved`` where it declares None (resolved later)."""
     if isinstance(value, ast.Call) and value.args:  # EnvBool(True)
         value = value.args[0]
     if isinstance(value, ast.Constant) and isinstance(value.value, bool):
         return value.value
+    if isinstance(value, ast.Constant) and value.value is None:
+        return unresolved
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...api import CodeNames
 from ..info import SubjectInfo
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
 from .drivers import (
@@ -29,6 +30,7 @@ from .drivers import (
 )
 from .faults import defined_at, told_in_sglang_terms
 from .locate import SourceTree
+from .late_layer_tail import bind_tail_code
 from .request_window import bind_window_code
 
 POOL_FILE = "sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
@@ -42,6 +44,14 @@ WINDOW_GETTER = "get_swa_out_cache_loc"
 # the subject methods the executor calls, each of which runs SGLang code
 LIFECYCLE = ("register_mapping", "init_forward_metadata", "swa_write_location", "init_capture_metadata",
              "init_graph_metadata", "init_replay_metadata")
+
+# what SGLang code is handed of the engine's, by the names it knows it by
+HANDED_AS = {
+    "out_cache_loc": "forward_batch.out_cache_loc",
+    "positions": "forward_batch.positions",
+    "req_pool_indices": "forward_batch.req_pool_indices",
+    "mapping": f"{POOL_CLASS}.full_to_swa_index_mapping",
+}
 
 # the ring getter and the producer of the rows it caches (decode metadata)
 RING_METHODS = ("get_unified_swa_loc", "_attach_unified_kv_decode_streams")
@@ -78,6 +88,10 @@ class Target:
     # the getter's request-window branch (0.5.21+): the driver's pool holds the tree's own
     # RequestWindow when the run sets the window's switch
     drives_request_window: bool = False
+    # the getter's late-layer tail branch (0.5.21+): the driver's extends run their late
+    # layers on the tail metadata it builds with the tree's late_layer_tail_layout when the
+    # run sets decoder SWA bounded replay
+    drives_late_layer_tail: bool = False
 
     @property
     def subject_name(self) -> str:
@@ -91,24 +105,38 @@ class Target:
         return bind(tree, self.code, stand_ins, STAND_IN_ATTRIBUTES, mode, supplied)
 
     def subject(self, binding: Binding, environment: EngineEnvironment,
-                window: tuple[Any, str] = (None, "")) -> type[SglangSubject]:
+                window: tuple[Any, str] = (None, ""), tail: tuple[Any, str] = (None, "")) -> type[SglangSubject]:
         """The driver over ``binding``: its findings name the SGLang function that answers
         (the entry method, at its ``def`` line), and what SGLang code raises in it is told
-        as that code's fault (:mod:`.faults`). ``window``: the tree's request window for the
-        driver, or None and why it has none."""
+        as that code's fault (:mod:`.faults`). ``window``, ``tail``: the tree's request
+        window and late-layer tail layout for the driver, or None and why it has none."""
         version = (binding.version or "source").replace(".", "_")
         class_name = f"Sglang_{self.name.replace('-', '_')}_{version}_{binding.mode}"
         entry = next(bound.methods[self.called_as[0]] for bound in binding.classes.values()
                      if self.called_as[0] in bound.methods)
         function, place = defined_at(entry)
+        runs = self._runs(binding)
         window_code, window_absent = window
+        tail_code, tail_absent = tail
         return type(class_name, (self.driver,), {
             "binding": binding, "environment": environment, "__doc__": f"{self.summary} ({binding.label}).",
             "answered_by": f"{function} ({place}) {self.driver.answer_verb}",
+            "code_names": CodeNames({method: " and ".join(f"{name} ({at})" for name, at in found)
+                                     for method, found in runs.items()}, HANDED_AS),
             "window_code": window_code, "window_absent": window_absent,
+            "tail_code": tail_code, "tail_absent": tail_absent,
             **{name: told_in_sglang_terms(getattr(self.driver, name)) for name in LIFECYCLE},
             **dict(self.driver_settings),
         })
+
+    def _runs(self, binding: Binding) -> dict[str, list[tuple[str, str]]]:
+        """Per driver method, the bound SGLang functions it runs, each named and placed at its
+        ``def`` line (the store call runs the entry method); a method that runs none is left out."""
+        defined = {name: function for bound in binding.classes.values() for name, function in bound.methods.items()}
+        runs = {**self.driver.runs, "swa_write_location": (self.called_as[0],)}
+        found = {method: [defined_at(defined[name]) for name in functions if name in defined]
+                 for method, functions in runs.items()}
+        return {method: functions for method, functions in found.items() if functions}
 
     def request_window(self, tree: SourceTree, mode: str, binding: Binding) -> tuple[Any, str]:
         """The tree's request window where the bound getter has a branch for it, else None
@@ -123,12 +151,26 @@ class Target:
         except BindError as exc:
             return None, f"{binding.label}: the request window does not bind ({exc})"
 
+    def late_layer_tail(self, tree: SourceTree, mode: str, binding: Binding) -> tuple[Any, str]:
+        """The tree's ``late_layer_tail_layout`` where the bound getter has a branch for the
+        tail, else None and why not."""
+        if not self.drives_late_layer_tail:
+            return None, f"{self.subject_name} has no late-layer tail branch"
+        getter = binding.classes[dict(self.driver_settings)["backend_class_name"]].methods[WINDOW_GETTER]
+        if "late_layer_tail" not in getter.__code__.co_names:
+            return None, f"{binding.label}: {WINDOW_GETTER} has no late-layer tail branch"
+        try:
+            return bind_tail_code(tree, mode), ""
+        except BindError as exc:
+            return None, f"{binding.label}: late_layer_tail_layout does not bind ({exc})"
+
     def info(self, tree: SourceTree, mode: str = "source", name: str | None = None,
              supplied: Mapping[str, Any] | None = None) -> SubjectInfo:
         """The target bound from ``tree``, not yet configured (:mod:`.configure`)."""
         environment = EngineEnvironment()
         binding = self.bind(tree, mode, supplied, environment)
-        subject = self.subject(binding, environment, self.request_window(tree, mode, binding))
+        subject = self.subject(binding, environment, self.request_window(tree, mode, binding),
+                               self.late_layer_tail(tree, mode, binding))
         return SubjectInfo(
             name or self.subject_name, subject, expected="unknown", kind="sglang",
             summary=f"{self.summary} ({binding.label})",
@@ -165,7 +207,7 @@ TARGETS: tuple[Target, ...] = (
          *_metadata_records(CUDA_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", CUDA_BACKEND),),
-        called_as=("get_swa_out_cache_loc",), drives_request_window=True,
+        called_as=("get_swa_out_cache_loc",), drives_request_window=True, drives_late_layer_tail=True,
     ),
     Target(
         "hip-swa-out-cache-loc",
@@ -175,7 +217,7 @@ TARGETS: tuple[Target, ...] = (
          *_metadata_records(HIP_BACKEND_FILE)),
         first="0.5.13",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
-        called_as=("get_swa_out_cache_loc",), drives_request_window=True,
+        called_as=("get_swa_out_cache_loc",), drives_request_window=True, drives_late_layer_tail=True,
     ),
     Target(
         "hip-unified-swa-loc",

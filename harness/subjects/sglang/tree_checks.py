@@ -1,6 +1,6 @@
 """The checks that run a tree's own code on generated inputs, outside the fuzzer.
 
-Three tables of SGLang code are checked this way, each against :mod:`swafuzz.reference`:
+These tables of SGLang code are checked this way, each against :mod:`swafuzz.reference`:
 
 - the producers of the rows the stores write (:mod:`.producers`), run on
   :func:`producer_batches`: decode-like, target-verify-like, ragged extend, prefill, a
@@ -10,7 +10,11 @@ Three tables of SGLang code are checked this way, each against :mod:`swafuzz.ref
   the ``triton`` extra is installed, and *not checked* where it is not;
 - the builders of the per-step index tables (:mod:`.tables`: page table, SWA indices and
   lengths, the C4 top-k table, compress-state ring rows), one check per SGLang function,
-  the Triton ones likewise only where triton is installed.
+  the Triton ones likewise only where triton is installed;
+- the readers of the compressed-KV values (:mod:`.readers`: the compressor's
+  ``_get_out_loc``, the rows ``forward_unified`` hands each compressor store, and each
+  multi-step draft step's slots and compressed locations), on metadata the tree's own
+  ``init_compression_metadata`` made, so likewise only with triton.
 
 Each check of a tree ends as one :class:`TreeCheck`: *right*, *wrong* (the first wrong row
 and the batch that showed it), *absent* (the tree lacks the code, with why) or *not checked*
@@ -34,10 +38,10 @@ import torch
 
 from ...errors import BindError, StandInGap, SglangUnavailable
 from ...names import EXIT_OK, EXIT_USAGE
-from . import compressed, locate, runner_steps, tables
+from . import compressed, locate, readers, runner_steps, tables
 from .producers import Batch, bind_producers, check, idle
 
-PRODUCER, RUNNER_STEP, KERNEL = "producer", "runner step", "kernel"
+PRODUCER, RUNNER_STEP, KERNEL, READER = "producer", "runner step", "kernel", "reader"
 COMPRESSED_VALUES = f"{compressed.KERNEL_ENTRY} (compressed-KV values)"
 RIGHT, WRONG, ABSENT, GAP = "right", "wrong", "absent", "not checked"
 PRODUCER_WINDOWS = (8, 128)
@@ -49,7 +53,7 @@ class TreeCheck:
     """One producer or runner step of one tree: ``detail`` is the first wrong row and its
     batch (wrong), why the tree lacks it (absent) or what swafuzz cannot run (not checked)."""
 
-    kind: str  # PRODUCER, RUNNER_STEP or KERNEL
+    kind: str  # PRODUCER, RUNNER_STEP, KERNEL or READER
     name: str  # the SGLang function, as the producers' and runner steps' tables name it
     outcome: str  # RIGHT, WRONG, ABSENT or GAP
     detail: str = ""
@@ -161,8 +165,30 @@ def check_tables(tree: locate.SourceTree) -> list[TreeCheck]:
     return checks
 
 
+def check_readers(tree: locate.SourceTree, names: tuple[str, ...] | None = None) -> list[TreeCheck]:
+    """Each reader of the compressed-KV values (:data:`readers.READERS`; those ``names``
+    where given) as a check."""
+    checks = []
+    for reader in (r for r in readers.READERS if names is None or r.name in names):
+        try:
+            found = readers.check_reader(reader, tree)
+        except BindError as exc:
+            checks.append(_not_there(READER, reader.name, str(exc)))
+            continue
+        if not found.ran:
+            checks.append(TreeCheck(READER, reader.name, GAP, found.reason))
+        elif found.wrong:
+            unread = reader.unread(tree) if reader.unread and not found.raised else None
+            checks.append(TreeCheck(READER, reader.name, WRONG, (f"never read: {unread}; " if unread else "")
+                                    + f"{'; '.join(found.wrong)} ({found.batch})"))
+        else:
+            checks.append(TreeCheck(READER, reader.name, RIGHT, "every row matches the truth"))
+    return checks
+
+
 def check_tree(tree: locate.SourceTree, seed: int = 0) -> list[TreeCheck]:
-    return check_producers(tree, seed) + check_runner_steps(tree) + check_compressed_values(tree) + check_tables(tree)
+    return (check_producers(tree, seed) + check_runner_steps(tree) + check_compressed_values(tree) + check_tables(tree)
+            + check_readers(tree))
 
 
 _ROWS = re.compile(r"^(?P<field>\w[\w ]*?): got (?P<got>\[[^\]]*\]), want (?P<want>\[[^\]]*\])$")
