@@ -146,7 +146,7 @@ class GraphForwards:
     def _replay(self, plan: ForwardPlan, graph: Any) -> None:
         """Replay ``graph``, the recorded work of the subject's graph metadata and stores,
         and check the inputs once it has run."""
-        for method in ("init_graph_metadata", "swa_write_location"):
+        for method in ("init_graph_metadata", "swa_write_location", *(("per_step_value",) if self.value_reads else ())):
             self.inputs.ran(method)
         self.calls.invoke(Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
@@ -171,8 +171,8 @@ class GraphForwards:
                 # the consumer a store kernel would be: it reads the returned tensor by address
                 sinks[index].copy_(out)
             for quantity in self.value_reads.get(layer_id, ()):
-                value = invoke(where, f"per_step_value for {quantity.name} ({phase})", call_method, subject,
-                               "per_step_value", static, layer_id, quantity.name)
+                value = method(where, subject, "per_step_value", static, layer_id, quantity.name,
+                               phase=phase, about=quantity.name)
                 problem = self.judge.shape_problem(self.progress.site(where), value, plan.graph_batch_size, quantity)
                 if problem is not None:
                     raise Stop(problem)

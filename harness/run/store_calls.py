@@ -16,7 +16,7 @@ from ..api import ForwardBatch, Subject
 from ..quantities import Quantity
 from ..reference import ForwardPlan, StepInputs
 
-from .calls import SubjectCalls, call_method
+from .calls import SubjectCalls
 from .devices import HostTimeline
 from .guard import SubjectFailure, SubjectTimeout, failure_of
 from .judge import Judge, matches
@@ -58,8 +58,8 @@ class StoreCalls:
                 mb: int, layer_id: int) -> None:
         """Ask ``subject`` for each per-step value ``layer_id`` reads and check it."""
         for quantity in self.value_reads.get(layer_id, ()):
-            out = self.calls.invoke(Where(plan, step, mb, layer_id), f"per_step_value for {quantity.name}",
-                                    call_method, subject, "per_step_value", batches[mb], layer_id, quantity.name)
+            out = self.calls.method(Where(plan, step, mb, layer_id), subject, "per_step_value", batches[mb], layer_id,
+                                    quantity.name, about=quantity.name)
             self.timeline.settle()
             self.judge.check_value(plan, step, mb, layer_id, quantity, out, self.progress.call - 1)
 
