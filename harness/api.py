@@ -11,7 +11,10 @@ pool and attention backend:
    (idle forwards under speculative decoding), leaving the previous metadata in place.
 3. Per SWA-storing layer (ascending within the stage, micro-batches interleaved),
    ``swa_write_location(batch, layer_id)`` returns the rows the layer writes: int32, one per
-   row of the batch, on the batch's device.
+   row of the batch, on the batch's device. A subject that lists per-step values in
+   ``answers`` (``swafuzz.quantities``) is then asked
+   ``per_step_value(batch, layer_id, name)`` for each of them that the layer reads (by its
+   compress ratio, ``ModelSpec.compress_ratio(layer_id)``).
 4. Multi-step draft forwards run step 1..k-1 with the same ``batch`` object: positions and
    ``out_cache_loc`` are new tensors and ``draft_step`` counts up; metadata is not rebuilt.
 5. Graph capture of a batch size calls ``init_capture_metadata(batch)`` once, then runs the
@@ -114,6 +117,8 @@ class ModelSpec:
     device: torch.device
     # the stage's layers that store SWA keys, ascending (hybrid models interleave others)
     swa_layers: tuple[int, ...]
+    # the model's compress ratio per layer id, as its config lists them (empty: SWA-only)
+    compress_ratios: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, config: EngineConfig, model: str, device: torch.device) -> "ModelSpec":
@@ -122,6 +127,7 @@ class ModelSpec:
             sliding_window=config.sliding_window, ring=config.ring, num_req_slots=config.num_req_slots,
             speculative=config.speculative, num_draft_tokens=config.num_draft_tokens,
             full_pool_size=config.full_pool_size, device=device, swa_layers=config.swa_layers,
+            compress_ratios=config.compress_ratios,
         )
 
     @property
@@ -132,6 +138,12 @@ class ModelSpec:
 
     def is_swa_layer(self, layer_id: int) -> bool:
         return layer_id in self.swa_layers
+
+    def compress_ratio(self, layer_id: int) -> int:
+        """``layer_id``'s compress ratio: 4 or 128 for a layer that also writes a compressed
+        KV cache, 0 for one that writes only SWA keys."""
+        ratios = self.compress_ratios
+        return ratios[layer_id] if layer_id < len(ratios) else 0
 
 
 @dataclass
@@ -206,6 +218,10 @@ class Subject:
     # the code that gives the answer, and how, named in finding sentences instead of
     # swa_write_location: "Backend.get_loc (backend.py:120) returned"; None: not named
     answered_by: ClassVar[str | None] = None
+    # the per-step values answered beside the SWA write location, by their names in
+    # swafuzz.quantities.QUANTITIES ("c4_out_loc", ...): each is asked of every layer that
+    # reads it through per_step_value
+    answers: ClassVar[tuple[str, ...]] = ()
     # what the code under test runs in each method and the names it knows its inputs by, for
     # the sentences of timeouts and writes into inputs; None: the subject API's names
     code_names: ClassVar[CodeNames | None] = None
@@ -229,6 +245,11 @@ class Subject:
 
     def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} does not implement swa_write_location")
+
+    def per_step_value(self, batch: ForwardBatch, layer_id: int, quantity: str) -> torch.Tensor:
+        """The value named ``quantity`` (one of :attr:`answers`) that layer ``layer_id``
+        reads: one row per row of the batch, in the quantity's dtype, on the batch's device."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement per_step_value")
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         self.init_forward_metadata(batch)

@@ -19,6 +19,8 @@ SCENARIO_VERSION = 1
 
 MODES = ("decode", "extend", "verify", "draft", "draft_extend", "idle")
 MUTATIONS = ("relocate", "register_mapping")
+# a DeepSeek-V4 layer's compress ratio: a C4 or C128 layer, or (0) an SWA-only one
+MODEL_COMPRESS_RATIOS = (0, 4, 128)
 
 
 # The largest value swafuzz accepts for each size in a scenario, checked before the engine
@@ -40,6 +42,7 @@ LIMITS: dict[str, int] = {
     "graph_warmups": 8,
     "graph_batch_sizes": 4096,
     "non_swa_layers": 1023,
+    "compress_ratios": 128,
     # events
     "count": 4096,
     "request": 2**31 - 1,
@@ -170,6 +173,10 @@ class EngineConfig:
     # eager runs of the forward on the static buffers before each capture; every release
     # 0.5.12 .. 0.5.23 runs two (reference/LIFECYCLE.md)
     graph_warmups: int = 2
+    # the model's compress ratio per layer id (SGLang's model config ``compress_ratios``): 4
+    # and 128 layers also write a compressed KV cache, 0 layers only their SWA keys; empty:
+    # every layer is SWA-only
+    compress_ratios: tuple[int, ...] = ()
 
     @property
     def ring(self) -> int:
@@ -213,6 +220,13 @@ class EngineConfig:
                     f"{w}.non_swa_layers",
                     f"layer {layer} is outside the stage [{self.start_layer}, {self.end_layer})",
                 )
+        if self.compress_ratios:
+            if len(self.compress_ratios) < self.end_layer:
+                raise _fail(f"{w}.compress_ratios", f"needs a ratio for each of the {self.end_layer} layers "
+                                                    f"up to end_layer, got {len(self.compress_ratios)}")
+            unknown = sorted(set(self.compress_ratios) - set(MODEL_COMPRESS_RATIOS))
+            if unknown:
+                raise _fail(f"{w}.compress_ratios", f"ratios must be among {MODEL_COMPRESS_RATIOS}, got {unknown}")
         if self.sliding_window < 1:
             raise _fail(f"{w}.sliding_window", f"must be >= 1 (a zero ring holds nothing), got {self.sliding_window}")
         if self.num_draft_tokens < 1:
@@ -258,10 +272,19 @@ class EngineConfig:
         return cls(**values).validate()
 
     def to_dict(self) -> dict:
-        return {
+        # an SWA-only model's configuration reads as before compress ratios existed
+        data = {
             f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
             for f in dataclasses.fields(self)
         }
+        if not self.compress_ratios:
+            del data["compress_ratios"]
+        return data
+
+    def compress_ratio(self, layer_id: int) -> int:
+        """The compress ratio of ``layer_id`` (0: it writes only SWA keys)."""
+        ratios = self.compress_ratios
+        return ratios[layer_id] if layer_id < len(ratios) else 0
 
 
 @dataclass(frozen=True)

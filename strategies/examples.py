@@ -13,6 +13,7 @@ def _scenario(config: dict, events: list[dict]) -> Scenario:
     return Scenario.from_dict({"config": config, "events": events})
 
 
+_ONE = {"op": "admit", "count": 1}
 _TWO = {"op": "admit", "count": 2}
 
 EXAMPLES: dict[str, Scenario] = {
@@ -75,5 +76,36 @@ EXAMPLES: dict[str, Scenario] = {
     "graph-replay": _scenario(
         {"start_layer": 0, "end_layer": 2},
         [_TWO, {"op": "forward", "requests": [0, 1], "graph": True}],
+    ),
+    # The compressed write locations (swafuzz.quantities) of a model with C4 and C128 layers.
+    # A C4 value differs from the dummy only at a token completing a group of 4, so each
+    # example first brings a request to such a position.
+    # an idle forward that skips metadata init, padded to the last forward's rows
+    "compressed-idle-skips-init": _scenario(
+        {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 2, "compress_ratios": [4, 128]},
+        [_ONE, {"op": "forward", "mode": "extend", "requests": [0], "tokens": [4]},
+         {"op": "forward", "mode": "idle", "skip_init": True, "pad": 4}],
+    ),
+    # a pipeline stage that starts after the model's first compressed layer
+    "compressed-pipeline-stage": _scenario(
+        {"start_layer": 1, "end_layer": 3, "compress_ratios": [4, 4, 128]},
+        [_ONE, *[{"op": "forward", "requests": [0]}] * 4],
+    ),
+    # multi-step draft decode reaching a C4 group's last token at draft step 1
+    "compressed-multi-step-draft": _scenario(
+        {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 4, "compress_ratios": [4, 128]},
+        [_ONE, {"op": "forward", "mode": "extend", "requests": [0], "tokens": [2]},
+         {"op": "forward", "mode": "draft", "requests": [0], "steps": 3}],
+    ),
+    # a graph replay whose token completes a C4 group
+    "compressed-graph-replay": _scenario(
+        {"start_layer": 0, "end_layer": 2, "compress_ratios": [4, 128]},
+        [_ONE, {"op": "forward", "mode": "extend", "requests": [0], "tokens": [3]},
+         {"op": "forward", "requests": [0], "graph": True}],
+    ),
+    # target-verify of 8 draft tokens, the last completing a C4 group
+    "compressed-verify-eight-drafts": _scenario(
+        {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 8, "compress_ratios": [4, 128]},
+        [_ONE, {"op": "forward", "mode": "verify", "requests": [0]}],
     ),
 }

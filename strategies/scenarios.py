@@ -68,6 +68,11 @@ MAX_RUN = 128
 # Plain decode forwards per long-horizon scenario: twice an 8-bit step counter's period, so a
 # counter or table that wraps at 256 goes stale wherever the runs start.
 MAX_LONG_RUN = 512
+# Compressed scenarios: extends up to this many tokens per request cross a C128 group, and
+# up to this many draft tokens exceed the 4 a compress write plan was once padded to (#34189).
+LONG_EXTEND = 160
+LONG_EXTEND_REQUESTS = 4  # the most requests of an extend that may take that many
+MAX_COMPRESSED_DRAFT_TOKENS = 8
 
 
 REALISTIC_FEATURES = {
@@ -153,6 +158,7 @@ class _Sim:
     # drawn when the first forward asks for a graph: an engine that replays none captures none
     graph_sizes: tuple[int, ...] = ()
     excluded: frozenset[str] = frozenset()  # restriction terms not to draw (strategies.restrictions)
+    compressed: bool = False  # extends may be long enough to cross a C128 group
 
     def allows(self, feature: str, mode: str) -> bool:
         """Whether a forward of ``mode`` may exercise ``feature`` here."""
@@ -169,21 +175,29 @@ class _Sim:
 
 
 def scenarios(profile: str = REALISTIC, long_horizon: bool = False,
-              excluded: frozenset[str] = frozenset()) -> st.SearchStrategy[Scenario]:
+              excluded: frozenset[str] = frozenset(), compressed: bool = False) -> st.SearchStrategy[Scenario]:
     """Valid scenarios of the given profile (the reference never rejects one); with
     ``long_horizon``, runs of plain decode forwards long enough to wrap a step counter.
     Terms of ``excluded`` (:func:`swafuzz.strategies.restrictions.scenarios_without`) that a
-    draw can leave out are left out; with none, the draws are the profile's own."""
+    draw can leave out are left out; with none, the draws are the profile's own.
+
+    ``compressed``: a DeepSeek-V4 model whose layers have compress ratios (the model
+    config's ``compress_ratios``, :func:`_compress_ratio_lists`), extends of a few requests
+    long enough to cross a C128 group (:data:`LONG_EXTEND` tokens) and up to
+    :data:`MAX_COMPRESSED_DRAFT_TOKENS` draft tokens, for subjects that answer the
+    compressed values. Without it no choice of these is drawn, so an SWA-only search draws
+    what it always drew."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    return _scenarios(profile == ADVERSARIAL, long_horizon, frozenset(excluded))
+    return _scenarios(profile == ADVERSARIAL, long_horizon, frozenset(excluded), compressed)
 
 
 # built once per profile (a fuzz run asks again for every run of examples); building and
 # validating a strategy costs more than a draw from it
 @lru_cache(maxsize=None)
 @st.composite
-def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[str]) -> Scenario:
+def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[str],
+               compressed: bool = False) -> Scenario:
 
     # The run of plain decodes comes first, as the index of a branch and the branch's
     # (length, place): the shrinker's first pass lowers small indices in order, so a failure
@@ -202,12 +216,14 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[
     sliding_window = draw(_small_or(1, 8, 128))
     speculative = draw(st.booleans())
     # a chain drafter runs num_draft_tokens - 1 steps: one where multi-step drafts are out
-    num_draft_tokens = draw(st.integers(2, 2 if DRAFT_MULTISTEP in excluded else 4)) if speculative else 1
+    most_draft_tokens = MAX_COMPRESSED_DRAFT_TOKENS if compressed else 4
+    num_draft_tokens = draw(st.integers(2, 2 if DRAFT_MULTISTEP in excluded else most_draft_tokens)) if speculative else 1
     draft_model = speculative and DRAFT_MODEL not in excluded and draw(st.booleans())
     full_page = draw(_PAGE_SIZES)
     swa_page = draw(_PAGE_SIZES)
+    compress_ratios = draw(_COMPRESS_RATIOS(start_layer + num_layers)) if compressed else ()
     sim = _Sim(adversarial, speculative, num_draft_tokens, stage, swa_layers,
-               run=run_length, run_before=run_before, excluded=excluded)
+               run=run_length, run_before=run_before, excluded=excluded, compressed=compressed)
     sim.admit(draw(_small_or(1, 2, 256)))
     drawing = _DRAWING.set(sim)
     try:
@@ -236,6 +252,7 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[
             swa_pool_size=max(2, swa_pages) * swa_page,
             draft_model=draft_model,
             graph_batch_sizes=sim.graph_sizes,
+            compress_ratios=compress_ratios,
         ).validate()
         return Scenario(config, tuple(events))
     except LimitExceeded:
@@ -294,6 +311,30 @@ def _token_counts(high: int, requests: int) -> st.SearchStrategy[list[int]]:
     hundreds (one count per request would cost a draw per request)."""
     return st.lists(st.integers(1, high), min_size=1, max_size=requests)
 
+
+@lru_cache(maxsize=1024)
+def _long_token_counts(high: int, requests: int) -> st.SearchStrategy[list[int]]:
+    """:func:`_token_counts`, each count sometimes up to :data:`LONG_EXTEND`: a prefill
+    that crosses a C128 group."""
+    return st.lists(_small_or(1, high, LONG_EXTEND), min_size=1, max_size=requests)
+
+
+@st.composite
+def _compress_ratio_lists(draw, layers: int) -> tuple[int, ...]:
+    """A DeepSeek-V4 model's compress ratio per layer: a few SWA-only layers first, then C4
+    and C128 layers alternating, and (sometimes) some SWA-only layers among them. It
+    shrinks toward C4 from the first layer on, and a model without SWA-only layers."""
+    lead = draw(_LEADING_SWA_ONLY)
+    first, second = (128, 4) if draw(st.booleans()) else (4, 128)
+    ratios = [0 if layer < lead else (first, second)[(layer - lead) % 2] for layer in range(layers)]
+    if draw(st.booleans()):
+        for layer in _subset(draw, range(lead, layers), max_size=max(1, layers // 4)):
+            ratios[layer] = 0
+    return tuple(ratios)
+
+
+_LEADING_SWA_ONLY = st.integers(0, 2)
+_COMPRESS_RATIOS = lru_cache(maxsize=None)(_compress_ratio_lists)
 
 _RUN_PLACES = st.integers(0, MAX_FORWARDS - 1)  # the interesting forward a run comes before
 _ANOTHER_FORWARD = st.integers(0, 2)  # 0 ends a scenario: two in three draws take one more forward
@@ -391,7 +432,10 @@ def _forward(draw) -> Event:
     tokens: tuple[int, ...] = ()
     if mode in ("extend", "draft_extend"):
         high = num_draft_tokens if mode == "draft_extend" else 8
-        pattern = draw(_token_counts(high, len(requests)))
+        # a prefill long enough to cross a C128 group, for a few requests at a time
+        long = sim.compressed and mode == "extend" and len(requests) <= LONG_EXTEND_REQUESTS
+        counts = _long_token_counts if long else _token_counts
+        pattern = draw(counts(high, len(requests)))
         tokens = tuple(pattern[i % len(pattern)] for i in range(len(requests)))
     steps = 1
     if mode == "draft":

@@ -33,6 +33,13 @@ DIVERGING = [info for info in CHECKABLE_ON_CPU if info.expected == DIVERGES]
 EQUIVALENTS = [info for info in BUILTIN_SUBJECTS if info.expected == EQUIVALENT]
 
 
+def _most_forwards(info) -> int:
+    """The forwards a shrunk failure may keep: two, or for a subject answering compressed
+    values four, since such a value differs from the dummy only at a token completing a
+    group of 4, and the plain decodes that bring a request there belong to the failure."""
+    return 4 if info.subject.answers else 2
+
+
 def _find(info, seed=0):
     """Search the realistic profile first; fall back to the adversarial one."""
     for profile in PROFILES:
@@ -50,7 +57,7 @@ def test_fuzzer_finds_and_shrinks_each_diverging_builtin(info):
     if result.profile == ADVERSARIAL:
         assert result.weakest_profile == ADVERSARIAL
     forwards, layers, requests = scenario_size(result.scenario)
-    assert forwards <= 2 and layers <= 3 and requests <= 2, result.scenario.to_dict()
+    assert forwards <= _most_forwards(info) and layers <= 3 and requests <= 2, result.scenario.to_dict()
     replay = run_scenario(info.subject, result.scenario)
     assert replay.divergence == result.divergence
     # when it was first seen, before shrinking took the rest of the run
@@ -79,7 +86,7 @@ def test_adversarial_profile_finds_and_shrinks_each_diverging_builtin_as_well(in
     result = fuzz(info, profile=ADVERSARIAL, settings="ci", seed=0, max_examples=1500)
     assert result.divergence is not None, f"{info.name}: no divergence in {result.examples} examples"
     forwards, layers, requests = scenario_size(result.scenario)
-    assert forwards <= 2 and layers <= 3 and requests <= 2, result.scenario.to_dict()
+    assert forwards <= _most_forwards(info) and layers <= 3 and requests <= 2, result.scenario.to_dict()
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -225,7 +225,9 @@ def test_an_idle_forward_that_skips_metadata_init_often_has_the_rows_of_the_forw
         return [(idle.pad, live_rows(before, scenario.config.num_draft_tokens)) for before, idle in pairwise(forwards)
                 if idle.mode == "idle" and idle.skip_init and before.requests]
 
-    pairs = [pair for pads in _measured(profile, idle_pads_after_a_live_forward, 600) for pair in pads]
+    # a large sample: Hypothesis draws constants from every module loaded, so the share varies
+    # with the code and with the tests that ran before
+    pairs = [pair for pads in _measured(profile, idle_pads_after_a_live_forward, 1200) for pair in pads]
     assert len(pairs) >= 20
     assert sum(pad == rows for pad, rows in pairs) >= len(pairs) / 4
 

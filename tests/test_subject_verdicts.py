@@ -51,22 +51,38 @@ _UNIFIED = {
     "skipped-metadata-init": stale("earlier_forward"),  # bug class 7
     "idle-replay-skips-init": stale("graph_capture"),  # bug class 8 (no copy into the capture)
     "graph-replay": stale("graph_capture"),  # bug class 8
+    # the same bug classes on a model with compressed layers: the SWA rows go stale alike
+    "compressed-multi-step-draft": stale("earlier_step"),
+    "compressed-graph-replay": stale("graph_capture"),
 }
-_UNIFIED_MTP_BYPASS = {k: v for k, v in _UNIFIED.items() if k != "multi-step-draft"}
+_UNIFIED_MTP_BYPASS = {k: v for k, v in _UNIFIED.items() if k not in ("multi-step-draft", "compressed-multi-step-draft")}
+# The compressed write locations: each design's one bug, on the example that triggers it; the
+# SWA write location, translated per layer, is right everywhere.
+_COMPRESSED = {
+    "compressed-idle-stale": {"compressed-idle-skips-init": ("padding", "earlier_forward")},
+    "compressed-unsliced": {"compressed-multi-step-draft": stale("earlier_step")},
+    "compressed-first-layer": {"compressed-pipeline-stage": stale("earlier_forward")},
+    "compressed-graph-assign": {"compressed-graph-replay": stale("graph_capture")},
+    # the fourth draft token's successors are left out of the plan: their entries go to the dummy
+    "compressed-draft-pad4": {"compressed-verify-eight-drafts": ("wrong_rows", "dummy")},
+}
 
 VERDICTS: dict[str, dict[str, tuple[str, str | None] | None] | str] = {
     "uncached": {},
     "uncached-ring": {},
     # keyed on the forward: graph capture warms up on the same batch, so the captured layers
     # hit the warm-up's rows and the graph never recomputes them
-    "step-keyed": {"graph-replay": stale("graph_capture"), "idle-replay-skips-init": stale("graph_capture")},
-    "step-keyed-ring": {"graph-replay": stale("graph_capture"), "idle-replay-skips-init": stale("graph_capture")},
+    "step-keyed": {"graph-replay": stale("graph_capture"), "idle-replay-skips-init": stale("graph_capture"),
+                   "compressed-graph-replay": stale("graph_capture")},
+    "step-keyed-ring": {"graph-replay": stale("graph_capture"), "idle-replay-skips-init": stale("graph_capture"),
+                        "compressed-graph-replay": stale("graph_capture")},
     # the key also says whether the call is being captured: the capture recomputes
     "step-keyed-capture": {},
     "step-keyed-capture-ring": {},
     "pool-start-layer": dict(_POOL_CACHE),
     # refreshes at layer 0, so a stage starting at layer 1 never refreshes (bug class 2)
-    "pool-layer0": {**_POOL_CACHE, "pipeline-stage": stale("earlier_forward")},
+    "pool-layer0": {**_POOL_CACHE, "pipeline-stage": stale("earlier_forward"),
+                    "compressed-pipeline-stage": stale("earlier_forward")},
     # release 0.5.12: register_mapping keeps the stale translation
     "pool-no-invalidate": {**_POOL_CACHE, "register-then-skip-start": stale("earlier_forward")},
     "unified-metadata": dict(_UNIFIED),
@@ -76,6 +92,7 @@ VERDICTS: dict[str, dict[str, tuple[str, str | None] | None] | str] = {
         "in-place-change-mid-forward": stale("old_mapping"),
         "multi-step-draft": stale("earlier_step"),
         "skipped-metadata-init": stale("earlier_forward"),
+        "compressed-multi-step-draft": stale("earlier_step"),
     },
     # ring rows in the merge's assign list: replay re-points the field, captured layers
     # keep reading the capture-time tensor
@@ -92,6 +109,8 @@ VERDICTS: dict[str, dict[str, tuple[str, str | None] | None] | str] = {
     # translates on a side stream without making the layers' stream wait: a race that only a
     # device with real streams can show, so the CPU refuses it instead of passing it
     "stream-unsynced": NOT_CHECKABLE_ON_CPU,
+    "compressed-metadata": {},
+    **_COMPRESSED,
 }
 
 _SUBJECTS = {info.name: info for info in BUILTIN_SUBJECTS}

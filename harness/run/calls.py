@@ -52,10 +52,11 @@ class SubjectCalls:
         runs, where the subject names that code."""
         return self.names.get(method, method)
 
-    def method(self, where: Where, subject: Subject, name: str, *args, phase: str = ""):
-        """A call of the subject's method ``name`` (``phase``: the graph run it is part of)."""
+    def method(self, where: Where, subject: Subject, name: str, *args, phase: str = "", about: str = ""):
+        """A call of the subject's method ``name`` (``phase``: the graph run it is part of;
+        ``about``: the per-step value it is asked for)."""
         self.inputs.ran(name)
-        what = self.named(name) + (f" ({phase})" if phase else "")
+        what = self.named(name) + (f" for {about}" if about else "") + (f" ({phase})" if phase else "")
         return self.invoke(where, what, call_method, subject, name, *args)
 
     def invoke(self, where: Where, what: str, fn, *args):

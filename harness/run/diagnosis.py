@@ -59,6 +59,8 @@ NEIGHBOUR_SLOT = "neighbour_slot"  # the translation of out_cache_loc off by one
 UNTRANSLATED = "untranslated"  # the full-pool location itself
 INT32_WRAP = "int32_wrap"  # the right value wrapped around to int32
 UNKNOWN = "unknown"
+# the SWA write location's two truths; any other truth is a per-step value (swafuzz.quantities)
+SWA_TRUTHS = ("pool", "ring")
 # sources that mean a cache handed out a value computed for other inputs
 STALE_SOURCES = (EARLIER_FORWARD, EARLIER_STEP, OTHER_MICRO_BATCH, OTHER_MODEL, GRAPH_CAPTURE, OLD_MAPPING)
 
@@ -89,13 +91,17 @@ class Divergence:
     actual: list[int] | None = None
     source: dict[str, Any] | None = None
     detail: str = ""
+    quantity: str | None = None  # the per-step value that was wrong (None: the SWA write location)
 
     @property
     def stale(self) -> bool:
         return self.source is not None and self.source["kind"] in STALE_SOURCES
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.quantity is None:  # a finding on the SWA write location reads as it always has
+            del data["quantity"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Divergence":
@@ -323,7 +329,10 @@ class History:
         out = [*same_model, *captured, *other_model]
         n_req, n_tok = len(inputs.request_ids), inputs.num_live
         ring, window = config.ring, config.sliding_window
-        if truth == "pool":
+        dummy_consequence = "live tokens would overwrite padding's slot"
+        if truth not in SWA_TRUTHS:  # a per-step value: its history is its only candidate source
+            dummy_consequence = "the entries those rows complete are never written"
+        elif truth == "pool":
             loc = inputs.out_cache_loc[:n_tok]
             for since, (label, mapping) in enumerate(self.old_mappings(site.model)):
                 missed = "when the mapping changed" if not since else (
@@ -348,7 +357,7 @@ class History:
                     f"under speculative decoding each request slot's ring holds window + num_draft_tokens - 1 = "
                     f"{ring} rows",
                 ), rows))
-        out.append((Source(DUMMY, "the dummy slot", "live tokens would overwrite padding's slot"),
+        out.append((Source(DUMMY, "the dummy slot", dummy_consequence),
                     torch.full((n_tok,), DUMMY_SLOT, dtype=torch.int32)))
         return out
 
@@ -369,8 +378,11 @@ def explain(
     are wrong and the candidate that comes closest."""
     wrong = actual != expected
     closest: tuple[int, Source | None] = (0, None)
-    candidates = [*history.candidates(site, truth, inputs, config),
-                  *_patterns(history, site, truth, inputs, config, actual, expected)]
+    if truth in SWA_TRUTHS:
+        candidates = [*history.candidates(site, truth, inputs, config),
+                      *_patterns(history, site, truth, inputs, config, actual, expected)]
+    else:
+        candidates = _value_candidates(history.candidates(site, truth, inputs, config), actual, wrong)
     for source, rows in candidates:
         if rows.shape != actual.shape:
             continue
@@ -385,6 +397,21 @@ def explain(
     if source is not None:
         phrase += f"; closest: {source.phrase}, which explains {explained} of {int(wrong.sum())}"
     return Source(UNKNOWN, phrase + ")", "the value is wrong")
+
+
+def _value_candidates(candidates: list[tuple[Source, torch.Tensor]], actual: torch.Tensor,
+                      wrong: torch.Tensor) -> list[tuple[Source, torch.Tensor]]:
+    """A per-step value's candidates, reordered: most rows of such a value hold the dummy, so
+    an earlier answer often agrees with wrong rows by chance. A candidate that is the whole
+    answer comes first (the capture's before the rest); then, where every wrong row holds
+    the dummy, the dummy itself."""
+    whole = [(source, rows) for source, rows in candidates if rows.shape == actual.shape and bool((rows == actual).all())]
+    # a graph replay's answer equal to the capture's is the capture's, whatever else it equals
+    whole.sort(key=lambda candidate: candidate[0].kind != GRAPH_CAPTURE)
+    dummy = [(source, rows) for source, rows in candidates if source.kind == DUMMY]
+    if not dummy or not bool((actual[wrong] == DUMMY_SLOT).all()):
+        dummy = []
+    return [*whole, *dummy, *candidates]
 
 
 def _which_rows(inputs, wrong: torch.Tensor) -> str:

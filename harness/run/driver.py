@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from ..api import CodeNames, ForwardBatch, ModelSpec, Subject
+from ..quantities import answered, reads_per_layer
 from ..reference import EngineState, ForwardPlan, Scenario, StepInputs
 
 from . import diagnosis as dx
@@ -57,10 +58,13 @@ class Driver:
         answered_by = getattr(subject_cls, "answered_by", None)
         self.judge = Judge(self.state, self.history, self.progress, self.inputs, subject_cls.truth.value, device,
                            on_store, keep_going, quoted(answered_by) if type(answered_by) is str else None)
-        self.store_calls = StoreCalls(self.progress, self.calls, self.judge, timeline, timeout_s)
+        # per layer, the per-step values the subject answers that the layer reads
+        value_reads = reads_per_layer(answered(getattr(subject_cls, "answers", ())), self.config.stage_layers,
+                                      self.config.compress_ratio)
+        self.store_calls = StoreCalls(self.progress, self.calls, self.judge, timeline, timeout_s, value_reads)
         self.graph_forwards = GraphForwards(self.config, device, self.subjects, self.progress, self.calls,
                                             self.inputs, self.judge, self.arena, timeline, self.history,
-                                            self._new_forward_id, self._backend)
+                                            self._new_forward_id, self._backend, value_reads)
         self.backends: dict[tuple[str, int], SimpleNamespace] = {}
         self.eager_forwards: dict[str, int] = {}  # per model: eager forwards so far (picks the slot)
         self.next_forward_id = 0
@@ -133,18 +137,19 @@ class Driver:
                     batch.draft_step = step
                 handed.step = step
                 timeline.begin_forward()  # the step's new inputs were copied on the current stream
-            if self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and mutation is None:
+            if (self.threads and plan.num_micro_batches > 1 and len(plan.steps) == 1 and mutation is None
+                    and not self.store_calls.value_reads):
                 self.store_calls.threaded(plan, batches, step_inputs, timeline.consumed(
                     self.calls.looked_up(Where(plan), subject, "swa_write_location")))
                 continue
             # the mutation lands before the call it counts to
             cut = mutation.after_calls - step * len(calls) if mutation is not None else -1
             if 0 <= cut < len(calls):
-                self.store_calls.make(plan, step, batches, store, calls[:cut])
+                self.store_calls.make(plan, step, batches, store, calls[:cut], subject)
                 self._mutate(plan)
-                self.store_calls.make(plan, step, batches, store, calls[cut:])
+                self.store_calls.make(plan, step, batches, store, calls[cut:], subject)
             else:
-                self.store_calls.make(plan, step, batches, store, calls)
+                self.store_calls.make(plan, step, batches, store, calls, subject)
         self.inputs.check_inputs(plan)
         if mutation is not None and mutation.after_calls == len(calls) * len(plan.steps):
             self._mutate(plan)  # after the last store: it shows in the next forward

@@ -23,6 +23,7 @@ from ..reference import Scenario
 
 from . import diagnosis as dx
 from ..api import SUBJECT_API_VERSION, SUPPORTED_API_VERSIONS, Subject, Truth
+from ..quantities import UnknownQuantity, answered
 from .devices import timeline_for
 from .driver import Driver
 from .guard import MAX_NAME_CHARS, CallGuard, SubjectFailure, load_subject, quoted, type_name
@@ -83,6 +84,10 @@ def _checked(subject: Any) -> type[Subject]:
         )
     if not callable(store):
         raise SubjectError(f"{name} has no swa_write_location method")
+    try:
+        answered(load_subject(what, getattr, subject, "answers", ()))
+    except UnknownQuantity as exc:
+        raise SubjectError(f"{name}.{exc}") from None
     return subject
 
 

@@ -4,11 +4,12 @@ captures it, at its first replay, and replayed on the static inputs."""
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from ..api import ForwardBatch, ForwardMode, Subject
+from ..quantities import Quantity
 from ..reference import EngineConfig, ForwardPlan
 
 from . import diagnosis as dx
@@ -32,6 +33,11 @@ STATIC_INPUTS = {
 
 MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
 
+# a captured batch size: the graph, its static batch, the SWA answers' sinks, the static
+# inputs, and per per-step value a layer read, the (micro-batch, layer), value and sink
+_Captured = tuple[Any, ForwardBatch, list[torch.Tensor], dict[str, torch.Tensor],
+                  list[tuple[tuple[int, int], Quantity, torch.Tensor]]]
+
 
 class GraphForwards:
     """The run's captured graphs, per model, batch size and store schedule, and their
@@ -41,7 +47,8 @@ class GraphForwards:
     def __init__(self, config: EngineConfig, device: torch.device, subjects: dict[str, Subject],
                  progress: Progress, calls: SubjectCalls, inputs: InputGuard, judge: Judge, arena: Arena,
                  timeline: HostTimeline, history: dx.History, forward_id: Callable[[], int],
-                 backend: Callable[[str, int], SimpleNamespace]):
+                 backend: Callable[[str, int], SimpleNamespace],
+                 value_reads: dict[int, tuple[Quantity, ...]] | None = None):
         self.config = config
         self.device = device
         self.subjects = subjects
@@ -54,7 +61,8 @@ class GraphForwards:
         self.history = history
         self.forward_id = forward_id
         self.backend = backend
-        self.graphs: dict[tuple, tuple[Any, ForwardBatch, list[torch.Tensor], dict[str, torch.Tensor]]] = {}
+        self.value_reads = value_reads or {}
+        self.graphs: dict[tuple, _Captured] = {}
         self.static_buffers: dict[str, dict[str, torch.Tensor]] = {}
         self.static_seq_lens_cpu: dict[str, torch.Tensor] = {}
 
@@ -66,7 +74,7 @@ class GraphForwards:
         key = (plan.model, plan.graph_batch_size, plan.calls)
         if key not in self.graphs:
             self.graphs[key] = self._capture(plan)
-        graph, static, sinks, fields = self.graphs[key]
+        graph, static, sinks, fields, value_sinks = self.graphs[key]
         inputs = plan.steps[0][0]
         # the harness's own references to the static inputs: the batch's may be re-pointed
         held = {name: getattr(inputs, PACKED_FIELD[name]) for name in fields}
@@ -83,8 +91,10 @@ class GraphForwards:
         replay = self.progress.call - 1
         self.judge.check_answers(plan, 0, ((mb, layer_id, sink, replay)
                                            for (mb, layer_id), sink in zip(plan.calls, sinks)))
+        for (mb, layer_id), quantity, sink in value_sinks:
+            self.judge.check_value(plan, 0, mb, layer_id, quantity, sink, replay)
 
-    def _capture(self, plan: ForwardPlan) -> tuple[Any, ForwardBatch, list[torch.Tensor], dict[str, torch.Tensor]]:
+    def _capture(self, plan: ForwardPlan) -> "_Captured":
         """Capture one batch size as the decode graph runner does: metadata for capture once,
         the forward run eagerly ``graph_warmups`` times on the static inputs, then once more
         inside the capture. The harness captures a size at its first replay, on inputs
@@ -109,13 +119,15 @@ class GraphForwards:
             self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
         sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
+        value_sinks = [(call, quantity, torch.empty(size, dtype=quantity.dtype, device=self.device))
+                       for call in plan.calls for quantity in self.value_reads.get(call[1], ())]
         static.in_graph = self.progress.capturing = True
         guard = self.calls.guard
         outer = guard.torch_state
         try:
             with graph.capture():
                 guard.torch_state = TorchState()  # the capture's own mode is the harness's
-                self._run_graph_forward(plan, static, "graph capture", sinks)
+                self._run_graph_forward(plan, static, "graph capture", sinks, iter(value_sinks))
         finally:
             self.progress.capturing = False
             guard.torch_state = outer
@@ -124,21 +136,28 @@ class GraphForwards:
         self._replay(plan, graph)
         if sinks:
             self.history.record_capture(self.progress.forward, sinks[0].to("cpu", copy=True), 0)
-        return graph, static, sinks, fields
+        recorded: set[str] = set()
+        for _, quantity, sink in value_sinks:
+            if quantity.name not in recorded:
+                recorded.add(quantity.name)
+                self.judge.value_history(quantity).record_capture(self.progress.forward, sink.to("cpu", copy=True), 0)
+        return graph, static, sinks, fields, value_sinks
 
     def _replay(self, plan: ForwardPlan, graph: Any) -> None:
         """Replay ``graph``, the recorded work of the subject's graph metadata and stores,
         and check the inputs once it has run."""
-        for method in ("init_graph_metadata", "swa_write_location"):
+        for method in ("init_graph_metadata", "swa_write_location", *(("per_step_value",) if self.value_reads else ())):
             self.inputs.ran(method)
         self.calls.invoke(Where(plan), "graph replay", graph.replay)
         self.timeline.settle()
         self.inputs.check_inputs(plan)
 
     def _run_graph_forward(self, plan: ForwardPlan, static: ForwardBatch, phase: str,
-                           sinks: list[torch.Tensor] | None = None) -> None:
-        """One run of the forward on the static inputs: a warm-up, or with ``sinks`` the
-        captured run, where each layer's answer is consumed before the next layer runs."""
+                           sinks: list[torch.Tensor] | None = None,
+                           value_sinks: Iterator[tuple[tuple[int, int], Quantity, torch.Tensor]] | None = None) -> None:
+        """One run of the forward on the static inputs: a warm-up, or with ``sinks`` (and
+        ``value_sinks`` for the per-step values, in call order) the captured run, where each
+        layer's answers are consumed before the next layer runs."""
         subject = self.subjects[plan.model]
         method = self.calls.method
         method(Where(plan), subject, "init_graph_metadata", static, phase=phase)
@@ -151,6 +170,14 @@ class GraphForwards:
             if sinks is not None:
                 # the consumer a store kernel would be: it reads the returned tensor by address
                 sinks[index].copy_(out)
+            for quantity in self.value_reads.get(layer_id, ()):
+                value = method(where, subject, "per_step_value", static, layer_id, quantity.name,
+                               phase=phase, about=quantity.name)
+                problem = self.judge.shape_problem(self.progress.site(where), value, plan.graph_batch_size, quantity)
+                if problem is not None:
+                    raise Stop(problem)
+                if value_sinks is not None:
+                    next(value_sinks)[2].copy_(value)
 
     def _static_buffers(self, model: str) -> dict[str, torch.Tensor]:
         """The graph inputs of ``model``, allocated at its first capture (a scenario may

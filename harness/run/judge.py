@@ -6,12 +6,14 @@ device, padding on the dummy slot); a wrong answer is explained from the run's h
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
 
+from ..quantities import Quantity
 from ..reference import EngineState, ForwardPlan
 
 from . import diagnosis as dx
@@ -61,6 +63,9 @@ class Judge:
         self.on_store = on_store
         self.keep_going = keep_going
         self.first_divergence: dx.Divergence | None = None
+        self.value_histories: dict[str, dx.History] = {}
+        self.value_plan: ForwardPlan | None = None
+        self.value_truths: dict[tuple[int, int, str], torch.Tensor] = {}
         # where a stale eager answer sat in the subject's state, told as "FIELD, as forward 1
         # (decode) set it" (None: not known); set by whoever can ask the subject
         self.held_in: Callable[[ForwardPlan, int, int, Any], str | None] = lambda plan, step, mb, out: None
@@ -107,8 +112,21 @@ class Judge:
                 raise Stop(divergence)
             self.first_divergence = self.first_divergence or divergence
 
-    def shape_problem(self, site: dx.Site, out: Any, rows: int) -> dx.Divergence | None:
-        said = f"At {site.describe()}, {self.answered_by or 'swa_write_location returned'}"
+    def shape_problem(self, site: dx.Site, out: Any, rows: int, quantity: Quantity | None = None) -> dx.Divergence | None:
+        """What makes ``out`` no answer of ``rows`` rows: of the SWA write location, or
+        (``quantity``) of that per-step value."""
+        if quantity is not None:
+            return self._shape_problem(site, out, rows, quantity.dtype, f"At {site.describe()}, "
+                                       f"{_value_answered_by(quantity)}", quantity.name)
+        return self._shape_problem(site, out, rows, torch.int32,
+                                   f"At {site.describe()}, {self.answered_by or 'swa_write_location returned'}")
+
+    def _shape_problem(self, site: dx.Site, out: Any, rows: int, dtype: torch.dtype, said: str,
+                       quantity: str | None = None) -> dx.Divergence | None:
+        problem = self._shape_of(site, out, rows, dtype, said)
+        return problem if problem is None or quantity is None else dataclasses.replace(problem, quantity=quantity)
+
+    def _shape_of(self, site: dx.Site, out: Any, rows: int, dtype: torch.dtype, said: str) -> dx.Divergence | None:
         # an answer is read only as a plain tensor: a subclass's methods are the subject's code
         if type(out) is not torch.Tensor:
             if isinstance(out, torch.Tensor):
@@ -123,12 +141,12 @@ class Judge:
             return site.divergence(
                 dx.WRONG_DEVICE, f"{said} a tensor on {out.device}, not on {self.device}."
             )
-        if out.dtype != torch.int32:
+        if out.dtype != dtype:
             nan = " containing NaN" if (
                 out.is_floating_point() and not self.progress.capturing and out.numel() <= _MAX_SCANNED
                 and bool(torch.isnan(out).any())
             ) else ""
-            return site.divergence(dx.WRONG_DTYPE, f"{said} {out.dtype}{nan}, not torch.int32.")
+            return site.divergence(dx.WRONG_DTYPE, f"{said} {out.dtype}{nan}, not {dtype}.")
         if out.dim() != 1 or out.shape[0] != rows:
             return site.divergence(
                 dx.WRONG_LENGTH, f"{said} shape {tuple(out.shape)} for {rows} rows.",
@@ -137,34 +155,44 @@ class Judge:
         return None
 
     def _diagnose(self, site: dx.Site, plan: ForwardPlan, step: int, mb: int, out: Any,
-                  expected: torch.Tensor) -> dx.Divergence | None:
+                  expected: torch.Tensor, quantity: Quantity | None = None) -> dx.Divergence | None:
+        """The divergence of an answer the fast comparison did not settle, of the SWA write
+        location or (``quantity``) of a per-step value, traced through that value's history."""
         model, inputs = plan.model, plan.steps[step][mb]
-        problem = self.shape_problem(site, out, expected.shape[0])
+        if quantity is None:
+            history, truth_kind, answered_by, extra = self.history, self.truth_kind, self.answered_by, {}
+        else:
+            history, truth_kind = self.value_history(quantity), quantity.name
+            answered_by, extra = _value_answered_by(quantity), {"quantity": quantity.name}
+        problem = self.shape_problem(site, out, expected.shape[0], quantity)
         if problem is not None:
             if problem.kind == dx.WRONG_LENGTH and out.dim() == 1:
-                return self._explain_length(site, inputs, out, expected, problem)
+                return self._explain_length(site, inputs, out, expected, problem, history, truth_kind, answered_by)
             return problem
         actual = out.to("cpu")
         n = inputs.num_live
         live, want = actual[:n], expected[:n]
         if not torch.equal(live, want):
-            source = dx.explain(self.history, site, self.truth_kind, inputs, self.config, live, want)
+            source = dx.explain(history, site, truth_kind, inputs, self.config, live, want)
             n_wrong = int((live != want).sum())
-            held_in = self.held_in(plan, step, mb, out) if source.kind in dx.STALE_SOURCES else None
+            held_in = (self.held_in(plan, step, mb, out)
+                       if quantity is None and source.kind in dx.STALE_SOURCES else None)
             return site.divergence(
-                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n, self.answered_by, held_in),
+                dx.WRONG_ROWS, dx.wrong_rows_sentence(site, source, n_wrong, n, answered_by, held_in),
                 expected=dx.stored_values(want), actual=dx.stored_values(live), source=dx.source_dict(source),
+                **extra,
             )
         padding = actual[n:]
         wrong = (padding != expected[n:]).nonzero().flatten().tolist()
         if not wrong:
             return None
-        owned = self.state.live_targets(model, self.truth_kind)
+        # a per-step value's rows are no request's own: only the SWA rows can alias one
+        owned = self.state.live_targets(model, truth_kind) if quantity is None else set()
         aliased = [i for i in wrong if int(padding[i]) in owned]
         row = (aliased or wrong)[0]
         value = int(padding[row])
-        explained = dx.explain_padding(self.history, site, n, actual, expected)
-        sentence = dx.padding_sentence(site, n + row, value, bool(aliased), explained, self.answered_by)
+        explained = dx.explain_padding(history, site, n, actual, expected)
+        sentence = dx.padding_sentence(site, n + row, value, bool(aliased), explained, answered_by)
         source = explained or (
             dx.Source(dx.ALIASES_LIVE, f"row {value}, which a live request owns",
                       "the padding write would corrupt that request's keys")
@@ -172,21 +200,69 @@ class Judge:
         )
         return site.divergence(
             dx.PADDING, sentence, expected=dx.stored_values(expected), actual=dx.stored_values(actual),
-            source=dx.source_dict(source),
+            source=dx.source_dict(source), **extra,
         )
 
-    def _explain_length(self, site, inputs, out, expected, problem) -> dx.Divergence:
+    def _explain_length(self, site, inputs, out, expected, problem, history, truth_kind, answered_by) -> dx.Divergence:
         """A 1-D answer of the wrong length, read only when a candidate has its length (it
         may claim 2**40 rows through a stride of 0)."""
-        stored = {"expected": dx.stored_values(expected), "actual": problem.actual}
-        for source, rows in self.history.candidates(site, self.truth_kind, inputs, self.config):
-            if source.kind != dx.DUMMY and rows.shape == out.shape and torch.equal(rows, out.cpu()):
-                came = (f"{self.answered_by} {out.shape[0]} rows for" if self.answered_by
+        stored = {"expected": dx.stored_values(expected), "actual": problem.actual, "quantity": problem.quantity}
+        for source, rows in history.candidates(site, truth_kind, inputs, self.config):
+            if source.kind != dx.DUMMY and rows.shape == out.shape and bool((rows == out.cpu()).all()):
+                came = (f"{answered_by} {out.shape[0]} rows for" if answered_by
                         else f"{out.shape[0]} rows came back for")
                 sentence = (f"Stale cache: at {site.describe()}, {came} {expected.shape[0]}: they are "
                             f"{source.phrase}: {source.consequence}.")
                 return site.divergence(dx.WRONG_LENGTH, sentence, source=dx.source_dict(source), **stored)
         return site.divergence(problem.kind, problem.sentence, **stored)
+
+    # ---- per-step values (swafuzz.quantities) ------------------------------------------
+
+    def value_history(self, quantity: Quantity) -> dx.History:
+        """The run's history of ``quantity``'s truth: where a wrong value of it came from."""
+        history = self.value_histories.get(quantity.name)
+        if history is None:
+            history = self.value_histories[quantity.name] = dx.History()
+        return history
+
+    def value_truth(self, plan: ForwardPlan, step: int, mb: int, quantity: Quantity) -> torch.Tensor:
+        """``quantity``'s rows for a micro-batch of a draft step, from its live inputs (read
+        once per plan, step and micro-batch) and recorded in the value's history."""
+        if self.value_plan is not plan:
+            self.value_plan, self.value_truths = plan, {}
+        key = (step, mb, quantity.name)
+        expected = self.value_truths.get(key)
+        if expected is None:
+            inputs = plan.steps[step][mb]
+            expected = quantity.truth(inputs.positions, inputs.out_cache_loc)
+            self.value_history(quantity).record_answer(self.progress.forward, plan.event.mode, plan.model, step, mb,
+                                                       expected[: inputs.num_live])
+            self.value_truths[key] = expected
+        return expected
+
+    def check_value(self, plan: ForwardPlan, step: int, mb: int, layer_id: int, quantity: Quantity, out: Any,
+                    call: int) -> None:
+        """Check a per-step value a layer read against its truth, as :meth:`verdict` checks
+        an SWA answer: a wrong one ends the run unless ``keep_going``."""
+        expected = self.value_truth(plan, step, mb, quantity)
+        self.progress.checks += 1
+        on_device = self.on_device
+        if (type(out) is torch.Tensor and out.dtype is quantity.dtype and on_device(out)
+                and torch.equal(out.cpu() if not self.on_host else out, expected)):
+            return
+        where = Where(plan, step, mb, layer_id)
+        divergence = self.inputs.input_written(where) or self._diagnose(
+            self.progress.site(where, call), plan, step, mb, out, expected, quantity)
+        if divergence is None:
+            return
+        if not self.keep_going:
+            raise Stop(divergence)
+        self.first_divergence = self.first_divergence or divergence
+
+
+def _value_answered_by(quantity: Quantity) -> str:
+    """How a finding's sentence names the per-step value a subject answered."""
+    return f"per_step_value({quantity.name!r}) returned"
 
 
 _equal = torch.Tensor.equal  # torch.equal less its module-function argument parsing

@@ -12,7 +12,8 @@ from typing import Any, Iterator
 
 import torch
 
-from ..api import ForwardBatch
+from ..api import ForwardBatch, Subject
+from ..quantities import Quantity
 from ..reference import ForwardPlan, StepInputs
 
 from .calls import SubjectCalls
@@ -29,20 +30,41 @@ class StoreCalls:
     bounds the wait for the threads."""
 
     def __init__(self, progress: Progress, calls: SubjectCalls, judge: Judge, timeline: HostTimeline,
-                 timeout_s: float):
+                 timeout_s: float, value_reads: dict[int, tuple[Quantity, ...]] | None = None):
         self.progress = progress
         self.calls = calls
         self.judge = judge
         self.timeline = timeline
         self.timeout_s = timeout_s
         self.schedules: dict[int, tuple[int, ...]] = {}
+        # per layer, the per-step values the subject answers that the layer reads
+        self.value_reads = value_reads or {}
 
     def make(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
-             calls: tuple[tuple[int, int], ...]) -> None:
+             calls: tuple[tuple[int, int], ...], subject: Subject | None = None) -> None:
         """Make ``calls`` of one draft step, during which the engine state stands still, and
         check every answer. On the host an answer is checked as it returns, before the next
         call could overwrite it; on a device, once the streams have settled, in call order
-        (the answers are what the streams read)."""
+        (the answers are what the streams read). A layer that reads per-step values the
+        ``subject`` answers is asked for them right after its store, and each is checked."""
+        if self.value_reads:
+            for call in calls:
+                self._make(plan, step, batches, store, (call,))
+                self._values(plan, step, batches, subject, *call)
+            return
+        self._make(plan, step, batches, store, calls)
+
+    def _values(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], subject: Subject,
+                mb: int, layer_id: int) -> None:
+        """Ask ``subject`` for each per-step value ``layer_id`` reads and check it."""
+        for quantity in self.value_reads.get(layer_id, ()):
+            out = self.calls.method(Where(plan, step, mb, layer_id), subject, "per_step_value", batches[mb], layer_id,
+                                    quantity.name, about=quantity.name)
+            self.timeline.settle()
+            self.judge.check_value(plan, step, mb, layer_id, quantity, out, self.progress.call - 1)
+
+    def _make(self, plan: ForwardPlan, step: int, batches: list[ForwardBatch], store,
+              calls: tuple[tuple[int, int], ...]) -> None:
         if self.timeline.deferred:
             answers = list(self._answers(plan, step, batches, store, calls))
             self.timeline.settle()

@@ -252,7 +252,9 @@ def scenario_test(
     horizon = ":long-horizon" if long_horizon else ""
     without = f":without-{'-'.join(sorted(exclude))}" if exclude else ""
     check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}{without}".encode()  # noqa: SLF001
-    return given(scenarios_without(profile, exclude, long_horizon))(check)
+    # a subject that answers per-step values is searched on models with compressed layers
+    compressed = bool(getattr(info.subject, "answers", ()))
+    return given(scenarios_without(profile, exclude, long_horizon, compressed))(check)
 
 
 def unreached_by(info: SubjectInfo) -> frozenset[str]:

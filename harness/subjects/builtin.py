@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..api import ForwardBatch, Subject, Truth, tokens_request_slots
+from ..api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
 
 
 def _translate(mapping: torch.Tensor, out_cache_loc: torch.Tensor) -> torch.Tensor:
@@ -281,3 +281,154 @@ class StreamUnsynced(Subject):
 
     def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
         return batch.backend.swa_rows
+
+
+# ---- compressed write locations (swafuzz.quantities) ---------------------------------------
+
+_COMPRESS_RATIO_OF = {"c4_out_loc": 4, "c128_out_loc": 128}
+CompressedValues = dict[str, torch.Tensor]  # value name -> its rows
+
+
+def _compressed_out_locs(batch: ForwardBatch) -> CompressedValues:
+    """Every row's C4 and C128 write location: ``out_cache_loc // ratio`` where the row
+    completes a group of ``ratio`` tokens, else the dummy 0 (int64, graph-capturable)."""
+    positions = batch.positions.to(torch.int64)
+    loc = batch.out_cache_loc.to(torch.int64)
+    dummy = torch.zeros_like(loc)
+    return {name: torch.where((positions + 1) % ratio == 0, loc // ratio, dummy)
+            for name, ratio in _COMPRESS_RATIO_OF.items()}
+
+
+class CompressedMetadata(Uncached):
+    """The compressed write locations computed once per forward in metadata init, as
+    SGLang's ``DSV4AttnMetadata.init_compression_metadata``, and read by every C4 and C128
+    layer: correct.
+
+    The metadata records the forward and draft step it was built for (#26239 bakes
+    per-step locations into the metadata); the getter rebuilds it for any other, so a
+    skipped init or a later draft step never reads another's values. Under graphs the values are computed in the graph-recordable
+    part of metadata preparation into buffers the capture made, so every replay
+    recomputes them from the static inputs. The SWA write location is translated per layer.
+    """
+
+    answers = ("c4_out_loc", "c128_out_loc")
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        batch.backend.compressed = SimpleNamespace(built_for=self._key(batch), values=_compressed_out_locs(batch))
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        buffers = {name: torch.zeros_like(batch.out_cache_loc) for name in _COMPRESS_RATIO_OF}
+        batch.backend.compressed = SimpleNamespace(built_for=self._key(batch), values=buffers)
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        metadata = batch.backend.compressed
+        metadata.built_for = self._key(batch)
+        for name, values in _compressed_out_locs(batch).items():
+            metadata.values[name].copy_(values)
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        pass  # the replayed graph recomputes the values into the captured buffers
+
+    def per_step_value(self, batch: ForwardBatch, layer_id: int, quantity: str) -> torch.Tensor:
+        metadata = batch.backend.__dict__.get("compressed")
+        if metadata is None or metadata.built_for != self._key(batch):
+            self.init_forward_metadata(batch)
+            metadata = batch.backend.compressed
+        return metadata.values[quantity]
+
+    def _key(self, batch: ForwardBatch) -> tuple:
+        """What metadata is built for: the getter trusts only metadata built for its own."""
+        return (batch.forward_id, batch.draft_step)
+
+
+class CompressedIdleStale(CompressedMetadata):
+    """The compressed write locations trusted whenever metadata of the draft step is
+    there, whatever forward built it, as SGLang's compressor store reads them
+    (``CompressorBackendMixin._get_out_loc``, no idle or shape test): an idle forward that
+    skips metadata init under speculative decoding reads the previous forward's values."""
+
+    def _key(self, batch: ForwardBatch) -> tuple:
+        return (batch.draft_step,)
+
+
+class CompressedUnsliced(CompressedMetadata):
+    """Multi-step draft decode reading the values metadata init computed for the whole
+    forward in every draft step, as before SGLang sliced them per step (#24750, fixed by
+    #26239): steps 1..k-1 read step 0's."""
+
+    def _key(self, batch: ForwardBatch) -> tuple:
+        return (batch.forward_id,)
+
+
+class CompressedFirstLayer(CompressedMetadata):
+    """The compressed write locations derived by the model's first compressed layer of a
+    forward and reused by the rest, as the HIP backend derives its fp4 write metadata "by the
+    first C4 layer of a forward": a pipeline stage that starts after that layer, or a
+    forward that skips it, reads the values an earlier forward left."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        ratios = spec.compress_ratios
+        self.first_compressed_layer = next((layer for layer, ratio in enumerate(ratios) if ratio), None)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        pass
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        pass
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        pass
+
+    def per_step_value(self, batch: ForwardBatch, layer_id: int, quantity: str) -> torch.Tensor:
+        derived = batch.backend.__dict__.get("first_layer_values")
+        if layer_id == self.first_compressed_layer or derived is None:
+            derived = batch.backend.first_layer_values = _compressed_out_locs(batch)
+        return derived[quantity]
+
+
+class CompressedGraphAssign(CompressedMetadata):
+    """The compressed write locations under graphs with the values in the replay merge's
+    assign list: capture keeps one metadata object per batch size, and before each replay
+    fresh values are built eagerly and the captured object re-pointed at them, so the
+    captured layers keep reading the capture's values (the pattern of the ring rows in
+    releases 0.5.14-0.5.19)."""
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        self.init_forward_metadata(batch)
+        batch.backend.__dict__.setdefault("graph_compressed", {})[batch.num_tokens] = batch.backend.compressed
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        pass
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        captured = batch.backend.graph_compressed[batch.num_tokens]
+        captured.built_for = self._key(batch)
+        captured.values = _compressed_out_locs(batch)
+        batch.backend.compressed = captured
+
+
+# the largest number of draft tokens per request a compress write plan was padded to (#34189)
+PLANNED_DRAFT_TOKENS = 4
+
+
+class CompressedDraftPad4(CompressedMetadata):
+    """The compressed write locations of speculative forwards built from a plan padded to
+    4 draft tokens per request (#34189): with more than 4, a request's tokens past the
+    fourth are left out of the plan and write nothing."""
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        super().init_forward_metadata(batch)
+        if batch.mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND):
+            planned = _token_index_in_request(batch) < PLANNED_DRAFT_TOKENS
+            values = batch.backend.compressed.values
+            for name in values:
+                values[name] = torch.where(planned, values[name], torch.zeros_like(values[name]))
+
+
+def _token_index_in_request(batch: ForwardBatch) -> torch.Tensor:
+    """Each token row's index among its request's tokens."""
+    counts = batch.extend_seq_lens.to(torch.int64)
+    starts = torch.cumsum(counts, 0) - counts
+    tokens = torch.arange(batch.num_tokens, device=counts.device)
+    return tokens - starts.repeat_interleave(counts, output_size=batch.num_tokens)

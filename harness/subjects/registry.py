@@ -17,16 +17,19 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from ..strategies.features import (
+    DRAFT_EXTEND,
     DRAFT_MULTISTEP,
     FIRST_SWA_LAYER_NOT_START,
     GPU_STREAMS,
     GRAPH_REPLAY,
     MAPPING_CHANGE_IN_FORWARD,
     MICRO_BATCHES,
+    PERMUTED_LAYERS,
     PIPELINE_STAGE,
     RAGGED_EXTEND,
     REGISTER_MAPPING,
     SKIP_METADATA_INIT,
+    TARGET_VERIFY,
 )
 
 from ..names import SGLANG_SOURCE_ENV
@@ -108,6 +111,29 @@ BUILTIN_TABLE: tuple[BuiltinSubject, ...] = (
                    "as cheap as the others."),
     BuiltinSubject("step-keyed-capture-ring", "StepKeyedCaptureRing", RING, EQUIVALENT,
                    "The capture-aware forward-keyed cache for the unified ring: correct."),
+    BuiltinSubject("compressed-metadata", "CompressedMetadata", POOL, EQUIVALENT,
+                   "Also answers c4_out_loc and c128_out_loc, computed once per forward and draft step in "
+                   "metadata init and read by every C4 and C128 layer; recomputed in the graph: correct."),
+    BuiltinSubject("compressed-idle-stale", "CompressedIdleStale", POOL, DIVERGES,
+                   "The compressed write locations trusted whenever metadata is there: an idle forward that "
+                   "skips metadata init reads the previous forward's.",
+                   (SKIP_METADATA_INIT,)),
+    BuiltinSubject("compressed-unsliced", "CompressedUnsliced", POOL, DIVERGES,
+                   "The compressed write locations of the whole forward handed to every draft step, not sliced "
+                   "per step (#24750).",
+                   (DRAFT_MULTISTEP,)),
+    BuiltinSubject("compressed-first-layer", "CompressedFirstLayer", POOL, DIVERGES,
+                   "The compressed write locations derived at the model's first compressed layer of a forward "
+                   "and reused by the rest: a pipeline stage past it, or a forward that skips it, reads old ones.",
+                   (PIPELINE_STAGE, FIRST_SWA_LAYER_NOT_START, PERMUTED_LAYERS)),
+    BuiltinSubject("compressed-graph-assign", "CompressedGraphAssign", POOL, DIVERGES,
+                   "The compressed write locations in the graph replay merge's assign list: the captured layers "
+                   "keep reading the capture's values.",
+                   (GRAPH_REPLAY,)),
+    BuiltinSubject("compressed-draft-pad4", "CompressedDraftPad4", POOL, DIVERGES,
+                   "The compressed write locations of speculative forwards planned for at most 4 draft tokens "
+                   "per request (#34189): more draft tokens leave rows unwritten.",
+                   (TARGET_VERIFY, DRAFT_EXTEND)),
 )
 
 

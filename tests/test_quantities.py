@@ -1,0 +1,202 @@
+"""Per-step values beside the SWA write location: the table, the subject API that answers
+them, the compressed scenarios, and the built-in compressed designs, which the search finds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, find, given, settings
+
+from swafuzz import run_scenario
+from swafuzz.errors import SubjectError
+from swafuzz.quantities import QUANTITIES
+from swafuzz.reference import EngineConfig, Scenario, ScenarioError
+from swafuzz.results.replay import load_replay
+from swafuzz.run.diagnosis import DUMMY, EARLIER_FORWARD, EARLIER_STEP, GRAPH_CAPTURE
+from swafuzz.search.fuzz import fuzz
+from swafuzz.strategies.examples import EXAMPLES
+from swafuzz.strategies.scenarios import LONG_EXTEND, MAX_COMPRESSED_DRAFT_TOKENS, REALISTIC, scenarios
+from swafuzz.subjects.builtin import CompressedMetadata, Uncached
+from swafuzz.subjects.registry import resolve_subject
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _scenario(config: dict, events: list[dict]) -> Scenario:
+    return Scenario.from_dict({"config": config, "events": events})
+
+
+# ---- the table ---------------------------------------------------------------------------
+
+
+def test_each_compressed_write_location_is_read_by_the_layers_of_its_ratio_only():
+    assert QUANTITIES["c4_out_loc"].read_by(4) and not QUANTITIES["c4_out_loc"].read_by(128)
+    assert QUANTITIES["c128_out_loc"].read_by(128) and not QUANTITIES["c128_out_loc"].read_by(4)
+    assert not any(q.read_by(0) for q in QUANTITIES.values())  # an SWA-only layer reads none
+
+
+def test_a_compressed_write_location_is_the_group_slot_where_a_row_completes_a_group_else_the_dummy():
+    positions, loc = torch.tensor([0, 2, 3, 127, 7]), torch.tensor([40, 41, 42, 1024, 0])
+    assert QUANTITIES["c4_out_loc"].truth(positions, loc).tolist() == [0, 0, 10, 256, 0]
+    assert QUANTITIES["c128_out_loc"].truth(positions, loc).tolist() == [0, 0, 0, 8, 0]
+
+
+# ---- the engine model --------------------------------------------------------------------
+
+
+def test_an_swa_only_configuration_reads_and_writes_as_it_did_before_compress_ratios():
+    config = EngineConfig(end_layer=2)
+    assert "compress_ratios" not in config.to_dict()
+    assert EngineConfig.from_dict(config.to_dict()) == config
+    assert config.compress_ratio(1) == 0
+
+
+def test_a_compressed_configuration_round_trips_and_names_each_layers_ratio():
+    config = EngineConfig.from_dict({"start_layer": 1, "end_layer": 3, "compress_ratios": [0, 4, 128]})
+    assert config.to_dict()["compress_ratios"] == [0, 4, 128]
+    assert [config.compress_ratio(layer) for layer in config.stage_layers] == [4, 128]
+
+
+@pytest.mark.parametrize("ratios, message", [([4], "needs a ratio for each of the 2 layers"),
+                                             ([4, 8], "ratios must be among")])
+def test_compress_ratios_that_do_not_describe_the_model_are_refused(ratios, message):
+    with pytest.raises(ScenarioError, match=message):
+        EngineConfig.from_dict({"end_layer": 2, "compress_ratios": ratios})
+
+
+def test_a_committed_replay_file_of_an_swa_only_run_reads_back_to_the_same_scenario():
+    path = sorted((ROOT / "reports" / "sglang-matrix").glob("*.json"))[0]
+    recorded = json.loads(path.read_text())
+    replay = load_replay(path)
+    assert "compress_ratios" not in recorded["scenario"]["config"]
+    assert replay.scenario.to_dict() == recorded["scenario"]
+    assert replay.divergence.to_dict() == recorded["diagnosis"]
+
+
+# ---- the subject API -----------------------------------------------------------------------
+
+
+class _Recording(CompressedMetadata):
+    """The correct design, noting every value it is asked for."""
+
+    asked: list[tuple[int, int, str]] = []
+
+    def per_step_value(self, batch, layer_id, quantity):
+        type(self).asked.append((batch.forward_id, layer_id, quantity))
+        return super().per_step_value(batch, layer_id, quantity)
+
+
+def test_each_answered_value_is_asked_once_per_layer_that_reads_it_after_its_store():
+    _Recording.asked = []
+    scenario = _scenario({"end_layer": 4, "compress_ratios": [0, 4, 128, 4]},
+                         [{"op": "admit", "count": 1}, {"op": "forward", "requests": [0]},
+                          {"op": "forward", "requests": [0]}])
+    result = run_scenario(_Recording, scenario)
+    assert result.passed
+    assert [(layer, q) for _, layer, q in _Recording.asked] == [
+        (1, "c4_out_loc"), (2, "c128_out_loc"), (3, "c4_out_loc")] * 2
+    assert result.checks == 2 * (4 + 3)  # per forward: 4 SWA stores and 3 values
+
+
+class _AnswersOnlyC4(_Recording):
+    answers = ("c4_out_loc",)
+
+
+def test_a_value_the_subject_does_not_answer_is_never_asked():
+    _AnswersOnlyC4.asked = []
+    scenario = _scenario({"end_layer": 2, "compress_ratios": [4, 128]},
+                         [{"op": "admit", "count": 1}, {"op": "forward", "requests": [0]}])
+    assert run_scenario(_AnswersOnlyC4, scenario).passed
+    assert [q for _, _, q in _AnswersOnlyC4.asked] == ["c4_out_loc"]
+
+
+class _SwaOnlyWithAValueMethod(Uncached):
+    def per_step_value(self, batch, layer_id, quantity):
+        raise AssertionError("an SWA-only subject is asked for a per-step value")
+
+
+@pytest.mark.parametrize("example", [name for name in EXAMPLES if name.startswith("compressed-")])
+def test_an_swa_only_subject_is_checked_on_its_swa_rows_alone_on_a_compressed_model(example):
+    scenario = EXAMPLES[example]
+    swa_only = Scenario.from_dict({**scenario.to_dict(), "config": {
+        k: v for k, v in scenario.config.to_dict().items() if k != "compress_ratios"}})
+    result = run_scenario(_SwaOnlyWithAValueMethod, scenario)
+    assert result.passed, result.divergence.sentence
+    assert result.checks == run_scenario(Uncached, swa_only).checks
+
+
+class _UnknownValue(Uncached):
+    answers = ("c3_out_loc",)
+
+
+def test_a_subject_answering_a_value_the_table_lacks_is_refused_before_the_run():
+    with pytest.raises(SubjectError, match="c3_out_loc, which is not among the values the harness checks"):
+        run_scenario(_UnknownValue, EXAMPLES["compressed-graph-replay"])
+
+
+class _Int32Values(CompressedMetadata):
+    def per_step_value(self, batch, layer_id, quantity):
+        return super().per_step_value(batch, layer_id, quantity).int()
+
+
+def test_a_value_of_the_wrong_dtype_is_a_divergence_naming_the_value():
+    d = run_scenario(_Int32Values, EXAMPLES["compressed-graph-replay"]).divergence
+    assert (d.kind, d.quantity, d.layer_id) == ("wrong_dtype", "c4_out_loc", 0)
+    assert d.sentence == ("At forward 1 (extend), layer 0, per_step_value('c4_out_loc') returned torch.int32, "
+                          "not torch.int64.")
+
+
+def test_an_swa_finding_carries_no_value_name_in_its_record():
+    d = run_scenario(resolve_subject("pool-start-layer").subject, EXAMPLES["first-swa-layer-not-start"]).divergence
+    assert d.quantity is None and "quantity" not in d.to_dict()
+
+
+# ---- the compressed scenarios --------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(scenarios(REALISTIC))
+def test_an_swa_only_search_draws_no_compressed_model_and_at_most_4_draft_tokens(scenario):
+    assert scenario.config.compress_ratios == () and scenario.config.num_draft_tokens <= 4
+    assert all(n <= 8 for event in scenario.events for n in event.tokens)
+
+
+def _found(condition):
+    return find(scenarios(REALISTIC, compressed=True), condition,
+                settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)))
+
+
+def test_a_compressed_search_draws_models_with_c4_c128_and_swa_only_layers():
+    scenario = _found(lambda s: {0, 4, 128} <= set(s.config.compress_ratios[s.config.start_layer:]))
+    assert len(scenario.config.compress_ratios) == scenario.config.end_layer
+
+
+def test_a_compressed_search_draws_prefills_past_a_c128_group_and_more_than_4_draft_tokens():
+    long = _found(lambda s: any(n > 128 for e in s.events for n in e.tokens))
+    assert max(n for e in long.events for n in e.tokens) <= LONG_EXTEND
+    drafts = _found(lambda s: s.config.num_draft_tokens > 4 and any(e.mode == "verify" for e in s.events))
+    assert drafts.config.num_draft_tokens <= MAX_COMPRESSED_DRAFT_TOKENS
+
+
+# ---- the built-in designs, found by the search ---------------------------------------------
+
+
+@pytest.mark.parametrize("subject, source", [
+    ("compressed-idle-stale", EARLIER_FORWARD),  # idle forwards reuse the metadata left in place
+    ("compressed-unsliced", EARLIER_STEP),  # every draft step reads step 0's values
+    ("compressed-first-layer", EARLIER_FORWARD),  # a stage past the refreshing layer reads old ones
+    ("compressed-graph-assign", GRAPH_CAPTURE),  # the captured layers read the capture's values
+    ("compressed-draft-pad4", DUMMY),  # draft tokens past the fourth write nothing
+])
+def test_the_search_finds_each_buggy_compressed_design_and_names_the_value_and_its_source(subject, source):
+    result = fuzz(resolve_subject(subject), profile=REALISTIC, settings="ci", seed=0, max_examples=1500)
+    d = result.divergence
+    assert d is not None, f"{subject}: no divergence in {result.examples} examples"
+    assert d.quantity in QUANTITIES and f"per_step_value({d.quantity!r}) returned" in d.sentence
+    assert d.source["kind"] == source, d.sentence
+    assert run_scenario(resolve_subject(subject).subject, result.scenario).divergence == d
+
