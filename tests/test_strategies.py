@@ -70,9 +70,22 @@ def test_long_horizon_scenarios_are_valid_realistic_and_reach_past_an_8_bit_coun
     assert min(forwards_per_scenario) <= MAX_FORWARDS  # a scenario without a run stays short
 
 
+def _every_swafuzz_module() -> None:
+    """Import all of swafuzz: Hypothesis draws constants from every local module loaded, so
+    a measured share must not hang on which modules the tests before it happened to load."""
+    import importlib
+    import pkgutil
+
+    import swafuzz
+
+    for module in pkgutil.walk_packages(swafuzz.__path__, "swafuzz."):
+        importlib.import_module(module.name)
+
+
 def _measured(profile: str, measure, max_examples: int) -> list:
     """``measure`` of each default scenario Hypothesis draws (derandomized: the same list
-    every run)."""
+    every run, whichever tests ran before)."""
+    _every_swafuzz_module()
     values = []
 
     @settings(FAST, max_examples=max_examples, derandomize=True)
