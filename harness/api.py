@@ -119,15 +119,23 @@ class ModelSpec:
     swa_layers: tuple[int, ...]
     # the model's compress ratio per layer id, as its config lists them (empty: SWA-only)
     compress_ratios: tuple[int, ...] = ()
+    page_size: int = 1  # the full pool's page size (the backend's ``page_size``)
+    # SGLang's ``req_to_token_pool.req_to_token``: per request slot and position, the
+    # token's full-pool slot (int32 [num_req_slots, context], on ``device``). One tensor
+    # for the whole run, shared by the models; the engine writes each forward's tokens
+    # into it before the forward, as the scheduler does. Handed only to subjects that
+    # answer a value read from it (None otherwise); row 0, the dummy slot's, stays zero.
+    req_to_token: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, config: EngineConfig, model: str, device: torch.device) -> "ModelSpec":
+    def of(cls, config: EngineConfig, model: str, device: torch.device,
+           req_to_token: torch.Tensor | None = None) -> "ModelSpec":
         return cls(
             model=model, start_layer=config.start_layer, end_layer=config.end_layer,
             sliding_window=config.sliding_window, ring=config.ring, num_req_slots=config.num_req_slots,
             speculative=config.speculative, num_draft_tokens=config.num_draft_tokens,
             full_pool_size=config.full_pool_size, device=device, swa_layers=config.swa_layers,
-            compress_ratios=config.compress_ratios,
+            compress_ratios=config.compress_ratios, page_size=config.full_page_size, req_to_token=req_to_token,
         )
 
     @property

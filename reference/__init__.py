@@ -20,11 +20,11 @@ from .compressed import (
     swa_topk_lengths,
     unified_compressed_out_loc,
 )
-from .engine import EngineState, replay_events
+from .engine import UNREAD_PAGE, EngineState, replay_events
 from .packing import PACKED_INPUTS, ForwardPlan, StepInputs
 from .scenario import (
     LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, live_rows,
-    store_schedule,
+    request_length_bound, store_schedule,
 )
 from .truth import (
     DUMMY_SLOT,
@@ -48,8 +48,9 @@ __all__ = [
     "compress_state_ring_size", "compress_state_slots", "compressed_lengths", "compressed_out_loc",
     "compressed_positions", "compression_metadata", "empty_sparse_page_indices", "low_ratio_out_loc", "page_table", "sparse_topk_lengths",
     "swa_page_indices", "swa_topk_lengths", "unified_compressed_out_loc",
-    "DUMMY_SLOT", "INT32_MAX", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
+    "DUMMY_SLOT", "INT32_MAX", "UNREAD_PAGE", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
     "ForwardPlan", "Mutation", "PACKED_INPUTS", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
-    "draft_step_slots", "late_layer_tail_tokens", "live_rows", "prefill_rows", "request_window_rows", "replay_events", "ring_rows", "ring_size",
+    "draft_step_slots", "late_layer_tail_tokens", "live_rows", "prefill_rows", "request_window_rows", "replay_events", "request_length_bound",
+    "ring_rows", "ring_size",
     "store_schedule", "token_state_slots", "translate_pool", "whole_page_ring",
 ]

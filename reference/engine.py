@@ -52,6 +52,8 @@ from .request_slots import Request, RequestSlots
 from .scenario import EngineConfig, Event, Mutation, ScenarioError
 from .truth import DUMMY_SLOT, TruthError, ring_rows, translate_pool
 
+UNREAD_PAGE = -1  # a page-table entry past its row's own pages (EngineState.page_table)
+
 
 class EngineState:
     def __init__(self, config: EngineConfig):
@@ -129,6 +131,27 @@ class EngineState:
                     known[id(inputs)] = exc
             return
         known.update(zip(map(id, every), together.split_with_sizes([inputs.num_rows for inputs in every])))
+
+    def page_table(self, token_slots: np.ndarray, positions: np.ndarray) -> torch.Tensor:
+        """Per token row, the full-pool pages of its request up to the row's causal length
+        ``position + 1``: SGLang's ``page_table``, ``req_to_token[slot, 0:max_len:page_size]
+        // page_size`` (int32, ``ceil(max_len / page_size)`` columns). Entries past a row's
+        own pages hold :data:`UNREAD_PAGE`: ``req_to_token`` has whatever an earlier request
+        left there, and no layer reads them. Padding rows hold the dummy request slot 0,
+        whose ``req_to_token`` row is never written: page 0."""
+        page = self.config.full_page_size
+        pages = -(-(positions + 1) // page)
+        if not len(pages):
+            return torch.zeros(0, 0, dtype=torch.int32)
+        table = np.full((len(pages), int(pages.max())), UNREAD_PAGE, dtype=INT)
+        live = token_slots != DUMMY_SLOT
+        rows = np.repeat(np.flatnonzero(live), pages[live])
+        page_nos = ragged_arange(np.zeros(int(live.sum()), dtype=INT), pages[live])
+        # the books keep each page a request holds by page number, as req_to_token's
+        # entries at multiples of the page size hold them times the page size
+        table[rows, page_nos] = self.pools.full_table.get(token_slots[rows], page_nos)
+        table[~live, 0] = DUMMY_SLOT
+        return torch.from_numpy(table).to(torch.int32)
 
     def take_written(self, model: str, joined: bool = True) -> np.ndarray | None:
         """:meth:`MappingRows.take_written <swafuzz.reference.mapping_rows.MappingRows.take_written>`."""

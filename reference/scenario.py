@@ -542,6 +542,20 @@ def _check_work(scenario: "Scenario") -> None:
         check(index, "checked_rows", checked, "up to {value} rows checked by events[0..{index}]")
 
 
+def request_length_bound(scenario: "Scenario") -> int:
+    """An upper bound on the tokens any request of ``scenario`` ever holds, from the events
+    alone: each forward adds at most its largest token count to each of its requests (one
+    a step in decode and draft decode, the draft tokens in target-verify)."""
+    config = scenario.config
+    bound = 0
+    for event in scenario.events:
+        if event.op == "forward" and event.requests:
+            per_request = max(event.tokens) if event.tokens else (
+                config.num_draft_tokens if event.mode == "verify" else 1)
+            bound += per_request * event.steps
+    return bound
+
+
 def _step_rows(event: Event, config: EngineConfig) -> int:
     """An upper bound on the rows one step of a forward writes, padding included."""
     if event.graph:

@@ -128,6 +128,9 @@ def _small_or(lo: int, small: int, large: int) -> st.SearchStrategy[int]:
 
 
 _PAGE_SIZES = st.sampled_from([1, 2, 4, 16])
+# DeepSeek-V4's full pool pages hold a multiple of 128 tokens (SGLang asserts it from 0.5.16;
+# 256 in practice): the page table and the C128 page indices are read in such pages
+_COMPRESSED_PAGE_SIZES = st.sampled_from([128, 256])
 # a few layers (where failures shrink to) in one stage of four, tens in the others, and
 # nearly half of all stages 43-64 layers deep, as a DeepSeek-V4 stage is: every forward
 # checks each of them, so a deep stage makes checks cheap. Every branch's values lie in the
@@ -183,8 +186,9 @@ def scenarios(profile: str = REALISTIC, long_horizon: bool = False,
 
     ``compressed``: a DeepSeek-V4 model whose layers have compress ratios (the model
     config's ``compress_ratios``, :func:`_compress_ratio_lists`), extends of a few requests
-    long enough to cross a C128 group (:data:`LONG_EXTEND` tokens) and up to
-    :data:`MAX_COMPRESSED_DRAFT_TOKENS` draft tokens, for subjects that answer the
+    long enough to cross a C128 group (:data:`LONG_EXTEND` tokens), up to
+    :data:`MAX_COMPRESSED_DRAFT_TOKENS` draft tokens and full pool pages of 128 or 256
+    tokens, for subjects that answer the
     compressed values. Without it no choice of these is drawn, so an SWA-only search draws
     what it always drew."""
     if profile not in PROFILES:
@@ -219,7 +223,7 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[
     most_draft_tokens = MAX_COMPRESSED_DRAFT_TOKENS if compressed else 4
     num_draft_tokens = draw(st.integers(2, 2 if DRAFT_MULTISTEP in excluded else most_draft_tokens)) if speculative else 1
     draft_model = speculative and DRAFT_MODEL not in excluded and draw(st.booleans())
-    full_page = draw(_PAGE_SIZES)
+    full_page = draw(_COMPRESSED_PAGE_SIZES if compressed else _PAGE_SIZES)
     swa_page = draw(_PAGE_SIZES)
     compress_ratios = draw(_COMPRESS_RATIOS(start_layer + num_layers)) if compressed else ()
     sim = _Sim(adversarial, speculative, num_draft_tokens, stage, swa_layers,

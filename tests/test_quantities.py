@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,13 +15,13 @@ from hypothesis import HealthCheck, find, given, settings
 from swafuzz import run_scenario
 from swafuzz.errors import SubjectError
 from swafuzz.quantities import QUANTITIES
-from swafuzz.reference import EngineConfig, Scenario, ScenarioError
+from swafuzz.reference import UNREAD_PAGE, EngineConfig, EngineState, Event, Scenario, ScenarioError, page_table
 from swafuzz.results.replay import load_replay
 from swafuzz.run.diagnosis import DUMMY, EARLIER_FORWARD, EARLIER_STEP, GRAPH_CAPTURE
 from swafuzz.search.fuzz import fuzz
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.scenarios import LONG_EXTEND, MAX_COMPRESSED_DRAFT_TOKENS, REALISTIC, scenarios
-from swafuzz.subjects.builtin import CompressedMetadata, Uncached
+from swafuzz.subjects.builtin import CompressedMetadata, PageTable, Uncached
 from swafuzz.subjects.registry import resolve_subject
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +41,47 @@ def test_each_compressed_write_location_is_read_by_the_layers_of_its_ratio_only(
 
 
 def test_a_compressed_write_location_is_the_group_slot_where_a_row_completes_a_group_else_the_dummy():
-    positions, loc = torch.tensor([0, 2, 3, 127, 7]), torch.tensor([40, 41, 42, 1024, 0])
-    assert QUANTITIES["c4_out_loc"].truth(positions, loc).tolist() == [0, 0, 10, 256, 0]
-    assert QUANTITIES["c128_out_loc"].truth(positions, loc).tolist() == [0, 0, 0, 8, 0]
+    inputs = SimpleNamespace(positions=torch.tensor([0, 2, 3, 127, 7]), out_cache_loc=torch.tensor([40, 41, 42, 1024, 0]))
+    assert QUANTITIES["c4_out_loc"].truth(inputs, None).tolist() == [0, 0, 10, 256, 0]
+    assert QUANTITIES["c128_out_loc"].truth(inputs, None).tolist() == [0, 0, 0, 8, 0]
+
+
+def _planned(config: EngineConfig, events: list[Event]) -> tuple[EngineState, list]:
+    """The engine model after ``events`` (admits, then forwards), with each forward's plan."""
+    state, plans = EngineState(config), []
+    for index, event in enumerate(events):
+        if event.op == "forward":
+            plans.append(state.plan_forward(event, index, f"events[{index}]"))
+            state.finish_forward()
+        else:
+            state.apply(event, f"events[{index}]")
+    return state, plans
+
+
+def test_the_page_table_truth_is_the_req_to_token_pages_of_each_rows_request_where_a_layer_reads_them():
+    config = EngineConfig(end_layer=2, compress_ratios=(4, 128), full_page_size=128, full_pool_size=128 * 8,
+                          swa_pool_size=512, sliding_window=128)
+    state, plans = _planned(config, [Event(op="admit", count=2),
+                                     Event(op="forward", mode="extend", requests=(0, 1), tokens=(130, 3)),
+                                     Event(op="forward", mode="extend", requests=(1,), tokens=(200,))])
+    req_to_token = torch.zeros(config.num_req_slots, 512, dtype=torch.int64)
+    for plan in plans:
+        inputs = plan.steps[0][0]
+        req_to_token[inputs.token_slots, inputs.positions] = inputs.out_cache_loc
+    truth = QUANTITIES["page_table"].truth(inputs, state)
+    plain = page_table(req_to_token, inputs.token_slots, int(inputs.positions.max()) + 1, 128)
+    assert truth.dtype == plain.dtype == torch.int32 and truth.shape == plain.shape == (200, 2)
+    own = torch.arange(2) < -(-(inputs.positions[:, None] + 1) // 128)  # a row's own pages
+    assert torch.equal(truth[own], plain[own]) and bool((truth[~own] == UNREAD_PAGE).all())
+    assert truth[0].tolist() == [plain[0, 0], UNREAD_PAGE] and truth[-1, 1] != UNREAD_PAGE
+
+
+def test_a_page_table_answer_is_held_to_its_first_columns_where_a_layer_reads_them():
+    page_table = QUANTITIES["page_table"]
+    truth = torch.tensor([[5, UNREAD_PAGE], [5, 6]], dtype=torch.int32)
+    wider = torch.tensor([[5, 9, 9], [5, 6, 9]], dtype=torch.int32)  # unread entries hold anything
+    assert torch.equal(page_table.compared(wider, truth), truth)
+    assert not torch.equal(page_table.compared(torch.tensor([[5, 9], [5, 7]], dtype=torch.int32), truth), truth)
 
 
 # ---- the engine model --------------------------------------------------------------------
@@ -150,6 +189,18 @@ def test_a_value_of_the_wrong_dtype_is_a_divergence_naming_the_value():
                           "not torch.int64.")
 
 
+class _FirstPageOnly(PageTable):
+    def per_step_value(self, batch, layer_id, quantity):
+        return super().per_step_value(batch, layer_id, quantity)[:, :1]
+
+
+def test_a_page_table_with_fewer_columns_than_its_rows_pages_is_a_divergence_naming_the_value():
+    d = run_scenario(_FirstPageOnly, EXAMPLES["compressed-graph-replay"]).divergence
+    assert (d.kind, d.quantity, d.layer_id) == ("wrong_length", "page_table", 0)
+    assert d.sentence == ("At forward 1 (extend), layer 0, per_step_value('page_table') returned shape (3, 1) "
+                          "for 3 rows of at least 3 columns.")
+
+
 def test_an_swa_finding_carries_no_value_name_in_its_record():
     d = run_scenario(resolve_subject("pool-start-layer").subject, EXAMPLES["first-swa-layer-not-start"]).divergence
     assert d.quantity is None and "quantity" not in d.to_dict()
@@ -182,6 +233,12 @@ def test_a_compressed_search_draws_prefills_past_a_c128_group_and_more_than_4_dr
     assert drafts.config.num_draft_tokens <= MAX_COMPRESSED_DRAFT_TOKENS
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(scenarios(REALISTIC, compressed=True))
+def test_a_compressed_search_pages_the_full_pool_in_multiples_of_128_tokens(scenario):
+    assert scenario.config.full_page_size in (128, 256)
+
+
 # ---- the built-in designs, found by the search ---------------------------------------------
 
 
@@ -191,6 +248,7 @@ def test_a_compressed_search_draws_prefills_past_a_c128_group_and_more_than_4_dr
     ("compressed-first-layer", EARLIER_FORWARD),  # a stage past the refreshing layer reads old ones
     ("compressed-graph-assign", GRAPH_CAPTURE),  # the captured layers read the capture's values
     ("compressed-draft-pad4", DUMMY),  # draft tokens past the fourth write nothing
+    ("page-table-captured", GRAPH_CAPTURE),  # replays read the page table of the capture
 ])
 def test_the_search_finds_each_buggy_compressed_design_and_names_the_value_and_its_source(subject, source):
     result = fuzz(resolve_subject(subject), profile=REALISTIC, settings="ci", seed=0, max_examples=1500)

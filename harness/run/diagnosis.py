@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import re
 
@@ -369,20 +369,29 @@ class History:
         return [*same_model, *self._captured(live_only=True), *other_model]
 
 
+def wrong_rows(wrong: torch.Tensor) -> torch.Tensor:
+    """Which rows hold a wrong entry, of a value with one entry per row or a table per row."""
+    return wrong if wrong.dim() <= 1 else wrong.flatten(1).any(1)
+
+
 def explain(
     history: History, site: Site, truth: str, inputs, config: EngineConfig, actual: torch.Tensor,
-    expected: torch.Tensor,
+    expected: torch.Tensor, fit: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> Source:
-    """The first candidate that reproduces every wrong live row, else the first pattern of
-    wrong rows that explains them all (:func:`_patterns`), else UNKNOWN, saying which rows
-    are wrong and the candidate that comes closest."""
+    """The first candidate that reproduces every wrong live entry, else the first pattern
+    of wrong rows that explains them all (:func:`_patterns`), else UNKNOWN, saying which
+    rows are wrong and the candidate that comes closest. ``fit``: how a candidate of a
+    table value is held against ``expected`` (None where it cannot be)."""
     wrong = actual != expected
     closest: tuple[int, Source | None] = (0, None)
     if truth in SWA_TRUTHS:
         candidates = [*history.candidates(site, truth, inputs, config),
                       *_patterns(history, site, truth, inputs, config, actual, expected)]
     else:
-        candidates = _value_candidates(history.candidates(site, truth, inputs, config), actual, wrong)
+        candidates = history.candidates(site, truth, inputs, config)
+        if fit is not None:
+            candidates = [(source, fitted) for source, rows in candidates if (fitted := fit(rows)) is not None]
+        candidates = _value_candidates(candidates, actual, wrong)
     for source, rows in candidates:
         if rows.shape != actual.shape:
             continue
@@ -392,7 +401,7 @@ def explain(
         if explained > closest[0]:
             closest = (explained, source)
     phrase = "rows that no earlier answer, mapping or fallback explains"
-    phrase += f" ({_which_rows(inputs, wrong)}"
+    phrase += f" ({_which_rows(inputs, wrong_rows(wrong))}"
     explained, source = closest
     if source is not None:
         phrase += f"; closest: {source.phrase}, which explains {explained} of {int(wrong.sum())}"
@@ -574,12 +583,13 @@ def explain_padding(history: History, site: Site, num_live: int, actual: torch.T
                     expected: torch.Tensor) -> Source | None:
     """Where every wrong padding row's value came from: the rows an earlier answer or the
     capture had at the same row indices, else this forward's live tokens; None if neither."""
-    wrong = (actual[num_live:] != expected[num_live:]).nonzero().flatten() + num_live
+    wrong = wrong_rows(actual[num_live:] != expected[num_live:]).nonzero().flatten() + num_live
     if not wrong.numel():
         return None
     values = actual[wrong]
     for source, rows in history.padding_candidates(site):
-        if rows.shape[0] > int(wrong.max()) and bool((rows[wrong] == values).all()):
+        if (rows.shape[0] > int(wrong.max()) and rows.shape[1:] == actual.shape[1:]
+                and bool((rows[wrong] == values).all())):
             return source
     if num_live and bool(torch.isin(values, expected[:num_live]).all()):
         return Source(LIVE_TOKENS, "the rows of this forward's live tokens",

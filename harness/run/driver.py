@@ -15,7 +15,7 @@ import torch
 
 from ..api import CodeNames, ForwardBatch, ModelSpec, Subject
 from ..quantities import answered, reads_per_layer
-from ..reference import EngineState, ForwardPlan, Scenario, StepInputs
+from ..reference import EngineState, ForwardPlan, Scenario, StepInputs, request_length_bound
 
 from . import diagnosis as dx
 from .arena import ALTERNATING_SLOTS, Arena
@@ -59,12 +59,16 @@ class Driver:
         self.judge = Judge(self.state, self.history, self.progress, self.inputs, subject_cls.truth.value, device,
                            on_store, keep_going, quoted(answered_by) if type(answered_by) is str else None)
         # per layer, the per-step values the subject answers that the layer reads
-        value_reads = reads_per_layer(answered(getattr(subject_cls, "answers", ())), self.config.stage_layers,
-                                      self.config.compress_ratio)
+        quantities = answered(getattr(subject_cls, "answers", ()))
+        value_reads = reads_per_layer(quantities, self.config.stage_layers, self.config.compress_ratio)
+        self.req_to_token = _req_to_token(scenario, device) if any(q.reads_req_to_token for q in quantities) else None
+        self.specs = {model: ModelSpec.of(self.config, model, device, self.req_to_token) for model in self.config.models}
+        # a table value's columns in a graph's static buffers (its widest)
+        value_columns = {q.name: q.graph_columns(self.specs["target"]) for q in quantities if q.graph_columns}
         self.store_calls = StoreCalls(self.progress, self.calls, self.judge, timeline, timeout_s, value_reads)
         self.graph_forwards = GraphForwards(self.config, device, self.subjects, self.progress, self.calls,
                                             self.inputs, self.judge, self.arena, timeline, self.history,
-                                            self._new_forward_id, self._backend, value_reads)
+                                            self._new_forward_id, self._backend, value_reads, value_columns)
         self.backends: dict[tuple[str, int], SimpleNamespace] = {}
         self.eager_forwards: dict[str, int] = {}  # per model: eager forwards so far (picks the slot)
         self.next_forward_id = 0
@@ -83,9 +87,7 @@ class Driver:
             self.judge.first_divergence = self.judge.first_divergence or stop.divergence
 
     def setup(self) -> None:
-        c = self.config
-        for model in c.models:
-            spec = ModelSpec.of(c, model, self.device)
+        for model, spec in self.specs.items():
             where = Where(model=model)
             name = quoted(self.subject_cls.__name__, MAX_NAME_CHARS)
             self.subjects[model] = self.calls.invoke(where, f"{name}(spec)", self.subject_cls, spec)
@@ -102,6 +104,8 @@ class Driver:
             plan = progress.plan = self.state.plan_forward(event, index, where, self.scenario.events)
             progress.forward += 1
             self._sync(f"the allocation for forward {progress.forward}")
+            if self.req_to_token is not None:
+                _write_req_to_token(self.req_to_token, plan)
             if plan.graph_batch_size is None:
                 self._eager_forward(plan)
             else:
@@ -267,3 +271,23 @@ def code_names(subject_cls: type[Subject]) -> CodeNames:
         return CodeNames({}, {})
     return CodeNames(*({key: quoted(value) for key, value in part.items() if type(key) is str and type(value) is str}
                        if type(part) is dict else {} for part in (names.calls, names.inputs)))
+
+
+def _req_to_token(scenario: Scenario, device: torch.device) -> torch.Tensor:
+    """SGLang's ``req_to_token`` for ``scenario``: a row per request slot, as many columns
+    as any of its requests can hold tokens (a multiple of the page size), zeros."""
+    config = scenario.config
+    page = config.full_page_size
+    context = min(max(1, request_length_bound(scenario)), config.full_pool_size)
+    return torch.zeros(config.num_req_slots, -(-context // page) * page, dtype=torch.int32, device=device)
+
+
+def _write_req_to_token(req_to_token: torch.Tensor, plan: ForwardPlan) -> None:
+    """Each live token of the forward's steps at its request slot and position, before the
+    forward runs (as the scheduler writes the tokens it allocates)."""
+    for step_inputs in plan.steps:
+        for inputs in step_inputs:
+            live = slice(0, inputs.num_live)
+            where = (inputs.token_slots[live], inputs.positions[live])
+            req_to_token.index_put_(tuple(i.to(req_to_token.device) for i in where),
+                                    inputs.out_cache_loc[live].to(req_to_token.device, torch.int32))

@@ -48,7 +48,8 @@ class GraphForwards:
                  progress: Progress, calls: SubjectCalls, inputs: InputGuard, judge: Judge, arena: Arena,
                  timeline: HostTimeline, history: dx.History, forward_id: Callable[[], int],
                  backend: Callable[[str, int], SimpleNamespace],
-                 value_reads: dict[int, tuple[Quantity, ...]] | None = None):
+                 value_reads: dict[int, tuple[Quantity, ...]] | None = None,
+                 value_columns: dict[str, int] | None = None):
         self.config = config
         self.device = device
         self.subjects = subjects
@@ -62,6 +63,7 @@ class GraphForwards:
         self.forward_id = forward_id
         self.backend = backend
         self.value_reads = value_reads or {}
+        self.value_columns = value_columns or {}  # a table value's columns in the static buffers
         self.graphs: dict[tuple, _Captured] = {}
         self.static_buffers: dict[str, dict[str, torch.Tensor]] = {}
         self.static_seq_lens_cpu: dict[str, torch.Tensor] = {}
@@ -119,7 +121,8 @@ class GraphForwards:
             self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
         sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
-        value_sinks = [(call, quantity, torch.empty(size, dtype=quantity.dtype, device=self.device))
+        value_sinks = [(call, quantity, torch.empty((size, *self._columns(quantity)), dtype=quantity.dtype,
+                                                    device=self.device))
                        for call in plan.calls for quantity in self.value_reads.get(call[1], ())]
         static.in_graph = self.progress.capturing = True
         guard = self.calls.guard
@@ -173,11 +176,18 @@ class GraphForwards:
             for quantity in self.value_reads.get(layer_id, ()):
                 value = method(where, subject, "per_step_value", static, layer_id, quantity.name,
                                phase=phase, about=quantity.name)
-                problem = self.judge.shape_problem(self.progress.site(where), value, plan.graph_batch_size, quantity)
+                columns = self._columns(quantity)
+                problem = self.judge.shape_problem(self.progress.site(where), value, plan.graph_batch_size, quantity,
+                                                   (*columns, *columns) if columns else None)
                 if problem is not None:
                     raise Stop(problem)
                 if value_sinks is not None:
                     next(value_sinks)[2].copy_(value)
+
+    def _columns(self, quantity: Quantity) -> tuple[int, ...]:
+        """A value's sizes past its rows in a graph: its static columns, if a table."""
+        columns = self.value_columns.get(quantity.name)
+        return () if columns is None else (columns,)
 
     def _static_buffers(self, model: str) -> dict[str, torch.Tensor]:
         """The graph inputs of ``model``, allocated at its first capture (a scenario may

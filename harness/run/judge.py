@@ -112,21 +112,23 @@ class Judge:
                 raise Stop(divergence)
             self.first_divergence = self.first_divergence or divergence
 
-    def shape_problem(self, site: dx.Site, out: Any, rows: int, quantity: Quantity | None = None) -> dx.Divergence | None:
+    def shape_problem(self, site: dx.Site, out: Any, rows: int, quantity: Quantity | None = None,
+                      columns: tuple[int, int | None] | None = None) -> dx.Divergence | None:
         """What makes ``out`` no answer of ``rows`` rows: of the SWA write location, or
-        (``quantity``) of that per-step value."""
+        (``quantity``) of that per-step value; a table's ``columns`` are (least, most)."""
         if quantity is not None:
             return self._shape_problem(site, out, rows, quantity.dtype, f"At {site.describe()}, "
-                                       f"{_value_answered_by(quantity)}", quantity.name)
+                                       f"{_value_answered_by(quantity)}", quantity.name, columns)
         return self._shape_problem(site, out, rows, torch.int32,
                                    f"At {site.describe()}, {self.answered_by or 'swa_write_location returned'}")
 
     def _shape_problem(self, site: dx.Site, out: Any, rows: int, dtype: torch.dtype, said: str,
-                       quantity: str | None = None) -> dx.Divergence | None:
-        problem = self._shape_of(site, out, rows, dtype, said)
+                       quantity: str | None = None, columns: tuple[int, int | None] | None = None) -> dx.Divergence | None:
+        problem = self._shape_of(site, out, rows, dtype, said, columns)
         return problem if problem is None or quantity is None else dataclasses.replace(problem, quantity=quantity)
 
-    def _shape_of(self, site: dx.Site, out: Any, rows: int, dtype: torch.dtype, said: str) -> dx.Divergence | None:
+    def _shape_of(self, site: dx.Site, out: Any, rows: int, dtype: torch.dtype, said: str,
+                  columns: tuple[int, int | None] | None = None) -> dx.Divergence | None:
         # an answer is read only as a plain tensor: a subclass's methods are the subject's code
         if type(out) is not torch.Tensor:
             if isinstance(out, torch.Tensor):
@@ -147,9 +149,18 @@ class Judge:
                 and bool(torch.isnan(out).any())
             ) else ""
             return site.divergence(dx.WRONG_DTYPE, f"{said} {out.dtype}{nan}, not {dtype}.")
-        if out.dim() != 1 or out.shape[0] != rows:
+        if columns is None:
+            if out.dim() != 1 or out.shape[0] != rows:
+                return site.divergence(
+                    dx.WRONG_LENGTH, f"{said} shape {tuple(out.shape)} for {rows} rows.",
+                    actual=dx.stored_values(out),
+                )
+            return None
+        least, most = columns
+        if out.dim() != 2 or out.shape[0] != rows or out.shape[1] < least or (most is not None and out.shape[1] > most):
+            wanted = f"{least}" if most == least else f"at least {least}" if most is None else f"{least} to {most}"
             return site.divergence(
-                dx.WRONG_LENGTH, f"{said} shape {tuple(out.shape)} for {rows} rows.",
+                dx.WRONG_LENGTH, f"{said} shape {tuple(out.shape)} for {rows} rows of {wanted} columns.",
                 actual=dx.stored_values(out),
             )
         return None
@@ -164,17 +175,23 @@ class Judge:
         else:
             history, truth_kind = self.value_history(quantity), quantity.name
             answered_by, extra = _value_answered_by(quantity), {"quantity": quantity.name}
-        problem = self.shape_problem(site, out, expected.shape[0], quantity)
+        table = quantity is not None and quantity.unread is not None
+        columns = (expected.shape[1], None) if table else None
+        problem = self.shape_problem(site, out, expected.shape[0], quantity, columns)
         if problem is not None:
             if problem.kind == dx.WRONG_LENGTH and out.dim() == 1:
                 return self._explain_length(site, inputs, out, expected, problem, history, truth_kind, answered_by)
             return problem
         actual = out.to("cpu")
+        fit = None
+        if table:
+            actual = quantity.compared(actual, expected)
+            fit = _fitted_to(quantity, expected[:inputs.num_live])
         n = inputs.num_live
         live, want = actual[:n], expected[:n]
         if not torch.equal(live, want):
-            source = dx.explain(history, site, truth_kind, inputs, self.config, live, want)
-            n_wrong = int((live != want).sum())
+            source = dx.explain(history, site, truth_kind, inputs, self.config, live, want, fit)
+            n_wrong = int(dx.wrong_rows(live != want).sum())
             held_in = (self.held_in(plan, step, mb, out)
                        if quantity is None and source.kind in dx.STALE_SOURCES else None)
             return site.divergence(
@@ -183,14 +200,16 @@ class Judge:
                 **extra,
             )
         padding = actual[n:]
-        wrong = (padding != expected[n:]).nonzero().flatten().tolist()
+        wrong_entries = padding != expected[n:]
+        wrong = dx.wrong_rows(wrong_entries).nonzero().flatten().tolist()
         if not wrong:
             return None
         # a per-step value's rows are no request's own: only the SWA rows can alias one
         owned = self.state.live_targets(model, truth_kind) if quantity is None else set()
         aliased = [i for i in wrong if int(padding[i]) in owned]
         row = (aliased or wrong)[0]
-        value = int(padding[row])
+        # of a table row, its first wrong entry
+        value = int(padding[row] if padding.dim() == 1 else padding[row][wrong_entries[row]][0])
         explained = dx.explain_padding(history, site, n, actual, expected)
         sentence = dx.padding_sentence(site, n + row, value, bool(aliased), explained, answered_by)
         source = explained or (
@@ -234,7 +253,7 @@ class Judge:
         expected = self.value_truths.get(key)
         if expected is None:
             inputs = plan.steps[step][mb]
-            expected = quantity.truth(inputs.positions, inputs.out_cache_loc)
+            expected = quantity.truth(inputs, self.state)
             self.value_history(quantity).record_answer(self.progress.forward, plan.event.mode, plan.model, step, mb,
                                                        expected[: inputs.num_live])
             self.value_truths[key] = expected
@@ -246,10 +265,14 @@ class Judge:
         an SWA answer: a wrong one ends the run unless ``keep_going``."""
         expected = self.value_truth(plan, step, mb, quantity)
         self.progress.checks += 1
-        on_device = self.on_device
-        if (type(out) is torch.Tensor and out.dtype is quantity.dtype and on_device(out)
-                and torch.equal(out.cpu() if not self.on_host else out, expected)):
-            return
+        if type(out) is torch.Tensor and out.dtype is quantity.dtype and self.on_device(out):
+            host = out if self.on_host else out.cpu()
+            if quantity.unread is None:
+                if torch.equal(host, expected):
+                    return
+            elif (host.dim() == 2 and host.shape[0] == expected.shape[0] and host.shape[1] >= expected.shape[1]
+                  and torch.equal(quantity.compared(host, expected), expected)):
+                return
         where = Where(plan, step, mb, layer_id)
         divergence = self.inputs.input_written(where) or self._diagnose(
             self.progress.site(where, call), plan, step, mb, out, expected, quantity)
@@ -258,6 +281,17 @@ class Judge:
         if not self.keep_going:
             raise Stop(divergence)
         self.first_divergence = self.first_divergence or divergence
+
+
+def _fitted_to(quantity: Quantity, truth: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor | None]:
+    """How a candidate table is held against ``truth`` as the answer was: its first
+    columns, with the truth's unread entries; None for one of another shape or too few
+    columns."""
+    def fit(rows: torch.Tensor) -> torch.Tensor | None:
+        if rows.dim() != 2 or rows.shape[0] != truth.shape[0] or rows.shape[1] < truth.shape[1]:
+            return None
+        return quantity.compared(rows, truth)
+    return fit
 
 
 def _value_answered_by(quantity: Quantity) -> str:

@@ -432,3 +432,57 @@ def _token_index_in_request(batch: ForwardBatch) -> torch.Tensor:
     starts = torch.cumsum(counts, 0) - counts
     tokens = torch.arange(batch.num_tokens, device=counts.device)
     return tokens - starts.repeat_interleave(counts, output_size=batch.num_tokens)
+
+
+# ---- the page table (swafuzz.quantities) -----------------------------------------------------
+
+def _page_table(batch: ForwardBatch, req_to_token: torch.Tensor, page_size: int, columns: int | None = None) -> torch.Tensor:
+    """Per token row, its request's full-pool pages, ``req_to_token[slot, 0:width:page_size]
+    // page_size``: ``columns`` of them (a graph's static width), else as many as the
+    batch's longest causal length needs."""
+    if columns is None:
+        longest = int(batch.positions.max()) + 1 if batch.num_tokens else 0
+        columns = -(-longest // page_size)
+    slots = tokens_request_slots(batch).to(torch.int64)
+    return req_to_token[slots, 0:columns * page_size:page_size] // page_size
+
+
+class PageTable(Uncached):
+    """The page table built once per forward and draft step in metadata init from
+    ``req_to_token``, as SGLang's ``make_core_attn_metadata``, and read by every C4 and C128
+    layer: correct. Under graphs it is rebuilt in the graph-recordable part of metadata
+    preparation into a static buffer as wide as ``req_to_token`` allows, so every replay
+    reads the tokens the engine wrote for it."""
+
+    answers = ("page_table",)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        batch.backend.pages = SimpleNamespace(
+            built_for=(batch.forward_id, batch.draft_step),
+            table=_page_table(batch, self.spec.req_to_token, self.spec.page_size))
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        batch.backend.pages = SimpleNamespace(built_for=None, table=self._graph_table(batch))
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        batch.backend.pages.built_for = (batch.forward_id, batch.draft_step)
+        batch.backend.pages.table.copy_(self._graph_table(batch))
+
+    def per_step_value(self, batch: ForwardBatch, layer_id: int, quantity: str) -> torch.Tensor:
+        pages = batch.backend.__dict__.get("pages")
+        if pages is None or pages.built_for != (batch.forward_id, batch.draft_step):
+            self.init_forward_metadata(batch)
+            pages = batch.backend.pages
+        return pages.table
+
+    def _graph_table(self, batch: ForwardBatch) -> torch.Tensor:
+        req_to_token, page = self.spec.req_to_token, self.spec.page_size
+        return _page_table(batch, req_to_token, page, -(-req_to_token.shape[1] // page))
+
+
+class PageTableCaptured(PageTable):
+    """The page table under graphs built at capture and never repopulated before a replay
+    (#26019's review): every replay reads the capture's pages, those of the dummy request."""
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        batch.backend.pages.built_for = (batch.forward_id, batch.draft_step)

@@ -134,6 +134,13 @@ BUILTIN_TABLE: tuple[BuiltinSubject, ...] = (
                    "The compressed write locations of speculative forwards planned for at most 4 draft tokens "
                    "per request (#34189): more draft tokens leave rows unwritten.",
                    (TARGET_VERIFY, DRAFT_EXTEND)),
+    BuiltinSubject("page-table", "PageTable", POOL, EQUIVALENT,
+                   "Also answers page_table, built from req_to_token once per forward and draft step in "
+                   "metadata init and read by every C4 and C128 layer; rebuilt in the graph: correct."),
+    BuiltinSubject("page-table-captured", "PageTableCaptured", POOL, DIVERGES,
+                   "The page table under graphs built at capture and never repopulated before a replay "
+                   "(#26019's review): replays read the capture's pages.",
+                   (GRAPH_REPLAY,)),
 )
 
 
