@@ -201,6 +201,34 @@ def test_a_page_table_with_fewer_columns_than_its_rows_pages_is_a_divergence_nam
                           "for 3 rows of at least 3 columns.")
 
 
+class _SeesReqToToken(PageTable):
+    seen: list = []
+
+    def init_forward_metadata(self, batch):
+        type(self).seen.append(None if self.spec.req_to_token is None else self.spec.req_to_token.clone())
+        super().init_forward_metadata(batch)
+
+
+class _AnswersNoPageTable(CompressedMetadata):
+    seen: list = []
+
+    def init_forward_metadata(self, batch):
+        type(self).seen.append(self.spec.req_to_token)
+        super().init_forward_metadata(batch)
+
+
+def test_req_to_token_holds_each_forwards_tokens_before_it_runs_and_only_for_page_table_subjects():
+    example = EXAMPLES["compressed-graph-replay"]  # one request: an extend of 3 tokens first
+    _SeesReqToToken.seen = []
+    assert run_scenario(_SeesReqToToken, example).divergence is None
+    first = _SeesReqToToken.seen[0]
+    assert first.dtype == torch.int32 and first.shape[0] == example.config.num_req_slots
+    assert first[1, :3].tolist() != [0, 0, 0] and not bool(first[0].any())
+    _AnswersNoPageTable.seen = []
+    assert run_scenario(_AnswersNoPageTable, example).divergence is None
+    assert _AnswersNoPageTable.seen and all(seen is None for seen in _AnswersNoPageTable.seen)
+
+
 def test_an_swa_finding_carries_no_value_name_in_its_record():
     d = run_scenario(resolve_subject("pool-start-layer").subject, EXAMPLES["first-swa-layer-not-start"]).divergence
     assert d.quantity is None and "quantity" not in d.to_dict()

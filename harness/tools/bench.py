@@ -316,7 +316,8 @@ def bench_scaling(subjects: tuple[str, ...] = SCALING_SUBJECTS, profiles=("reali
     return ratios
 
 
-MUTATED_SUBJECTS = ("uncached", "uncached-ring", "step-keyed-capture", "step-keyed-capture-ring", "compressed-metadata")
+MUTATED_SUBJECTS = ("uncached", "uncached-ring", "step-keyed-capture", "step-keyed-capture-ring", "compressed-metadata",
+                    "page-table")
 
 
 @dataclass(frozen=True)
