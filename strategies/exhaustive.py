@@ -9,6 +9,9 @@ a bystander whose departure frees slots; after the bystander's own decode, up to
 lifecycle feature switched on alone), with any one state event between consecutive forwards
 (a clear re-admits three requests, which take the places of the three before).
 
+For a subject that answers per-step values the scope is compressed: the same scenarios on
+models whose layers alternate C4 and C128 from layer 0, with full pool pages of 128 tokens.
+
 Every realistic feature (:data:`swafuzz.strategies.scenarios.REALISTIC_FEATURES`) is in the scope at
 its smallest size; :func:`scope_statement` says what a scope covers and what it leaves out.
 """
@@ -39,7 +42,8 @@ BETWEEN_FORWARDS: tuple[tuple[dict, ...], ...] = (
 ALWAYS_LEFT_OUT = (
     "more than two requests under test (and one bystander)",
     "sliding windows other than 2 (rings of 2 and, with 3 draft tokens, 4 rows)",
-    "page sizes other than 1 and 2, two-slot pages with longer stages, and pools of other sizes",
+    "page sizes other than 1 and 2 (of the full pool, 128 in a compressed scope), two-slot pages with "
+    "longer stages, and pools of other sizes",
     "graph batch sizes other than 2 and 4",
     "two features switched on in one forward, and more than one state event between forwards",
     "draft step counts other than 2, and mapping changes after other than the first store",
@@ -92,14 +96,18 @@ def forward_variants(num_swa_calls: int, speculative: bool, stage: range) -> lis
 _SPECULATION = ((False, False), (True, False), (True, True))
 
 
-def _configs(max_layers: int) -> Iterator[dict]:
+# a compressed scope's full pool: pages of 128 tokens, as DeepSeek-V4 pages hold a multiple of 128
+COMPRESSED_PAGE = 128
+
+
+def _configs(max_layers: int, compressed: bool = False) -> Iterator[dict]:
     for num_layers, start, hybrid, (speculative, draft_model), page in itertools.product(
         range(1, max_layers + 1), (0, 1), (False, True), _SPECULATION, (1, 2)
     ):
         smallest_stage = 2 if hybrid else 1
         if num_layers < smallest_stage or (page > 1 and num_layers > smallest_stage):
             continue
-        yield {
+        config = {
             "start_layer": start,
             "end_layer": start + num_layers,
             "non_swa_layers": [start] if hybrid else [],
@@ -114,6 +122,11 @@ def _configs(max_layers: int) -> Iterator[dict]:
             "swa_pool_size": 32,
             "graph_batch_sizes": [2, 4],
         }
+        if compressed:
+            # C4 and C128 layers alternate from layer 0; the SWA pool keeps its paging
+            config |= {"compress_ratios": [(4, 128)[layer % 2] for layer in range(start + num_layers)],
+                       "full_page_size": COMPRESSED_PAGE, "full_pool_size": 8 * COMPRESSED_PAGE}
+        yield config
 
 
 def _renumbered(event: dict, offset: int) -> dict:
@@ -132,15 +145,18 @@ def _renumbered(event: dict, offset: int) -> dict:
 
 
 def enumerate_scenarios(
-    max_forwards: int = 2, max_layers: int = 3, max_micro_batches: int = 2, profile: str = ADVERSARIAL
+    max_forwards: int = 2, max_layers: int = 3, max_micro_batches: int = 2, profile: str = ADVERSARIAL,
+    compressed: bool = False,
 ) -> Iterator[Scenario]:
     """Every scenario of the scope (see module docstring), in a fixed order.
 
     ``max_forwards`` counts the forwards under test, after the bystander's decode. Scenarios
-    with fewer forwards come first.
+    with fewer forwards come first. ``compressed``: every model has compress ratios (C4 and
+    C128 layers alternating from layer 0) and a full pool of 128-token pages, for subjects
+    that answer the compressed values.
     """
     configs = []
-    for config in _configs(max_layers):
+    for config in _configs(max_layers, compressed):
         engine = EngineConfig.from_dict(config)
         swa = engine.swa_layers
         variants = [
@@ -188,8 +204,16 @@ class ScopeStatement:
         return dataclasses.asdict(self) | {"covered": list(self.covered), "left_out": list(self.left_out)}
 
 
+# What no compressed scope holds, besides ALWAYS_LEFT_OUT.
+COMPRESSED_LEFT_OUT = (
+    "compress ratios other than C4 and C128 alternating from layer 0 (SWA-only layers among them)",
+    f"full pool pages other than {COMPRESSED_PAGE} tokens",
+    "requests long enough to complete a C128 group, and more than 3 draft tokens",
+)
+
+
 def scope_statement(scenarios: int, covered: set[str], max_forwards: int, max_layers: int,
-                    max_micro_batches: int, profile: str) -> ScopeStatement:
+                    max_micro_batches: int, profile: str, compressed: bool = False) -> ScopeStatement:
     """The statement for a clean run over the scope of these bounds; ``covered`` is every
     feature its scenarios exercised."""
     missing = [f"{feature} (not in the {profile} profile at these bounds)"
@@ -202,4 +226,5 @@ def scope_statement(scenarios: int, covered: set[str], max_forwards: int, max_la
     ]
     bounds = (f"forwards <= {max_forwards}, layers <= {max_layers}, micro-batches <= {max_micro_batches} "
               f"({profile} profile)")
-    return ScopeStatement(scenarios, bounds, tuple(sorted(covered)), (*missing, *beyond, *ALWAYS_LEFT_OUT))
+    left_out = (*missing, *beyond, *ALWAYS_LEFT_OUT, *(COMPRESSED_LEFT_OUT if compressed else ()))
+    return ScopeStatement(scenarios, bounds, tuple(sorted(covered)), left_out)

@@ -18,7 +18,8 @@ from swafuzz.quantities import QUANTITIES
 from swafuzz.reference import UNREAD_PAGE, EngineConfig, EngineState, Event, Scenario, ScenarioError, page_table
 from swafuzz.results.replay import load_replay
 from swafuzz.run.diagnosis import DUMMY, EARLIER_FORWARD, EARLIER_STEP, GRAPH_CAPTURE
-from swafuzz.search.fuzz import fuzz
+from swafuzz.search.fuzz import exhaustive, fuzz
+from swafuzz.strategies.exhaustive import COMPRESSED_LEFT_OUT
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.scenarios import LONG_EXTEND, MAX_COMPRESSED_DRAFT_TOKENS, REALISTIC, scenarios
 from swafuzz.subjects.builtin import CompressedMetadata, PageTable, Uncached
@@ -285,4 +286,14 @@ def test_the_search_finds_each_buggy_compressed_design_and_names_the_value_and_i
     assert d.quantity in QUANTITIES and f"per_step_value({d.quantity!r}) returned" in d.sentence
     assert d.source["kind"] == source, d.sentence
     assert run_scenario(resolve_subject(subject).subject, result.scenario).divergence == d
+
+
+def test_an_exhaustive_run_of_a_subject_answering_values_enumerates_compressed_models():
+    clean = exhaustive(resolve_subject("page-table"), max_forwards=1, max_layers=2)
+    assert clean.divergence is None and clean.examples > 100
+    assert set(COMPRESSED_LEFT_OUT) <= set(clean.scope.left_out)
+    found = exhaustive(resolve_subject("page-table-captured"), max_forwards=1, max_layers=2).divergence
+    assert found is not None and (found.quantity, found.source["kind"]) == ("page_table", GRAPH_CAPTURE)
+    assert not set(COMPRESSED_LEFT_OUT) & set(exhaustive(resolve_subject("uncached"), max_forwards=1,
+                                                           max_layers=1).scope.left_out)
 

@@ -499,7 +499,9 @@ def exhaustive(
     started = time.monotonic()
     result = FuzzResult(info.name, profile, "exhaustive", examples=0, elapsed_s=0.0)
     coverage: Counter[str] = Counter()
-    for scenario in enumerate_scenarios(max_forwards, max_layers, max_micro_batches, profile):
+    # a subject that answers per-step values is run on models with compressed layers
+    compressed = bool(getattr(info.subject, "answers", ()))
+    for scenario in enumerate_scenarios(max_forwards, max_layers, max_micro_batches, profile, compressed):
         result.examples += 1
         coverage.update(features_of(scenario))
         outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
@@ -513,5 +515,5 @@ def exhaustive(
     result.elapsed_s = time.monotonic() - started
     result.coverage = dict(coverage)
     result.scope = scope_statement(result.examples, set(coverage), max_forwards, max_layers,
-                                   max_micro_batches, profile)
+                                   max_micro_batches, profile, compressed)
     return result
