@@ -14,7 +14,8 @@ the command in a child process, and this module, in the parent, owns the outcome
   child stops answering (no heartbeat, or one call in flight, for :data:`HANG_S`), when it
   runs past its ``--budget`` by :data:`BUDGET_GRACE_S`, when it does not stop within
   :data:`STOP_GRACE_S` of an interrupt passed on to it, or when it has said its exit code
-  and does not exit within :data:`EXIT_GRACE_S` (a thread left behind);
+  and does not end within :data:`HANG_S` (a thread left behind, which it names: the parent
+  waits for the child to end, never a fixed time, so a slow exit under load is no fault);
 - a child that ends without saying its exit code has lost its run: the scenario it was
   running is reported as a divergence of kind ``exited``, ``killed`` or ``hung``, with a
   replay file and the reports, exit code 1. A divergence the child had recorded keeps exit
@@ -53,7 +54,6 @@ SUPERVISED_COMMANDS = ("fuzz", "gate", "exhaustive", "replay")
 HANG_S = float(os.environ.get("SWAFUZZ_SUPERVISOR_HANG_S", 40.0))
 BUDGET_GRACE_S = 60.0  # the child stops at its budget, then shrinks what it found and writes
 STOP_GRACE_S = float(os.environ.get("SWAFUZZ_SUPERVISOR_STOP_GRACE_S", 20.0))
-EXIT_GRACE_S = 5.0
 
 
 # ---- the parent's side -------------------------------------------------------------------
@@ -89,6 +89,8 @@ class _Heard:
     divergence_file: str | None = None
     exit_code: int | None = None
     exit_at: float = 0.0
+    threads: list = field(default_factory=list)  # those its exit waits for, by name
+    joined: bool = False  # its exit has joined them
     started: float = field(default_factory=time.monotonic)
     last_alive: float = field(default_factory=time.monotonic)
     call: int | None = None  # the serial of the call in flight at the last heartbeat
@@ -103,10 +105,21 @@ class _Heard:
             self.divergence_file = payload
         elif kind == "exit":
             self.exit_code, self.exit_at = payload, now
+        elif kind == "threads":
+            self.threads = payload
+        elif kind == "joined":
+            self.joined = True
         elif kind == "alive":
             self.last_alive = now
             if payload != self.call:
                 self.call, self.call_since = payload, now
+
+    def not_ended(self) -> str:
+        """Why a child that said its exit code has not ended."""
+        if not self.joined and self.threads:
+            return (f"its subject left a thread running after the run ended "
+                    f"({', '.join(map(str, self.threads[:3]))}), which it waited for {HANG_S:g} s")
+        return f"it did not end within {HANG_S:g} s of saying its exit code"
 
     def stuck_s(self, now: float) -> float:
         silent = now - self.last_alive
@@ -143,8 +156,8 @@ def supervise(argv: list[str]) -> int:
                 stop_sent = now
                 _signal(child, interrupted[0])
             if heard.exit_code is not None:
-                if now - heard.exit_at > EXIT_GRACE_S:
-                    reason = "its subject left a thread running after the run ended"
+                if now - heard.exit_at > HANG_S:
+                    reason = heard.not_ended()
                     break
             elif stop_sent is not None and now - stop_sent > STOP_GRACE_S:
                 reason = f"it did not stop within {STOP_GRACE_S:g} s of {signal.Signals(interrupted[0]).name}"

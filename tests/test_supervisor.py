@@ -60,6 +60,15 @@ HOSTILE = textwrap.dedent('''
             threading.Thread(target=time.sleep, args=(3600,)).start()
 
 
+    class ThreadEndsLater(Uncached):
+        """Leaves one thread that ends 10 s after the subject is built (the run is shorter)."""
+
+        def __init__(self, spec):
+            super().__init__(spec)
+            if not any(t.name == "ends-later" for t in threading.enumerate()):
+                threading.Thread(target=time.sleep, args=(10,), name="ends-later").start()
+
+
     class WrongThenExitsWhenReplayed(Uncached):
         """One row off in every answer; its process ends in the replays before the report."""
 
@@ -142,7 +151,17 @@ def test_a_divergence_recorded_before_the_process_ends_keeps_exit_code_1(tmp_pat
 def test_a_subject_that_leaves_a_thread_behind_is_ended_with_its_verdict(tmp_path):
     code, report, err = fuzzed(tmp_path, "hostile:LeavesAThread")
     assert code == 0 and report["verdict"] == "no divergence"
-    assert "left a thread running after the run ended" in err
+    assert "left a thread running after the run ended (Thread-" in err and "which it waited for 4 s" in err
+
+
+def test_a_subject_thread_that_ends_after_the_run_is_waited_for_without_blame(tmp_path):
+    # longer than the fast limits' 4 s: the supervisor waits for the process to end
+    process = swafuzz(tmp_path, "fuzz", "--subject", "hostile:ThreadEndsLater", "--settings", "ci",
+                      "--max-examples", "5", "--report-dir", "reports", "--json",
+                      limits={**FAST_LIMITS, "SWAFUZZ_SUPERVISOR_HANG_S": "60"})
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0 and json.loads(out)["verdict"] == "no divergence"
+    assert "was ended" not in err
 
 
 def test_a_subject_that_ignores_interrupts_is_ended_and_reported(tmp_path):

@@ -2,13 +2,14 @@
 a worker process's record of the scenario in flight.
 
 The child tells the parent each scenario before it runs it, each divergence as soon as its
-replay file is written, a heartbeat with the subject call in flight, and the exit code it
-ends with. The executor, the campaign and the entry announce through here; this module
+replay file is written, a heartbeat with the subject call in flight, the exit code it ends
+with and the threads its exit waits for, and once they are joined, that they are. The executor, the campaign and the entry announce through here; this module
 imports only the standard library, so any of them may.
 """
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import os
@@ -106,6 +107,7 @@ def claim_channel() -> None:
     if fd is None:
         return
     _channel = _Channel(int(fd))
+    atexit.register(_joined)
     threading.Thread(target=_heartbeat, name="swafuzz-heartbeat", daemon=True).start()
 
 
@@ -121,8 +123,17 @@ def announce_divergence(replay_file: Path) -> None:
 
 
 def announce_exit(code: int) -> None:
+    """The exit code, and the threads the interpreter will wait for before it exits (those
+    neither daemons nor the main thread), by name."""
     if _channel is not None:
         _channel.send("exit", code)
+        main = threading.main_thread()
+        _channel.send("threads", [t.name for t in threading.enumerate() if t is not main and not t.daemon])
+
+
+def _joined() -> None:
+    # atexit runs once the interpreter has joined every thread it waits for
+    _channel.send("joined")
 
 
 def _heartbeat() -> None:
