@@ -202,20 +202,23 @@ def test_a_page_table_with_fewer_columns_than_its_rows_pages_is_a_divergence_nam
                           "for 3 rows of at least 3 columns.")
 
 
-class _SeesReqToToken(PageTable):
+class _RecordsReqToToken:
+    """Keeps what ``ModelSpec.req_to_token`` holds at each metadata init (a copy)."""
+
     seen: list = []
 
     def init_forward_metadata(self, batch):
-        type(self).seen.append(None if self.spec.req_to_token is None else self.spec.req_to_token.clone())
+        held = self.spec.req_to_token
+        type(self).seen.append(None if held is None else held.clone())
         super().init_forward_metadata(batch)
 
 
-class _AnswersNoPageTable(CompressedMetadata):
+class _SeesReqToToken(_RecordsReqToToken, PageTable):
     seen: list = []
 
-    def init_forward_metadata(self, batch):
-        type(self).seen.append(self.spec.req_to_token)
-        super().init_forward_metadata(batch)
+
+class _AnswersNoPageTable(_RecordsReqToToken, CompressedMetadata):
+    seen: list = []
 
 
 def test_req_to_token_holds_each_forwards_tokens_before_it_runs_and_only_for_page_table_subjects():
