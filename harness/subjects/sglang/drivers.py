@@ -679,7 +679,9 @@ class TranslatedLocSubject(_MetadataSubject):
         if "late_layer_tail" in reads:
             notes.append(cls._tail_note())
         if "pre_kv_store_hook" in reads:
-            notes.append("pre_kv_store_hook: never set (the DSpark worker sets it)")
+            notes.append("pre_kv_store_hook: never set (0.5.23's DSpark worker sets it under "
+                         "SGLANG_DSPARK_DEFER_CONTEXT_KV to join a staged write's stream before the first store: "
+                         "a stream join, which a CPU run cannot show)")
         return tuple(notes)
 
     @classmethod
@@ -689,8 +691,9 @@ class TranslatedLocSubject(_MetadataSubject):
                     f"(set {DECODER_REPLAY_SWITCH.removeprefix('--')}=1 to check it)")
         if cls.tail_code is None:
             return f"late-layer tail: {cls.tail_absent}"
-        return ("late-layer tail: prefill CUDA graph tail blocks, context-parallel tails and whole-extend tails "
-                "(prompt logprobs, every hidden state) are not modelled, nor an extend whose metadata init is "
+        return ("late-layer tail: prefill CUDA graph tail blocks and context-parallel tails are not modelled, nor "
+                "whole-extend tails (prompt logprobs, every hidden state: the getter's tail branch is the same "
+                "for them, and their layouts are checked among the producers), nor an extend whose metadata init is "
                 "skipped (it runs every layer over every row here); an extend split into micro-batches runs "
                 "a tail per micro-batch, which SGLang's tail path never does (it refuses two-batch overlap)")
 
