@@ -232,6 +232,20 @@ def _getter_defined_at(tree: locate.SourceTree) -> int:
     return _line_of(tree, CUDA_BACKEND_FILE, "class DeepseekV4AttnBackend", "def get_swa_out_cache_loc(")
 
 
+WINDOW_INIT = "        self.page_size = page_size\n"
+
+
+def test_a_constructor_that_never_returns_is_told_at_the_sglang_line_the_alarm_interrupted(tmp_path):
+    # the target's constructor builds the tree's RequestWindow under the window switch
+    hang = "        while pool_factory is not None: pass\n"
+    tree = edited_tree(tmp_path, "0.5.23", {WINDOW_FILE: [(WINDOW_INIT, WINDOW_INIT + hang)]})
+    line = _line_of(tree, WINDOW_FILE, "class RequestWindow", hang.strip())
+    found = run_scenario(_window_getter(tree).subject, EXAMPLES["first-swa-layer-not-start"], timeout_s=1).divergence
+    assert found.kind == "timeout"
+    assert found.sentence.endswith(f"RequestWindow.__init__ (sglang/srt/mem_cache/dsv41_request_window.py:{line}) "
+                                   "did not return within 1 s."), found.sentence
+
+
 def test_a_getter_that_never_returns_is_told_at_the_sglang_line_the_alarm_interrupted(tmp_path):
     tree, line = _cuda_getter_running(tmp_path, "        while forward_batch.positions is not None: pass")
     found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["first-swa-layer-not-start"],

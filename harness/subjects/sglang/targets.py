@@ -125,7 +125,8 @@ class Target:
                                      for method, found in runs.items()}, HANDED_AS),
             "window_code": window_code, "window_absent": window_absent,
             "tail_code": tail_code, "tail_absent": tail_absent,
-            **{name: told_in_sglang_terms(getattr(self.driver, name)) for name in LIFECYCLE},
+            # the constructor builds the tree's pool and backend: a hang or raise there is theirs too
+            **{name: told_in_sglang_terms(getattr(self.driver, name)) for name in ("__init__", *LIFECYCLE)},
             **dict(self.driver_settings),
         })
 
