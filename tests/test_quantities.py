@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, find, given, settings
 
 from swafuzz import run_scenario
+from swafuzz.api import tokens_request_slots
 from swafuzz.errors import SubjectError
 from swafuzz.quantities import QUANTITIES
 from swafuzz.reference import UNREAD_PAGE, EngineConfig, EngineState, Event, Scenario, ScenarioError, page_table
@@ -200,6 +201,24 @@ def test_a_page_table_with_fewer_columns_than_its_rows_pages_is_a_divergence_nam
     assert (d.kind, d.quantity, d.layer_id) == ("wrong_length", "page_table", 0)
     assert d.sentence == ("At forward 1 (extend), layer 0, per_step_value('page_table') returned shape (3, 1) "
                           "for 3 rows of at least 3 columns.")
+
+
+class _PaddingPagesOffByOne(PageTable):
+    def per_step_value(self, batch, layer_id, quantity):
+        table = super().per_step_value(batch, layer_id, quantity)
+        padding = (tokens_request_slots(batch) == 0)[:, None]  # the dummy request slot
+        return torch.where(padding, table + 1, table)
+
+
+def test_a_page_table_padding_row_off_the_dummy_page_is_a_padding_divergence_naming_the_value():
+    # one request at position 3 replayed in a graph of two rows: a table of 4 pages, one padding row
+    scenario = _scenario({"end_layer": 2, "compress_ratios": [4, 128], "graph_batch_sizes": [2]},
+                         [{"op": "admit", "count": 1}, {"op": "forward", "mode": "extend", "requests": [0], "tokens": [3]},
+                          {"op": "forward", "requests": [0], "graph": True}])
+    d = run_scenario(_PaddingPagesOffByOne, scenario).divergence
+    assert (d.kind, d.quantity) == ("padding", "page_table")
+    assert d.sentence.startswith("At forward 2 (decode), layer 0, padding row 1 that per_step_value('page_table') "
+                                 "returned writes to 1, not to the dummy slot"), d.sentence
 
 
 class _RecordsReqToToken:

@@ -206,7 +206,7 @@ class Judge:
             return None
         # a per-step value's rows are no request's own: only the SWA rows can alias one
         owned = self.state.live_targets(model, truth_kind) if quantity is None else set()
-        aliased = [i for i in wrong if int(padding[i]) in owned]
+        aliased = [i for i in wrong if int(padding[i]) in owned] if owned else []
         row = (aliased or wrong)[0]
         # of a table row, its first wrong entry
         value = int(padding[row] if padding.dim() == 1 else padding[row][wrong_entries[row]][0])
