@@ -184,23 +184,19 @@ class _Int32Values(CompressedMetadata):
         return super().per_step_value(batch, layer_id, quantity).int()
 
 
-def test_a_value_of_the_wrong_dtype_is_a_divergence_naming_the_value():
-    d = run_scenario(_Int32Values, EXAMPLES["compressed-graph-replay"]).divergence
-    assert (d.kind, d.quantity, d.layer_id) == ("wrong_dtype", "c4_out_loc", 0)
-    assert d.sentence == ("At forward 1 (extend), layer 0, per_step_value('c4_out_loc') returned torch.int32, "
-                          "not torch.int64.")
-
-
 class _FirstPageOnly(PageTable):
     def per_step_value(self, batch, layer_id, quantity):
         return super().per_step_value(batch, layer_id, quantity)[:, :1]
 
 
-def test_a_page_table_with_fewer_columns_than_its_rows_pages_is_a_divergence_naming_the_value():
-    d = run_scenario(_FirstPageOnly, EXAMPLES["compressed-graph-replay"]).divergence
-    assert (d.kind, d.quantity, d.layer_id) == ("wrong_length", "page_table", 0)
-    assert d.sentence == ("At forward 1 (extend), layer 0, per_step_value('page_table') returned shape (3, 1) "
-                          "for 3 rows of at least 3 columns.")
+@pytest.mark.parametrize("subject, kind, quantity, said", [
+    (_Int32Values, "wrong_dtype", "c4_out_loc", "returned torch.int32, not torch.int64."),
+    (_FirstPageOnly, "wrong_length", "page_table", "returned shape (3, 1) for 3 rows of at least 3 columns."),
+], ids=["dtype", "too-few-pages"])
+def test_a_value_of_the_wrong_dtype_or_shape_is_a_divergence_naming_the_value(subject, kind, quantity, said):
+    d = run_scenario(subject, EXAMPLES["compressed-graph-replay"]).divergence
+    assert (d.kind, d.quantity, d.layer_id) == (kind, quantity, 0)
+    assert d.sentence == f"At forward 1 (extend), layer 0, per_step_value({quantity!r}) {said}"
 
 
 class _PaddingPagesOffByOne(PageTable):
