@@ -47,10 +47,22 @@ class Quantity:
     def read_by(self, ratio: int) -> bool:
         return ratio in self.read_by_ratios
 
+    @property
+    def is_table(self) -> bool:
+        return self.unread is not None
+
+    def matches(self, answer: torch.Tensor, truth: torch.Tensor) -> bool:
+        """Whether ``answer``, a tensor of the value's dtype on the host, is its truth: of a
+        table, with at least the truth's columns and the read entries equal."""
+        if not self.is_table:
+            return torch.equal(answer, truth)
+        return (answer.dim() == 2 and answer.shape[0] == truth.shape[0] and answer.shape[1] >= truth.shape[1]
+                and torch.equal(self.compared(answer, truth), truth))
+
     def compared(self, answer: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
         """What of ``answer`` is held against ``truth``: all of it, or of a table its
         first columns, with the truth's unread entries copied in."""
-        if self.unread is None:
+        if not self.is_table:
             return answer
         cut = answer[:, :truth.shape[1]]
         return torch.where(truth == self.unread, truth, cut.to(truth.device))
@@ -74,8 +86,9 @@ def _page_table_columns(spec: ModelSpec) -> int:
 # DSV4AttnMetadata.init_compression_metadata (int64 from 0.5.13 to 0.5.23) and read by every
 # C4 / C128 layer's compressor store (CompressorBackendMixin._get_out_loc, read in 0.5.23).
 # page_table is made in the backend's make_core_attn_metadata (int32; inline from
-# req_to_token in 0.5.13 to 0.5.15, by BuildPageTablePositions from 0.5.16 to 0.5.23) and read by the C4 indexer and, through the C128 page indices
-# the compression metadata kernel makes from it, by the C128 attention.
+# req_to_token in 0.5.13 to 0.5.15, by BuildPageTablePositions from 0.5.16 to 0.5.23) and
+# read by the C4 indexer and, through the C128 page indices the compression metadata
+# kernel makes from it, by the C128 attention.
 QUANTITIES: Mapping[str, Quantity] = {
     q.name: q for q in (
         Quantity("c4_out_loc", frozenset({4}), _compressed_out_loc(4), torch.int64),

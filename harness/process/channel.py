@@ -3,8 +3,9 @@ a worker process's record of the scenario in flight.
 
 The child tells the parent each scenario before it runs it, each divergence as soon as its
 replay file is written, a heartbeat with the subject call in flight, the exit code it ends
-with and the threads its exit waits for, and once they are joined, that they are. The executor, the campaign and the entry announce through here; this module
-imports only the standard library, so any of them may.
+with and the threads its exit waits for, and once they are joined, that they are. The
+executor, the campaign and the entry announce through here; this module imports only the
+standard library, so any of them may.
 """
 
 from __future__ import annotations

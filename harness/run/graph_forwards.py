@@ -121,7 +121,7 @@ class GraphForwards:
             self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
         sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
-        value_sinks = [(call, quantity, torch.empty((size, *self._columns(quantity)), dtype=quantity.dtype,
+        value_sinks = [(call, quantity, torch.empty(self._value_shape(quantity, size), dtype=quantity.dtype,
                                                     device=self.device))
                        for call in plan.calls for quantity in self.value_reads.get(call[1], ())]
         static.in_graph = self.progress.capturing = True
@@ -176,18 +176,18 @@ class GraphForwards:
             for quantity in self.value_reads.get(layer_id, ()):
                 value = method(where, subject, "per_step_value", static, layer_id, quantity.name,
                                phase=phase, about=quantity.name)
-                columns = self._columns(quantity)
+                columns = self.value_columns.get(quantity.name)
                 problem = self.judge.shape_problem(self.progress.site(where), value, plan.graph_batch_size, quantity,
-                                                   (*columns, *columns) if columns else None)
+                                                   None if columns is None else (columns, columns))
                 if problem is not None:
                     raise Stop(problem)
                 if value_sinks is not None:
                     next(value_sinks)[2].copy_(value)
 
-    def _columns(self, quantity: Quantity) -> tuple[int, ...]:
-        """A value's sizes past its rows in a graph: its static columns, if a table."""
+    def _value_shape(self, quantity: Quantity, rows: int) -> tuple[int, ...]:
+        """A value's shape in a graph of ``rows`` rows: a table has its static columns."""
         columns = self.value_columns.get(quantity.name)
-        return () if columns is None else (columns,)
+        return (rows,) if columns is None else (rows, columns)
 
     def _static_buffers(self, model: str) -> dict[str, torch.Tensor]:
         """The graph inputs of ``model``, allocated at its first capture (a scenario may

@@ -175,7 +175,7 @@ class Judge:
         else:
             history, truth_kind = self.value_history(quantity), quantity.name
             answered_by, extra = _value_answered_by(quantity), {"quantity": quantity.name}
-        table = quantity is not None and quantity.unread is not None
+        table = quantity is not None and quantity.is_table
         columns = (expected.shape[1], None) if table else None
         problem = self.shape_problem(site, out, expected.shape[0], quantity, columns)
         if problem is not None:
@@ -265,14 +265,9 @@ class Judge:
         an SWA answer: a wrong one ends the run unless ``keep_going``."""
         expected = self.value_truth(plan, step, mb, quantity)
         self.progress.checks += 1
-        if type(out) is torch.Tensor and out.dtype is quantity.dtype and self.on_device(out):
-            host = out if self.on_host else out.cpu()
-            if quantity.unread is None:
-                if torch.equal(host, expected):
-                    return
-            elif (host.dim() == 2 and host.shape[0] == expected.shape[0] and host.shape[1] >= expected.shape[1]
-                  and torch.equal(quantity.compared(host, expected), expected)):
-                return
+        if (type(out) is torch.Tensor and out.dtype is quantity.dtype and self.on_device(out)
+                and quantity.matches(out if self.on_host else out.cpu(), expected)):
+            return
         where = Where(plan, step, mb, layer_id)
         divergence = self.inputs.input_written(where) or self._diagnose(
             self.progress.site(where, call), plan, step, mb, out, expected, quantity)

@@ -436,7 +436,8 @@ def _token_index_in_request(batch: ForwardBatch) -> torch.Tensor:
 
 # ---- the page table (swafuzz.quantities) -----------------------------------------------------
 
-def _page_table(batch: ForwardBatch, req_to_token: torch.Tensor, page_size: int, columns: int | None = None) -> torch.Tensor:
+def _page_table(batch: ForwardBatch, req_to_token: torch.Tensor, page_size: int,
+                columns: int | None = None) -> torch.Tensor:
     """Per token row, its request's full-pool pages, ``req_to_token[slot, 0:width:page_size]
     // page_size``: ``columns`` of them (a graph's static width), else as many as the
     batch's longest causal length needs."""
