@@ -809,6 +809,40 @@ def test_a_getter_that_tests_for_idle_after_the_window_and_the_tail_diverges(tmp
     assert divergence is not None and "(idle)" in divergence.sentence, divergence
 
 
+# 0.5.20+ MQALayer.forward returns before any store on a rank with no rows
+NO_ROWS_RETURN = "        if not get_attn_tp_context().input_scattered and x.shape[0] == 0:\n            return x\n"
+
+
+def test_a_release_whose_layers_return_on_no_rows_stores_nothing_for_an_idle_forward_without_rows():
+    subject = _window_getter(release_or_skip("0.5.23")).subject
+    assert subject.zero_rows.reaches_store is False
+    assert subject.zero_rows.says.startswith("MQALayer.forward returns before storing when its rank has no rows "
+                                             "(models/deepseek_v4.py:MQALayer.forward line ")
+    assert "scattered only in extend forwards" in subject.zero_rows.says
+    assert not any("no rows" in note for note in subject.not_checked())
+
+
+def test_a_tree_whose_layers_store_an_idle_forward_without_rows_raises_in_the_window_layout(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {callsites.MODEL_FILE: [(NO_ROWS_RETURN, "")]})
+    assert _window_getter(tree).subject.zero_rows.reaches_store is True
+    divergence = _window_finding(tree).divergence
+    assert divergence is not None, "a store of no rows under the request window was not found"
+    assert "(idle)" in divergence.sentence and (
+        "window_layout (sglang/srt/mem_cache/dsv41_request_window.py:" in divergence.sentence
+        and "raised ValueError: request-window layout needs at least one query" in divergence.sentence
+    ), divergence.sentence
+
+
+def test_a_return_on_no_rows_guarded_by_an_unread_condition_leaves_the_idle_store_unchecked(tmp_path):
+    guard = NO_ROWS_RETURN.replace("not get_attn_tp_context().input_scattered", "self.skip_empty")
+    tree = edited_tree(tmp_path, "0.5.23", {callsites.MODEL_FILE: [(NO_ROWS_RETURN, guard)]})
+    subject = _window_getter(tree).subject
+    assert subject.zero_rows.reaches_store is None
+    assert "`self.skip_empty and x.shape[0] == 0`, which is not read" in subject.zero_rows.says
+    (note,) = [note for note in subject.not_checked() if "no rows" in note]
+    assert note.startswith("request window: an idle forward with no rows is not checked")
+
+
 def test_the_gate_fails_each_compressed_kv_reader_that_head_gets_wrong_naming_the_quantity(tmp_path):
     from swafuzz.subjects.sglang import readers
     from swafuzz.subjects.sglang.interpreted import TRITON_MISSING, triton_available

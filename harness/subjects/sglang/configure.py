@@ -9,6 +9,9 @@ the subject carries
   driver models); in the others the engine stores through another path, which is not the
   code under test, and the driver answers for it;
 - ``call_sites``: that reading, which the reports print beside the verdict;
+- ``zero_rows``: whether a forward with no rows on a rank reaches the layers' SWA stores
+  (:func:`.engine_features.zero_row_forwards`); where the tree's layers return first, the
+  driver stores nothing for one, as SGLang does;
 - ``realistic_exclusions``: the lifecycle features (restriction terms) the tree never takes
   under those settings: the engine features its DeepSeek-V4 does not reach
   (:mod:`.engine_features`) and the paths the target's driver models that the settings leave
@@ -36,6 +39,7 @@ def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: Sw
                                           | engine_features.unreached(tree, switches))
     attributes["target_modes"] = reading.modes
     attributes["call_sites"] = reading
+    attributes["zero_rows"] = engine_features.zero_row_forwards(tree, switches)
     subject = type(info.subject.__name__, (info.subject,), attributes)
     subject.environment.settings = switches
     return dataclasses.replace(info, subject=subject)

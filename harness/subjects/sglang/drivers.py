@@ -340,6 +340,9 @@ class SglangSubject(Subject):
     # code has no branch for the tail, and tail_absent says why)
     tail_code: ClassVar[Any] = None
     tail_absent: ClassVar[str] = ""
+    # whether a forward with no rows on this rank reaches the layers' SWA stores, read from the
+    # tree (.engine_features.ZeroRowReading, set by .configure; None: not read)
+    zero_rows: ClassVar[Any] = None
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -398,6 +401,9 @@ class SglangSubject(Subject):
                 pool.register_mapping(mapping)
 
     def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
+        if batch.num_tokens == 0 and self.zero_rows is not None and self.zero_rows.reaches_store is False:
+            # the tree's layer returns before its store on a rank with no rows: nothing is stored
+            return torch.empty(0, dtype=torch.int32, device=batch.positions.device)
         modes = self.modelled_modes if self.target_modes is None else self.target_modes
         if batch.mode not in modes:
             return self._stored_elsewhere(batch)
@@ -671,8 +677,11 @@ class TranslatedLocSubject(_MetadataSubject):
         reads = cls.binding.classes[cls.backend_class_name].methods[cls.getter].__code__.co_names
         notes = []
         if "request_window" in reads and cls.request_window_on():
-            notes.append("request window: an idle forward with no rows stores nothing here (SGLang's layouts "
-                         "refuse an empty one); the draft model keeps translated locations, where 0.5.23's "
+            if cls.zero_rows is None or cls.zero_rows.reaches_store is None:
+                read = "not read" if cls.zero_rows is None else cls.zero_rows.says
+                notes.append(f"request window: an idle forward with no rows is not checked, since whether the "
+                             f"layers store it is {read}")
+            notes.append("request window: the draft model keeps translated locations, where 0.5.23's "
                          "metadata builder fills the DSpark draft ring's rows instead")
         elif cls.request_window_on():
             notes.append(f"request window: {cls.window_absent}")
@@ -716,8 +725,8 @@ class TranslatedLocSubject(_MetadataSubject):
             return self._tail_rows_read_back(batch, self._in_tail(batch, layer_id, slot.tail))
         if self._request_window(batch) is None:
             return super()._target_location(batch, layer_id)
-        if batch.num_tokens == 0:
-            # an idle forward that no rank pads has no rows to store (and SGLang's layouts
+        if batch.num_tokens == 0 and (self.zero_rows is None or self.zero_rows.reaches_store is None):
+            # whether SGLang's layers store a forward with no rows is unread (its layouts
             # refuse to lay out none): not checked, as the subject's notes say
             return torch.empty(0, dtype=torch.int32, device=batch.positions.device)
         return self._window_rows_read_back(batch, super()._target_location(batch, layer_id))

@@ -488,3 +488,109 @@ FEATURES = {
     "draft model beside the target; draft-extend forwards": _draft_model,
     "multi-step draft decode": _multi_step_draft,
 }
+
+
+# ---- whether a forward with no rows reaches the SWA store --------------------------------------
+
+# the calls by which a layer stores SWA keys or asks where to (the target's entry points)
+SWA_STORE_CALLS = ("get_swa_out_cache_loc", "store_cache")
+# where AttnTpContext.use_input_scattered lives (before 0.5.21: layers/communicator.py)
+INPUT_SCATTERED_FILES = ("sglang/srt/layers/layer_boundary/adapters/attention.py",
+                         "sglang/srt/layers/communicator.py")
+
+
+@dataclass(frozen=True)
+class ZeroRowReading:
+    """Whether a forward with no rows on this rank reaches a layer's SWA store, read from the
+    layer's ``forward``: None where the tree cannot be read so (``says`` then tells why)."""
+
+    reaches_store: bool | None
+    says: str
+
+
+@functools.lru_cache(maxsize=32)
+def zero_row_forwards(tree: SourceTree, switches: SwitchSettings) -> ZeroRowReading:
+    """SGLang's DeepSeek-V4 layers return before storing when their rank has no rows
+    (0.5.20+ ``MQALayer.forward``: ``x.shape[0] == 0`` while the input is not scattered, and
+    it is scattered only in extend forwards). A tree without that return hands its store
+    an idle forward's zero rows, where the request window's layout refuses them."""
+    try:
+        return _read_zero_rows(_Reader(tree, switches))
+    except Unreadable as exc:
+        return ZeroRowReading(None, f"unconfirmed: {exc}")
+
+
+def _read_zero_rows(reader: _Reader) -> ZeroRowReading:
+    module = reader.module(MODEL_FILE)
+    layers = [node for node in module.body if isinstance(node, ast.ClassDef)
+              and _sibling_named(node, "forward") is not None and _calls_named(node, *SWA_STORE_CALLS)]
+    if len(layers) != 1:
+        raise Unreadable(f"{MODEL_FILE.removeprefix(PACKAGE)} has {len(layers)} classes that both store SWA keys "
+                         "and define forward, not one")
+    forward = _sibling_named(layers[0], "forward")
+    statements = callsites._without_docstring(forward.body)
+    for index, statement in enumerate(statements):
+        if not _zero_row_test(statement):
+            continue
+        where = _where(MODEL_FILE, forward, statement.lineno)
+        if index and not all(isinstance(s, (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom))
+                             for s in statements[:index]):
+            raise Unreadable(f"{where} returns on no rows after other statements, which are not read")
+        scattered = _read_scattered_guard(reader, statement.test)
+        return ZeroRowReading(False, f"{callsites._qualname(forward)} returns before storing when its rank has no "
+                                     f"rows ({where}{scattered})")
+    if any(_is_no_rows(node) for node in ast.walk(forward)):
+        raise Unreadable(f"{_where(MODEL_FILE, forward, forward.lineno)} tests for no rows other than by "
+                         "returning first")
+    return ZeroRowReading(True, f"{callsites._qualname(forward)} does not return before storing when its rank has "
+                                f"no rows ({_where(MODEL_FILE, forward, forward.lineno)})")
+
+
+def _sibling_named(owner: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _zero_row_test(statement: ast.stmt) -> bool:
+    """An ``if`` that only returns (after asserts), one of whose conjuncts is a test for no rows."""
+    if not (isinstance(statement, ast.If) and not statement.orelse and isinstance(statement.body[-1], ast.Return)
+            and all(isinstance(s, ast.Assert) for s in statement.body[:-1])):
+        return False
+    return any(_is_no_rows(part) for part in _conjuncts(statement.test))
+
+
+def _conjuncts(test: ast.expr) -> list[ast.expr]:
+    return list(test.values) if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+
+
+def _is_no_rows(node: ast.AST) -> bool:
+    """``x.shape[0] == 0`` or ``x.numel() == 0``."""
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq)
+            and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value == 0):
+        return False
+    left = ast.unparse(node.left)
+    return left.endswith(".shape[0]") or left.endswith(".numel()")
+
+
+def _read_scattered_guard(reader: _Reader, test: ast.expr) -> str:
+    """What the guard's other conjuncts say of an idle forward: only "the input is not
+    scattered" is read, through ``use_input_scattered``, which must ask for an extend."""
+    others = [part for part in _conjuncts(test) if not _is_no_rows(part)]
+    if not others:
+        return ""
+    unscattered = (len(others) == 1 and isinstance(others[0], ast.UnaryOp) and isinstance(others[0].op, ast.Not)
+                   and ast.unparse(others[0].operand).endswith(".input_scattered"))
+    if not unscattered:
+        raise Unreadable(f"the return on no rows also tests `{ast.unparse(test)}`, which is not read")
+    found = [(path, node) for path in INPUT_SCATTERED_FILES if (module := reader._module(path)) is not None
+             for node in ast.walk(module) if isinstance(node, ast.FunctionDef) and node.name == "use_input_scattered"]
+    path, decides = found[0] if found else (INPUT_SCATTERED_FILES[0], None)
+    returned = None if decides is None else next(
+        (node.value for node in ast.walk(decides) if isinstance(node, ast.Return)), None)
+    extend_only = returned is not None and any(
+        isinstance(part, ast.Call) and isinstance(part.func, ast.Attribute) and part.func.attr == "is_extend"
+        for part in _conjuncts(returned))
+    if not extend_only:
+        files = " or ".join(p.removeprefix(PACKAGE) for p in INPUT_SCATTERED_FILES)
+        raise Unreadable(f"whether an idle forward's input is scattered is not read (no use_input_scattered "
+                         f"in {files} asks for an extend)")
+    return f"; its input is scattered only in extend forwards, {_where(path, decides, decides.lineno)}"
