@@ -21,12 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import edited_release
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swafuzz.subjects.sglang import locate
 from swafuzz.subjects.sglang.producers import (
     ATTN_METADATA_FILES,
+    CUDA_DRAFT_RING_GETTER,
     CUDA_IN_GRAPH_INIT,
     CUDA_WINDOW_GETTER,
     DECODE_STREAMS,
@@ -52,7 +54,7 @@ from swafuzz.subjects.sglang.producers import (
     idle,
 )
 from swafuzz.subjects.sglang.real_classes import attributes
-from swafuzz.subjects.sglang.targets import HIP_BACKEND_FILE
+from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE
 from swafuzz.reference import (
     TruthError,
     draft_step_slots,
@@ -218,7 +220,7 @@ _IN_GRAPH = (CUDA_IN_GRAPH_INIT, HIP_IN_GRAPH_INIT)
                 HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
     ("0.5.23", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
                 CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT,
-                GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS)),
+                GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS, CUDA_DRAFT_RING_GETTER)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
     if version not in CHECKED:
@@ -419,3 +421,26 @@ def test_draft_steps_that_all_read_step_zeros_rows_are_caught():
     assert check(real, three_steps) == []
     problems = check(broken, three_steps)
     assert [p.split(":")[0] for p in problems] == ["step 1 of 3 swa_out_cache_loc", "step 2 of 3 swa_out_cache_loc"]
+
+
+# plausible edits of 0.5.23's getter: translate a draft block's locations as the paged SWA
+# pool would, or keep the first block's rows for every later one
+CACHED_RETURN = "        if cached is not None and cached.shape[0] == out_cache_loc.shape[0]:\n            return cached\n"
+
+
+@pytest.mark.parametrize("edit,problem", [
+    ((CACHED_RETURN, ""), f"{CUDA_DRAFT_RING_GETTER} raised AssertionError"),
+    ((CACHED_RETURN, CACHED_RETURN.replace("return cached", "if getattr(self, '_kept', None) is None:\n"
+                                            "                self._kept = cached\n            return self._kept")),
+     "draft block store rows: got "),
+])
+def test_a_getter_that_does_not_hand_a_dspark_draft_block_its_ring_rows_is_caught(edit, problem):
+    if "0.5.23" not in CHECKED:
+        pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
+    block = Batch(torch.tensor([3, 1]), torch.tensor([7, 130]), torch.tensor([3, 3]))
+    (real,) = [p for p in _bound("0.5.23")[0] if p.name == CUDA_DRAFT_RING_GETTER]
+    assert check(real, block) == []
+    tree = edited_release("0.5.23", CUDA_BACKEND_FILE, *edit, name="draft ring getter")
+    (edited,) = [p for p in bind_producers(tree)[0] if p.name == CUDA_DRAFT_RING_GETTER]
+    problems = check(edited, block)
+    assert problems and problems[0].startswith(problem), problems

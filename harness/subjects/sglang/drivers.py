@@ -681,8 +681,10 @@ class TranslatedLocSubject(_MetadataSubject):
                 read = "not read" if cls.zero_rows is None else cls.zero_rows.says
                 notes.append(f"request window: an idle forward with no rows is not checked, since whether the "
                              f"layers store it is {read}")
-            notes.append("request window: the draft model keeps translated locations, where 0.5.23's "
-                         "metadata builder fills the DSpark draft ring's rows instead")
+            notes.append("request window: DeepSeek-V4.1's only draft is DSpark's, whose draft blocks store "
+                         "through this getter on a ring of their own (0.5.23); they are checked among the "
+                         "producers (\"get_swa_out_cache_loc on the draft ring\"), not in this lifecycle, "
+                         "whose draft model is DeepSeek-V4's MTP draft and not drawn under the window")
         elif cls.request_window_on():
             notes.append(f"request window: {cls.window_absent}")
         if "late_layer_tail" in reads:

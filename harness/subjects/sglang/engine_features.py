@@ -31,7 +31,7 @@ from ...strategies.features import (
 )
 from . import callsites
 from .locate import SourceTree
-from .switches import SwitchSettings
+from .switches import REQUEST_WINDOW_SWITCH, SwitchSettings
 
 PACKAGE = callsites.PACKAGE
 MODEL_FILE = callsites.MODEL_FILE
@@ -52,6 +52,17 @@ MICRO_BATCH_SPLIT = "tbo_children"
 SINGLE_STAGE = re.compile(r"pp_group\.world_size == 1$")
 # the realistic profile replays graphs in these modes only
 GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.IDLE)
+# the server's check of what DeepSeek-V4.1 (the model of the request window) supports
+V41_VALIDATION_FILE = "sglang/srt/arg_groups/deepseek_v4_hook.py"
+V41_VALIDATION = "validate_deepseek_v41_features"
+# what a refused feature's condition tests, and the terms it takes from the profile: the
+# engine model's draft is DeepSeek-V4's MTP draft, which "speculative decoding other than
+# DSpark" refuses
+V41_REFUSALS = (
+    (("speculative_algorithm", "DSPARK"), frozenset({DRAFT_MODEL, DRAFT_EXTEND, DRAFT_MULTISTEP})),
+    (("enable_two_batch_overlap",), frozenset({MICRO_BATCHES})),
+    (("pp_size",), frozenset({PIPELINE_STAGE})),
+)
 
 
 @dataclass(frozen=True)
@@ -466,6 +477,35 @@ def _draft_model(reader: _Reader) -> Found:
             f"the draft model is {ast.unparse(entry.value)} and the backend builds draft-extend metadata")
 
 
+def _refused_under_request_window(reader: _Reader) -> Found:
+    """Under the request window the model is DeepSeek-V4.1 (the server refuses the switch for
+    any other), and the server's DeepSeek-V4.1 validation refuses features it does not
+    support: each is a ``("feature", condition)`` pair of ``validate_deepseek_v41_features``,
+    read by what its condition tests."""
+    if not reader.switches.get(REQUEST_WINDOW_SWITCH):
+        return frozenset(), "", f"{REQUEST_WINDOW_SWITCH} is off: no DeepSeek-V4.1 refusal applies"
+    module = reader.module(V41_VALIDATION_FILE)
+    validate = next((node for node in module.body if isinstance(node, ast.FunctionDef)
+                     and node.name == V41_VALIDATION), None)
+    if validate is None:
+        raise Unreadable(f"{V41_VALIDATION_FILE.removeprefix(PACKAGE)} defines no {V41_VALIDATION}")
+    terms, refused = set(), []
+    for pair in ast.walk(validate):
+        if not (isinstance(pair, ast.Tuple) and len(pair.elts) == 2 and isinstance(pair.elts[0], ast.Constant)
+                and isinstance(pair.elts[0].value, str)):
+            continue
+        condition = ast.unparse(pair.elts[1])
+        for tested, excluded in V41_REFUSALS:
+            if all(word in condition for word in tested):
+                terms |= excluded
+                refused.append(pair.elts[0].value)
+    if not refused:
+        raise Unreadable(f"{V41_VALIDATION} in {V41_VALIDATION_FILE.removeprefix(PACKAGE)} refuses none of "
+                         "the features the profile draws")
+    return (frozenset(terms), _where(V41_VALIDATION_FILE, validate, validate.lineno),
+            f"under {REQUEST_WINDOW_SWITCH} DeepSeek-V4.1 refuses {', '.join(refused)}")
+
+
 def _multi_step_draft(reader: _Reader) -> Found:
     """Multi-step draft decode: the backend has a multi-step variant for the draft worker."""
     backend = reader.module(BACKEND_FILE)
@@ -487,6 +527,7 @@ FEATURES = {
     "idle forwards (metadata init skipped under speculative decoding)": _idle_under_dp_attention,
     "draft model beside the target; draft-extend forwards": _draft_model,
     "multi-step draft decode": _multi_step_draft,
+    "features DeepSeek-V4.1 refuses under the request window": _refused_under_request_window,
 }
 
 

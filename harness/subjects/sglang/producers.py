@@ -70,6 +70,7 @@ HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
 GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
 DRAFT_RING_SIZE = "get_draft_swa_ring_size"
 DRAFT_RING_ROWS = "_dspark_swa_ring_out_cache_loc"
+CUDA_DRAFT_RING_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc on the draft ring"
 PREFILL_FIELDS = ("state_slot", "chunk_start", "cu_q", "final_pos")
 UNIFIED_RECORD = "UnifiedKvMetadata"  # the per-forward record of unified-KV rows
 
@@ -182,6 +183,20 @@ class DraftRingPool(StandIn):
     role = "draft-ring pool"
     attributes = frozenset({"swa_req_ring_size"})
     replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class DraftRingStorePool(StandIn):
+    """The draft worker's pool under encoder replay (0.5.23, CUDA): a ring per request slot,
+    no request window, and no full-to-SWA mapping (the target keeps no paged SWA allocator)."""
+
+    role = "draft-ring store pool"
+    attributes = frozenset({"request_window", "swa_req_ring_size", "full_to_swa_index_mapping"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class RingCoreMetadata(StandIn):
+    role = "attention metadata"
+    attributes = frozenset({"request_window_layout", "swa_out_cache_loc"})
 
 
 def _unified_kv_on() -> bool:
@@ -826,6 +841,55 @@ def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
     return _differences("draft ring rows", rows, want.to(torch.int64)) + _dtype("draft ring rows", rows)
 
 
+def _bind_draft_ring_getter(tree: SourceTree, mode: str) -> Producer:
+    producer = _bind_method(
+        tree, mode, "get_swa_out_cache_loc", ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (WindowBackend, HookedWindowBackend),
+        uses="swa_out_cache_loc",
+        site_stand_ins=((StoreMetadata, "DSV4Metadata"), (RingCoreMetadata, "DSV4AttnMetadata")),
+        more_stand_ins=(StandInUse(DraftRingStorePool, DraftRingStorePool.replaces), StandInUse(StoreBatch, StoreBatch.replaces)),
+    )
+    ring_rows_producer = _bind_draft_ring_rows(tree, mode)
+    pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=DraftRingStorePool.role),), PRODUCER_STAND_INS,
+                        {DraftRingStorePool.role: DraftRingStorePool.attributes}, mode)
+    producer.parts.update({
+        DRAFT_RING_ROWS: ring_rows_producer,
+        "DeepSeekV4TokenToKVPool": pool_binding.classes["DeepSeekV4TokenToKVPool"].build(DraftRingStorePool),
+    })
+    return producer
+
+
+def _draft_block_metadata(producer: Producer, batch: Batch, ring: int) -> StoreMetadata:
+    """The metadata a DSpark draft block's builder leaves for its stores: the block's ring
+    rows (``make_core_attn_metadata`` under ``dspark_block_size``), no late-layer tail."""
+    backend = DraftRingBackend(token_to_kv_pool=DraftRingPool(swa_req_ring_size=ring))
+    rows = producer.parts[DRAFT_RING_ROWS].function(
+        backend, seq_lens_casual=(batch.positions + 1).to(torch.int32), req_pool_indices_repeated=batch.token_slots)
+    return StoreMetadata(core_attn_metadata=RingCoreMetadata(request_window_layout=None, swa_out_cache_loc=rows),
+                         late_layer_tail=None)
+
+
+def _run_draft_ring_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """What a DSpark draft block's stores write (``DeepseekV4DSparkAttention._store_block_kv``
+    asks the getter): each live row's slot in its request's ring. The backend first serves
+    the same requests' block one position earlier, its metadata built the same way, so that
+    an answer kept from it shows."""
+    draft, page = _ring_shape(batch)
+    ring = whole_page_ring(SLIDING_WINDOW, draft, page)
+    pool = producer.parts["DeepSeekV4TokenToKVPool"](request_window=None, swa_req_ring_size=ring,
+                                                     full_to_swa_index_mapping=None)
+    backend = _owner(producer, forward_metadata=None, token_to_kv_pool=pool, pre_kv_store_hook=None)
+    earlier = replace(batch, extend_prefix_lens=(batch.extend_prefix_lens - 1).clamp(min=0))
+    problems = []
+    for block in (earlier, batch):
+        backend.forward_metadata = _draft_block_metadata(producer, block, ring)
+        rows = producer.function(backend, StoreBatch(forward_mode=SglangMode(ForwardMode.TARGET_VERIFY),
+                                                     out_cache_loc=torch.zeros(block.rows, dtype=torch.int64)))
+        want = ring_rows(block.token_slots, block.positions, ring, block.num_req_slots)
+        label = "draft block store rows" if block is batch else "draft block store rows (earlier block)"
+        problems += _differences(label, rows, want.to(torch.int64)) + _dtype(label, rows)
+    return problems
+
+
 # ---- the late-layer tail (0.5.21+) ------------------------------------------------------------
 
 
@@ -1038,4 +1102,6 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_draft_ring_size, _run_draft_ring_size),
     ProducerInfo(DRAFT_RING_ROWS, "draft SWA ring rows a draft block writes",
                  _bind_draft_ring_rows, _run_draft_ring_rows),
+    ProducerInfo(CUDA_DRAFT_RING_GETTER, "CUDA backend store target of a DSpark draft block on the draft SWA ring",
+                 _bind_draft_ring_getter, _run_draft_ring_getter),
 )
