@@ -7,18 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import find
 
-from conftest import SUITE_RELEASES, released_tree
+from conftest import SUITE_RELEASES, edited_release, released_tree
 from swafuzz.search.fuzz import fuzz
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.features import (
-    DRAFT_EXTEND, FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, NON_SWA_LAYERS, PIPELINE_STAGE, features_of, in_mode,
+    DRAFT_EXTEND, DRAFT_MODEL, DRAFT_MULTISTEP, FIRST_SWA_LAYER_NOT_START, MICRO_BATCHES, NON_SWA_LAYERS, PIPELINE_STAGE, features_of, in_mode,
     restriction_terms_of, together,
 )
 from swafuzz.strategies.restrictions import scenarios_without
 from swafuzz.strategies.scenarios import ADVERSARIAL, REALISTIC, weakest_profile
 from swafuzz.subjects.sglang import engine_features
 from swafuzz.subjects.sglang.reachability import POOL_CACHE_RELEASES, question, route_problems
-from swafuzz.subjects.sglang.switches import settings_for
+from swafuzz.subjects.sglang.switches import REQUEST_WINDOW_SWITCH, settings_for, settings_of
 
 EVERY_LAYER_STORES = {NON_SWA_LAYERS, FIRST_SWA_LAYER_NOT_START}
 NOT_IN_EXTEND = {in_mode(MICRO_BATCHES, mode) for mode in ("decode", "verify", "draft", "draft_extend", "idle")}
@@ -135,3 +135,27 @@ def test_a_restricted_profile_still_draws_two_micro_batches_in_extend_on_a_singl
                  settings=settings(database=None, derandomize=True, max_examples=2000))
     assert found.config.start_layer == 0
     assert all(e.mode == "extend" for e in found.events if e.op == "forward" and e.micro_batches > 1)
+
+
+def _refusals(tree, window: bool):
+    readings = engine_features.read(tree, settings_of(tree, {REQUEST_WINDOW_SWITCH: window}))
+    return next(reading for reading in readings if reading.feature.startswith("features DeepSeek-V4.1 refuses"))
+
+
+def test_under_the_request_window_the_profile_draws_nothing_deepseek_v4_1_refuses():
+    tree = _tree("0.5.23")
+    refusals = _refusals(tree, window=True)
+    assert refusals.unreached == {DRAFT_MODEL, DRAFT_EXTEND, DRAFT_MULTISTEP, MICRO_BATCHES, PIPELINE_STAGE}
+    assert refusals.says == ("under --enable-encoder-swa-bounded-replay DeepSeek-V4.1 refuses speculative decoding "
+                             "other than DSpark, two-batch overlap, pipeline parallelism")
+    assert refusals.where.startswith("arg_groups/deepseek_v4_hook.py:validate_deepseek_v41_features line ")
+    assert refusals.unreached <= engine_features.unreached(tree, settings_of(tree, {REQUEST_WINDOW_SWITCH: True}))
+    assert not _refusals(tree, window=False).unreached
+
+
+def test_a_tree_that_stops_refusing_two_batch_overlap_under_the_window_has_it_drawn():
+    _tree("0.5.23")
+    refusal = '        ("two-batch overlap", cfg.enable_two_batch_overlap),\n'
+    tree = edited_release("0.5.23", engine_features.V41_VALIDATION_FILE, refusal, "", "overlap allowed")
+    refusals = _refusals(tree, window=True)
+    assert MICRO_BATCHES not in refusals.unreached and PIPELINE_STAGE in refusals.unreached

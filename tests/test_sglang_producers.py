@@ -42,6 +42,7 @@ from swafuzz.subjects.sglang.producers import (
     PREFILL_EXPANSION,
     PREFILL_ROWS,
     PRODUCERS,
+    TAIL_METADATA,
     VERIFY_EXPANSION,
     WINDOW_COMMIT,
     WINDOW_FILE,
@@ -215,11 +216,13 @@ _IN_GRAPH = (CUDA_IN_GRAPH_INIT, HIP_IN_GRAPH_INIT)
     ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
     ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, *_IN_GRAPH, GRAPH_LOC_BUFFER)),
     ("0.5.21", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                LATE_LAYER_TAIL, DRAFT_STEP_LOCS, *_IN_GRAPH, GRAPH_LOC_BUFFER)),
+                LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS, *_IN_GRAPH, GRAPH_LOC_BUFFER)),
     ("0.5.22", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT, GRAPH_LOC_BUFFER)),
+                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT,
+                GRAPH_LOC_BUFFER)),
     ("0.5.23", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
-                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT,
+                CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS,
+                CUDA_IN_GRAPH_INIT,
                 GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS, CUDA_DRAFT_RING_GETTER)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
@@ -444,3 +447,25 @@ def test_a_getter_that_does_not_hand_a_dspark_draft_block_its_ring_rows_is_caugh
     (edited,) = [p for p in bind_producers(tree)[0] if p.name == CUDA_DRAFT_RING_GETTER]
     problems = check(edited, block)
     assert problems and problems[0].startswith(problem), problems
+
+
+# 0.5.22+ reset the prefill-graph tail block's padding rows on every build
+LOC_PADDING_RESET = "            loc_buf[real_rows:].zero_()\n"
+POS_PADDING_RESET = "            pos_buf[real_rows:].zero_()\n"
+
+
+@pytest.mark.parametrize("reset,problem", [
+    (LOC_PADDING_RESET, "prefill-graph tail (the next, shorter extend) swa_out_cache_loc: got "),
+    (POS_PADDING_RESET, "prefill-graph tail (the next, shorter extend) positions: got "),
+])
+def test_a_prefill_graph_tail_block_that_keeps_an_earlier_blocks_padding_rows_is_caught(reset, problem):
+    if "0.5.23" not in CHECKED:
+        pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
+    # two short requests: each tail is its whole extend, so the shorter extend's block has fewer real rows
+    extend = Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([6, 4]), padding=3)
+    (real,) = [p for p in _bound("0.5.23")[0] if p.name == TAIL_METADATA]
+    assert check(real, extend) == []
+    tree = edited_release("0.5.23", CUDA_BACKEND_FILE, reset, "", name="stale tail block")
+    (edited,) = [p for p in bind_producers(tree)[0] if p.name == TAIL_METADATA]
+    problems = check(edited, extend)
+    assert len(problems) == 1 and problems[0].startswith(problem), problems

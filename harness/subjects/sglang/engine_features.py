@@ -483,7 +483,8 @@ def _refused_under_request_window(reader: _Reader) -> Found:
     support: each is a ``("feature", condition)`` pair of ``validate_deepseek_v41_features``,
     read by what its condition tests."""
     if not reader.switches.get(REQUEST_WINDOW_SWITCH):
-        return frozenset(), "", f"{REQUEST_WINDOW_SWITCH} is off: no DeepSeek-V4.1 refusal applies"
+        return (frozenset(), V41_VALIDATION_FILE.removeprefix(PACKAGE),
+                f"{REQUEST_WINDOW_SWITCH} is off, so the run need not be DeepSeek-V4.1: none of its refusals apply")
     module = reader.module(V41_VALIDATION_FILE)
     validate = next((node for node in module.body if isinstance(node, ast.FunctionDef)
                      and node.name == V41_VALIDATION), None)

@@ -71,6 +71,7 @@ GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
 DRAFT_RING_SIZE = "get_draft_swa_ring_size"
 DRAFT_RING_ROWS = "_dspark_swa_ring_out_cache_loc"
 CUDA_DRAFT_RING_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc on the draft ring"
+TAIL_METADATA = "_build_late_layer_tail_metadata"
 PREFILL_FIELDS = ("state_slot", "chunk_start", "cu_q", "final_pos")
 UNIFIED_RECORD = "UnifiedKvMetadata"  # the per-forward record of unified-KV rows
 
@@ -192,6 +193,36 @@ class DraftRingStorePool(StandIn):
     role = "draft-ring store pool"
     attributes = frozenset({"request_window", "swa_req_ring_size", "full_to_swa_index_mapping"})
     replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class TailBackend(StandIn):
+    """The CUDA backend as its late-layer tail builder reads it. The builder's own metadata
+    init (``init_forward_metadata_prefill``, the attention kernels' plans) is stood in for:
+    it makes no tail rows, and the rows are what is checked."""
+
+    role = "tail-metadata backend"
+    attributes = frozenset({"token_to_kv_pool", "encoder_row_floor", "model_runner", "low_ratios",
+                            "forward_metadata", "init_forward_metadata_prefill", "_bcg_tail_buffers",
+                            "_bcg_tail_capacity"})
+
+
+class TailPool(StandIn):
+    role = "tail pool"
+    attributes = frozenset({"request_window", "full_to_swa_index_mapping"})
+    replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class TailBatch(StandIn):
+    role = "forward batch"
+    attributes = frozenset({"extend_seq_lens_cpu", "seq_lens_cpu", "seq_lens", "out_cache_loc", "positions",
+                            "req_pool_indices", "return_logprob", "extend_logprob_start_lens_cpu",
+                            "capture_hidden_mode"})
+    replaces = (RealClass("sglang/srt/model_executor/forward_batch_info.py", "ForwardBatch"),)
+
+
+class TailMetadata(StandIn):
+    role = "forward metadata"
+    attributes = frozenset({"core_attn_metadata", "late_layer_tail", "low_ratio_req_indices", "low_ratio_pos_i64"})
 
 
 class RingCoreMetadata(StandIn):
@@ -920,6 +951,112 @@ def _run_late_layer_tail(producer: Producer, batch: Batch, _: int) -> list[str]:
     return problems
 
 
+def _bind_tail_metadata(tree: SourceTree, mode: str) -> Producer:
+    layout = bind_tail_layout(tree, PRODUCER_STAND_INS, mode)
+    names = {
+        LATE_LAYER_TAIL: layout.function, "is_cp_active": lambda forward_batch: False,
+        # read only by the context-parallel form, which this check does not run
+        "get_parallel": NotModelled("get_parallel"),
+        "InterleaveContextParallelMetadata": NotModelled("InterleaveContextParallelMetadata"),
+        "CaptureHiddenMode": types.SimpleNamespace(FULL="CaptureHiddenMode.FULL"),
+        **_records(tree, mode, CUDA_BACKEND_FILE, ("LateLayerTail",)),
+    }
+    # the helpers each release's builder calls, where its files define them
+    helpers = tuple(FunctionCode(path, name) for path, name in (
+        (UTILS_FILE, "async_h2d"), (CUDA_BACKEND_FILE, "_late_layer_whole_extend"),
+        (CUDA_BACKEND_FILE, "late_layer_whole_extend"),
+    ) if f"def {name}(" in (tree.read(path) or ""))
+    producer = _bind_method(
+        tree, mode, TAIL_METADATA, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (TailBackend,), extra=helpers,
+        names=names, site_stand_ins=((TailMetadata, "DSV4Metadata"),),
+        more_stand_ins=(StandInUse(TailPool, TailPool.replaces), StandInUse(TailBatch, TailBatch.replaces)),
+    )
+    pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=TailPool.role),), PRODUCER_STAND_INS,
+                        {TailPool.role: TailPool.attributes}, mode)
+    producer.parts["DeepSeekV4TokenToKVPool"] = pool_binding.classes["DeepSeekV4TokenToKVPool"].build(TailPool)
+    return producer
+
+
+def _prefill_metadata(**_: Any) -> TailMetadata:
+    """What the tail builder's metadata init hands back, without the kernels' plans."""
+    return TailMetadata(core_attn_metadata=RingCoreMetadata(request_window_layout=None, swa_out_cache_loc=None),
+                        late_layer_tail=None, low_ratio_req_indices=None, low_ratio_pos_i64=None)
+
+
+def _run_tail_metadata(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The late-layer tail an extend's metadata init builds, eagerly and as the prefill CUDA
+    graph's block (0.5.22+: persistent buffers of the captured shape's rows, real rows first,
+    padding rows gathering row 0, scattering past the extend and storing to the dummy slot).
+    One backend builds each form for the extend and then for one a token shorter per request,
+    so that rows a block keeps from the longer one show."""
+    out_cache_loc, mapping = _locations(batch)
+    pool = producer.parts["DeepSeekV4TokenToKVPool"](request_window=None, full_to_swa_index_mapping=None)
+    pool.register_mapping(mapping)
+    runner = types.SimpleNamespace(
+        spec_algorithm=types.SimpleNamespace(is_dspark=lambda: False),
+        server_args=types.SimpleNamespace(max_running_requests=batch.num_req_slots))
+    shorter = replace(batch, extend_seq_lens=(batch.extend_seq_lens - 1).clamp(min=1))
+    problems = []
+    for for_prefill_graph in (False, True):
+        if for_prefill_graph and "for_prefill_graph" not in parameters(producer.function):
+            continue  # before 0.5.23 no prefill graph runs the tail
+        backend = _owner(producer, token_to_kv_pool=pool, encoder_row_floor=None, model_runner=runner,
+                         low_ratios=(), forward_metadata=None, init_forward_metadata_prefill=_prefill_metadata,
+                         _bcg_tail_buffers=None, _bcg_tail_capacity=None)
+        for extend, locations in ((batch, out_cache_loc), (shorter, _first_locations(batch, out_cache_loc, shorter))):
+            arguments = {"for_prefill_graph": True} if for_prefill_graph else {}
+            if not for_prefill_graph:  # an eager extend is checked on its live rows
+                extend, locations = replace(extend, padding=0), locations[: extend.num_tokens]
+            metadata = producer.function(backend, _tail_batch(extend, locations), **arguments)
+            label = ("prefill-graph tail" if for_prefill_graph else "tail") + ("" if extend is batch else
+                                                                                " (the next, shorter extend)")
+            problems += _tail_problems(label, metadata, extend, locations, mapping, for_prefill_graph)
+    return problems
+
+
+def _first_locations(batch: Batch, out_cache_loc: torch.Tensor, shorter: Batch) -> torch.Tensor:
+    """The locations of ``shorter``'s tokens (each request's first ones in ``batch``), then
+    ``shorter``'s padding rows at the dummy slot."""
+    place = torch.cat([torch.arange(int(n)) for n in batch.extend_seq_lens])
+    kept = place < shorter.extend_seq_lens.repeat_interleave(batch.extend_seq_lens)
+    return torch.cat([out_cache_loc[: batch.num_tokens][kept], torch.zeros(shorter.padding, dtype=torch.int64)])
+
+
+def _tail_batch(batch: Batch, out_cache_loc: torch.Tensor) -> TailBatch:
+    positions = torch.cat([batch.positions, torch.zeros(batch.padding, dtype=torch.int64)])
+    return TailBatch(extend_seq_lens_cpu=[int(n) for n in batch.extend_seq_lens], seq_lens_cpu=batch.seq_lens.clone(),
+                     seq_lens=batch.seq_lens.clone(), out_cache_loc=out_cache_loc, positions=positions,
+                     req_pool_indices=batch.req_pool_indices.clone(), return_logprob=False,
+                     extend_logprob_start_lens_cpu=None, capture_hidden_mode=None)
+
+
+def _tail_problems(label: str, metadata: Any, batch: Batch, out_cache_loc: torch.Tensor, mapping: torch.Tensor,
+                   block: bool) -> list[str]:
+    tail = metadata.late_layer_tail
+    want = late_layer_tail_tokens(batch.extend_seq_lens, SLIDING_WINDOW)
+    rows = want.shape[0]
+    want_loc = translate_pool(mapping, out_cache_loc[want]).to(torch.int64)
+    if not block:
+        indices = (tail.token_indices if tail.contiguous_start is None
+                   else torch.arange(tail.contiguous_start, batch.num_tokens))
+        return (_differences(f"{label} rows", indices, want)
+                + _differences(f"{label} positions", tail.positions, batch.positions[want])
+                + _differences(f"{label} swa_out_cache_loc", tail.swa_out_cache_loc, want_loc)
+                + _dtype(f"{label} swa_out_cache_loc", tail.swa_out_cache_loc))
+    padding = tail.token_indices.shape[0] - rows
+    if tail.real_rows_count != rows or padding < 0:
+        return [f"{label}: {tail.real_rows_count} real rows in a block of {tail.token_indices.shape[0]}, "
+                f"want {rows} real rows"]
+    dummy = torch.full((padding,), DUMMY_SLOT, dtype=torch.int64)
+    past_the_extend = torch.full((padding,), out_cache_loc.shape[0], dtype=torch.int64)
+    zeros = torch.zeros(padding, dtype=torch.int64)
+    return (_differences(f"{label} gather rows", tail.token_indices, torch.cat([want, zeros]))
+            + _differences(f"{label} scatter rows", tail.scatter_indices, torch.cat([want, past_the_extend]))
+            + _differences(f"{label} positions", tail.positions, torch.cat([batch.positions[want], zeros]))
+            + _differences(f"{label} swa_out_cache_loc", tail.swa_out_cache_loc, torch.cat([want_loc, dummy]))
+            + _dtype(f"{label} swa_out_cache_loc", tail.swa_out_cache_loc))
+
+
 # ---- multi-step draft decode: each step's slots (0.5.13+) ----------------------------------------
 
 
@@ -1090,6 +1227,8 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_window_getter(HIP_BACKEND_FILE, HIP_BACKEND), _run_window_getter, _live_or_idle_after_live),
     ProducerInfo(LATE_LAYER_TAIL, "extend rows the late layers store under decoder SWA bounded replay",
                  _bind_late_layer_tail, _run_late_layer_tail),
+    ProducerInfo(TAIL_METADATA, "late-layer tail metadata: rows, positions and SWA rows, eager and as the "
+                 "prefill CUDA graph's block", _bind_tail_metadata, _run_tail_metadata, lambda batch: not batch.is_idle),
     ProducerInfo(DRAFT_STEP_LOCS, "full-pool slots each step of a multi-step draft decode writes",
                  _bind_draft_step_locations, _run_draft_step_locations),
     ProducerInfo(CUDA_IN_GRAPH_INIT, "CUDA in-graph refresh of the rows each draft step's stores read",
