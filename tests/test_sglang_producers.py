@@ -469,3 +469,15 @@ def test_a_prefill_graph_tail_block_that_keeps_an_earlier_blocks_padding_rows_is
     (edited,) = [p for p in bind_producers(tree)[0] if p.name == TAIL_METADATA]
     problems = check(edited, extend)
     assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_a_context_parallel_tail_that_gives_rows_to_the_wrong_rank_is_caught():
+    if "0.5.23" not in CHECKED:
+        pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
+    owner = "        owner_rank = token_indices % cp_size\n"
+    tree = edited_release("0.5.23", CUDA_BACKEND_FILE, owner, owner.replace("token_indices %", "(token_indices + 1) %"),
+                          name="tail rows on the next rank")
+    (edited,) = [p for p in bind_producers(tree)[0] if p.name == TAIL_METADATA]
+    problems = check(edited, Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([6, 4])))
+    assert problems and problems[0].startswith("tail on context-parallel rank 0 of 2 positions: got "), problems
+    assert not any(problem.startswith("tail rows") or "prefill-graph" in problem for problem in problems)

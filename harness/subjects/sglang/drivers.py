@@ -702,11 +702,12 @@ class TranslatedLocSubject(_MetadataSubject):
                     f"(set {DECODER_REPLAY_SWITCH.removeprefix('--')}=1 to check it)")
         if cls.tail_code is None:
             return f"late-layer tail: {cls.tail_absent}"
-        return ("late-layer tail: prefill CUDA graph tail blocks and context-parallel tails are not modelled, nor "
-                "whole-extend tails (prompt logprobs, every hidden state: the getter's tail branch is the same "
-                "for them, and their layouts are checked among the producers), nor an extend whose metadata init is "
-                "skipped (it runs every layer over every row here); an extend split into micro-batches runs "
-                "a tail per micro-batch, which SGLang's tail path never does (it refuses two-batch overlap)")
+        return ("late-layer tail: this lifecycle runs eager tails only; the prefill CUDA graph's tail blocks and "
+                "context-parallel tails are built by _build_late_layer_tail_metadata, whose rows are checked among "
+                "the producers, and the getter's tail branch is the same for them; whole-extend tails (prompt "
+                "logprobs, every hidden state) likewise; an extend whose metadata init is skipped is not modelled "
+                "(it runs every layer over every row here); an extend split into micro-batches runs a tail per "
+                "micro-batch, which SGLang's tail path never does (it refuses two-batch overlap)")
 
     def _window_layout(self, batch: ForwardBatch, window: Any) -> Any:
         if batch.mode.is_idle():

@@ -216,7 +216,7 @@ class TailBatch(StandIn):
     role = "forward batch"
     attributes = frozenset({"extend_seq_lens_cpu", "seq_lens_cpu", "seq_lens", "out_cache_loc", "positions",
                             "req_pool_indices", "return_logprob", "extend_logprob_start_lens_cpu",
-                            "capture_hidden_mode"})
+                            "capture_hidden_mode", "attn_cp_metadata", "batch_size"})
     replaces = (RealClass("sglang/srt/model_executor/forward_batch_info.py", "ForwardBatch"),)
 
 
@@ -953,11 +953,12 @@ def _run_late_layer_tail(producer: Producer, batch: Batch, _: int) -> list[str]:
 
 def _bind_tail_metadata(tree: SourceTree, mode: str) -> Producer:
     layout = bind_tail_layout(tree, PRODUCER_STAND_INS, mode)
+    # the context-parallel ranks a run of the builder is on (the check sets them per run)
+    parallel = types.SimpleNamespace(attn_cp_rank=0, attn_cp_size=1)
     names = {
-        LATE_LAYER_TAIL: layout.function, "is_cp_active": lambda forward_batch: False,
-        # read only by the context-parallel form, which this check does not run
-        "get_parallel": NotModelled("get_parallel"),
-        "InterleaveContextParallelMetadata": NotModelled("InterleaveContextParallelMetadata"),
+        LATE_LAYER_TAIL: layout.function, "get_parallel": lambda: parallel,
+        "is_cp_active": lambda forward_batch: forward_batch.attn_cp_metadata is not None,
+        "InterleaveContextParallelMetadata": types.SimpleNamespace,
         "CaptureHiddenMode": types.SimpleNamespace(FULL="CaptureHiddenMode.FULL"),
         **_records(tree, mode, CUDA_BACKEND_FILE, ("LateLayerTail",)),
     }
@@ -974,6 +975,7 @@ def _bind_tail_metadata(tree: SourceTree, mode: str) -> Producer:
     pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=TailPool.role),), PRODUCER_STAND_INS,
                         {TailPool.role: TailPool.attributes}, mode)
     producer.parts["DeepSeekV4TokenToKVPool"] = pool_binding.classes["DeepSeekV4TokenToKVPool"].build(TailPool)
+    producer.parts["parallel"] = parallel
     return producer
 
 
@@ -988,21 +990,26 @@ def _run_tail_metadata(producer: Producer, batch: Batch, _: int) -> list[str]:
     graph's block (0.5.22+: persistent buffers of the captured shape's rows, real rows first,
     padding rows gathering row 0, scattering past the extend and storing to the dummy slot).
     One backend builds each form for the extend and then for one a token shorter per request,
-    so that rows a block keeps from the longer one show."""
+    so that rows a block keeps from the longer one show. Then each rank of two and of three
+    context-parallel ranks builds the eager form (:func:`_context_parallel_problems`)."""
     out_cache_loc, mapping = _locations(batch)
     pool = producer.parts["DeepSeekV4TokenToKVPool"](request_window=None, full_to_swa_index_mapping=None)
     pool.register_mapping(mapping)
     runner = types.SimpleNamespace(
         spec_algorithm=types.SimpleNamespace(is_dspark=lambda: False),
         server_args=types.SimpleNamespace(max_running_requests=batch.num_req_slots))
+
+    def new_backend() -> StandIn:
+        return _owner(producer, token_to_kv_pool=pool, encoder_row_floor=None, model_runner=runner,
+                      low_ratios=(), forward_metadata=None, init_forward_metadata_prefill=_prefill_metadata,
+                      _bcg_tail_buffers=None, _bcg_tail_capacity=None)
+
     shorter = replace(batch, extend_seq_lens=(batch.extend_seq_lens - 1).clamp(min=1))
     problems = []
     for for_prefill_graph in (False, True):
         if for_prefill_graph and "for_prefill_graph" not in parameters(producer.function):
-            continue  # before 0.5.23 no prefill graph runs the tail
-        backend = _owner(producer, token_to_kv_pool=pool, encoder_row_floor=None, model_runner=runner,
-                         low_ratios=(), forward_metadata=None, init_forward_metadata_prefill=_prefill_metadata,
-                         _bcg_tail_buffers=None, _bcg_tail_capacity=None)
+            continue  # before 0.5.22 no prefill graph runs the tail
+        backend = new_backend()
         for extend, locations in ((batch, out_cache_loc), (shorter, _first_locations(batch, out_cache_loc, shorter))):
             arguments = {"for_prefill_graph": True} if for_prefill_graph else {}
             if not for_prefill_graph:  # an eager extend is checked on its live rows
@@ -1011,6 +1018,43 @@ def _run_tail_metadata(producer: Producer, batch: Batch, _: int) -> list[str]:
             label = ("prefill-graph tail" if for_prefill_graph else "tail") + ("" if extend is batch else
                                                                                 " (the next, shorter extend)")
             problems += _tail_problems(label, metadata, extend, locations, mapping, for_prefill_graph)
+    live = replace(batch, padding=0)
+    return problems + _context_parallel_problems(producer, live, out_cache_loc[: batch.num_tokens], mapping,
+                                                 new_backend)
+
+
+def _context_parallel_problems(producer: Producer, batch: Batch, out_cache_loc: torch.Tensor,
+                               mapping: torch.Tensor, new_backend: Callable[[], StandIn]) -> list[str]:
+    """Under interleaved context parallelism extend row ``g`` is rank ``g % size``'s local row
+    ``g // size``: each rank's tail holds its own tail rows (in order, then padding to the
+    largest rank's count) and their count per request, and stores every tail row's key at the
+    same SWA rows as without context parallelism (the keys are gathered across ranks)."""
+    parallel = producer.parts["parallel"]
+    tail = late_layer_tail_tokens(batch.extend_seq_lens, SLIDING_WINDOW)
+    request = torch.tensor(batch.token_request_index(), dtype=torch.int64)
+    want_loc = translate_pool(mapping, out_cache_loc[tail]).to(torch.int64)
+    problems = []
+    for size in (2, 3):
+        largest = max(int((tail % size == rank).sum()) for rank in range(size))
+        for rank in range(size):
+            parallel.attn_cp_size, parallel.attn_cp_rank = size, rank
+            try:
+                metadata = producer.function(new_backend(), _tail_batch(batch, out_cache_loc, context_parallel=True))
+            finally:
+                parallel.attn_cp_size, parallel.attn_cp_rank = 1, 0
+            got = metadata.late_layer_tail
+            mine = tail[tail % size == rank]
+            pad = largest - mine.shape[0]
+            label = f"tail on context-parallel rank {rank} of {size}"
+            problems += (
+                _differences(f"{label} local rows", got.token_indices, (mine - rank) // size)
+                + _differences(f"{label} positions", got.positions,
+                               torch.cat([batch.positions[mine], torch.zeros(pad, dtype=torch.int64)]))
+                + _differences(f"{label} padding rows", torch.tensor([got.pad_rows]), torch.tensor([pad]))
+                + _differences(f"{label} rows per request", torch.tensor(got.local_lens_cpu),
+                               torch.bincount(request[mine], minlength=len(batch.extend_seq_lens)))
+                + _differences(f"{label} swa_out_cache_loc", got.swa_out_cache_loc, want_loc)
+            )
     return problems
 
 
@@ -1022,12 +1066,16 @@ def _first_locations(batch: Batch, out_cache_loc: torch.Tensor, shorter: Batch) 
     return torch.cat([out_cache_loc[: batch.num_tokens][kept], torch.zeros(shorter.padding, dtype=torch.int64)])
 
 
-def _tail_batch(batch: Batch, out_cache_loc: torch.Tensor) -> TailBatch:
+def _tail_batch(batch: Batch, out_cache_loc: torch.Tensor, context_parallel: bool = False) -> TailBatch:
+    """The extend as the builder reads it; under context parallelism its metadata is there
+    (what the tail reads of it is rebuilt by the builder), and its rows are the whole extend's."""
     positions = torch.cat([batch.positions, torch.zeros(batch.padding, dtype=torch.int64)])
     return TailBatch(extend_seq_lens_cpu=[int(n) for n in batch.extend_seq_lens], seq_lens_cpu=batch.seq_lens.clone(),
                      seq_lens=batch.seq_lens.clone(), out_cache_loc=out_cache_loc, positions=positions,
                      req_pool_indices=batch.req_pool_indices.clone(), return_logprob=False,
-                     extend_logprob_start_lens_cpu=None, capture_hidden_mode=None)
+                     extend_logprob_start_lens_cpu=None, capture_hidden_mode=None,
+                     attn_cp_metadata=types.SimpleNamespace() if context_parallel else None,
+                     batch_size=len(batch.extend_seq_lens))
 
 
 def _tail_problems(label: str, metadata: Any, batch: Batch, out_cache_loc: torch.Tensor, mapping: torch.Tensor,
