@@ -632,7 +632,7 @@ def _gate_rows(table: str) -> dict[str, str]:
 def test_the_gate_with_the_request_window_on_finds_the_idle_layout_fixed_in_0_5_23(tmp_path):
     # --sglang-switch reaches both sides' runs: each inherits the switches the gate was given
     head = edited_tree(tmp_path / "head", "0.5.23", {}, with_tree_checks=True)
-    done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.22", "--max-examples", "6",
+    done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.22", "--max-examples", "100",
                     "--budget", "600", "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
                     "--report-dir", str(tmp_path / "reports"))
     table = (tmp_path / "reports" / "pr-gate.md").read_text()
@@ -775,7 +775,7 @@ def _window_getter(tree: locate.SourceTree, window: bool = True):
     return bind_target(target("cuda-swa-out-cache-loc"), tree, "source", switches={REQUEST_WINDOW_SWITCH: window})
 
 
-def _window_finding(tree: locate.SourceTree, max_examples: int = 25):
+def _window_finding(tree: locate.SourceTree, max_examples: int = 100):
     """What a short seeded search of the getter under the request window finds (None: nothing)."""
     return fuzz(_window_getter(tree), settings="ci", max_examples=max_examples, seed=4)
 
@@ -787,10 +787,13 @@ def idle_after_window_finding():
     return found
 
 
-def test_the_cuda_getter_of_0_5_22_under_the_request_window_hands_an_idle_forward_stale_rows(
+def test_the_cuda_getter_of_0_5_22_under_the_request_window_trusts_an_idle_forwards_stale_or_unset_metadata(
         idle_after_window_finding):
+    # an idle forward that skips metadata init meets another forward's layout, or none
     sentence = idle_after_window_finding.divergence.sentence
-    assert "(idle)" in sentence and "writes to -1" in sentence, sentence
+    assert "(idle)" in sentence and (
+        "writes to -1" in sentence or "returned shape" in sentence
+        or "raised AttributeError: 'NoneType' object has no attribute 'core_attn_metadata'" in sentence), sentence
 
 
 def test_the_cuda_getter_of_0_5_23_lays_out_the_idle_forward_that_0_5_22_gets_wrong(idle_after_window_finding):

@@ -772,7 +772,11 @@ class TranslatedLocSubject(_MetadataSubject):
         """The SWA slot of the batch row whose workspace row each of ``rows`` is, by the
         reference's layout; -1 for a row that is none of this forward's. ``tail``: the
         extend rows a tail layer stores (the reference's), laid out on their own. Tensor
-        operations only, so that a captured graph redoes the reading at each replay."""
+        operations only, so that a captured graph redoes the reading at each replay.
+
+        An eager idle forward whose metadata init ran also owns the rows of the layout that
+        init built from its padded batch (0.5.21 and 0.5.22 store there): an idle forward
+        never commits, so its rows of either layout are at the dummy slot."""
         locations = batch.out_cache_loc.to(torch.int64)
         if tail is not None:
             want, locations = self._tail_window_truth(batch, tail).write_loc, locations[tail]
@@ -780,6 +784,10 @@ class TranslatedLocSubject(_MetadataSubject):
             want = self._slot(batch).window_rows[batch.num_tokens]
         else:
             want = self._window_truth(batch).write_loc
+            own = self._own_idle_layout(batch)
+            if own is not None:
+                want = torch.cat([want.to(own.write_loc.device, torch.int64), own.write_loc.to(torch.int64)])
+                locations = torch.cat([locations, locations])
         want = want.to(device=rows.device, dtype=torch.int64)
         got = rows.to(torch.int64)
         if want.numel() == 0:
@@ -788,6 +796,13 @@ class TranslatedLocSubject(_MetadataSubject):
         place = order[torch.searchsorted(want[order], got).clamp(max=want.numel() - 1)]
         slots = self.mapping[locations].to(torch.int32)
         return torch.where(want[place] == got, slots[place], torch.full_like(slots[place], -1))
+
+    def _own_idle_layout(self, batch: ForwardBatch) -> Any:
+        """The window layout the metadata init of this idle forward built, or None (not idle,
+        or its init was skipped and the backend holds an earlier forward's)."""
+        if not batch.mode.is_idle() or self._slot(batch).built_for.get(("model", 0)) != batch.forward_id:
+            return None
+        return self._backend(batch, 0).forward_metadata.core_attn_metadata.request_window_layout
 
     def _tail_window_truth(self, batch: ForwardBatch, tail: torch.Tensor):
         """The reference's window layout of a forward whose requests add only their tail rows
