@@ -900,7 +900,7 @@ def _draft_block_metadata(producer: Producer, batch: Batch, ring: int) -> StoreM
 
 
 def _run_draft_ring_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
-    """What a DSpark draft block's stores write (``DeepseekV4DSparkAttention._store_block_kv``
+    """What a DSpark draft block's stores write (``DSparkAttention._store_block_kv``
     asks the getter): each live row's slot in its request's ring. The backend first serves
     the same requests' block one position earlier, its metadata built the same way, so that
     an answer kept from it shows."""
