@@ -187,8 +187,9 @@ class DraftRingPool(StandIn):
 
 
 class DraftRingStorePool(StandIn):
-    """The draft worker's pool under encoder replay (0.5.23, CUDA): a ring per request slot,
-    no request window, and no full-to-SWA mapping (the target keeps no paged SWA allocator)."""
+    """The draft worker's pool under encoder replay (0.5.23, CUDA): a ring per request slot
+    and no request window. Its stores address the ring, never paged SWA rows, so it is given
+    no full-to-SWA mapping: a getter that falls back to translating fails on it."""
 
     role = "draft-ring store pool"
     attributes = frozenset({"request_window", "swa_req_ring_size", "full_to_swa_index_mapping"})
