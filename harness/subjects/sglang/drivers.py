@@ -344,6 +344,11 @@ class SglangSubject(Subject):
     # tree (.engine_features.ZeroRowReading, set by .configure; None: not read)
     zero_rows: ClassVar[Any] = None
 
+    @classmethod
+    def zero_rows_stored(cls) -> bool | None:
+        """Whether the tree's layers store a forward with no rows (None: not read, or unreadable)."""
+        return None if cls.zero_rows is None else cls.zero_rows.reaches_store
+
     def __init__(self, spec):
         super().__init__(spec)
         self.pool = self._new_pool(request_window=self._new_request_window(), role="target")
@@ -401,7 +406,7 @@ class SglangSubject(Subject):
                 pool.register_mapping(mapping)
 
     def swa_write_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
-        if batch.num_tokens == 0 and self.zero_rows is not None and self.zero_rows.reaches_store is False:
+        if batch.num_tokens == 0 and self.zero_rows_stored() is False:
             # the tree's layer returns before its store on a rank with no rows: nothing is stored
             return torch.empty(0, dtype=torch.int32, device=batch.positions.device)
         modes = self.modelled_modes if self.target_modes is None else self.target_modes
@@ -677,7 +682,7 @@ class TranslatedLocSubject(_MetadataSubject):
         reads = cls.binding.classes[cls.backend_class_name].methods[cls.getter].__code__.co_names
         notes = []
         if "request_window" in reads and cls.request_window_on():
-            if cls.zero_rows is None or cls.zero_rows.reaches_store is None:
+            if cls.zero_rows_stored() is None:
                 read = "not read" if cls.zero_rows is None else cls.zero_rows.says
                 notes.append(f"request window: an idle forward with no rows is not checked, since whether the "
                              f"layers store it is {read}")
@@ -728,7 +733,7 @@ class TranslatedLocSubject(_MetadataSubject):
             return self._tail_rows_read_back(batch, self._in_tail(batch, layer_id, slot.tail))
         if self._request_window(batch) is None:
             return super()._target_location(batch, layer_id)
-        if batch.num_tokens == 0 and (self.zero_rows is None or self.zero_rows.reaches_store is None):
+        if batch.num_tokens == 0 and self.zero_rows_stored() is None:
             # whether SGLang's layers store a forward with no rows is unread (its layouts
             # refuse to lay out none): not checked, as the subject's notes say
             return torch.empty(0, dtype=torch.int32, device=batch.positions.device)

@@ -167,8 +167,10 @@ def _parameter(function: ast.FunctionDef, name: str) -> bool:
 def _sibling(function: ast.FunctionDef, name: str) -> ast.FunctionDef | None:
     """The method ``name`` of the class ``function`` is a method of."""
     owner = function.parent
-    if not isinstance(owner, ast.ClassDef):
-        return None
+    return _defined(owner, name) if isinstance(owner, ast.ClassDef) else None
+
+
+def _defined(owner: ast.ClassDef, name: str) -> ast.FunctionDef | None:
     return next((node for node in owner.body if isinstance(node, ast.FunctionDef) and node.name == name), None)
 
 
@@ -193,7 +195,7 @@ def _class(module: ast.Module, name: str, path: str) -> ast.ClassDef:
 
 
 def _method(owner: ast.ClassDef, name: str, path: str) -> ast.FunctionDef:
-    found = next((n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    found = _defined(owner, name)
     if found is None:
         raise Unreadable(f"{path.removeprefix(PACKAGE)} defines no {owner.name}.{name}")
     return found
@@ -565,11 +567,11 @@ def zero_row_forwards(tree: SourceTree, switches: SwitchSettings) -> ZeroRowRead
 def _read_zero_rows(reader: _Reader) -> ZeroRowReading:
     module = reader.module(MODEL_FILE)
     layers = [node for node in module.body if isinstance(node, ast.ClassDef)
-              and _sibling_named(node, "forward") is not None and _calls_named(node, *SWA_STORE_CALLS)]
+              and _defined(node, "forward") is not None and _calls_named(node, *SWA_STORE_CALLS)]
     if len(layers) != 1:
         raise Unreadable(f"{MODEL_FILE.removeprefix(PACKAGE)} has {len(layers)} classes that both store SWA keys "
                          "and define forward, not one")
-    forward = _sibling_named(layers[0], "forward")
+    forward = _defined(layers[0], "forward")
     statements = callsites._without_docstring(forward.body)
     for index, statement in enumerate(statements):
         if not _zero_row_test(statement):
@@ -586,10 +588,6 @@ def _read_zero_rows(reader: _Reader) -> ZeroRowReading:
                          "returning first")
     return ZeroRowReading(True, f"{callsites._qualname(forward)} does not return before storing when its rank has "
                                 f"no rows ({_where(MODEL_FILE, forward, forward.lineno)})")
-
-
-def _sibling_named(owner: ast.ClassDef, name: str) -> ast.FunctionDef | None:
-    return next((n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
 def _zero_row_test(statement: ast.stmt) -> bool:

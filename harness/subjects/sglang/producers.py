@@ -787,14 +787,19 @@ _POOL_TRANSLATION = ClassCode(
 )
 
 
+def _translating_pool(tree: SourceTree, mode: str, stand_in: type[StandIn]) -> type[StandIn]:
+    """``stand_in`` with the tree's own ``register_mapping`` and ``translate_loc_from_full_to_swa``."""
+    binding = bind(tree, (replace(_POOL_TRANSLATION, role=stand_in.role),), PRODUCER_STAND_INS,
+                   {stand_in.role: stand_in.attributes}, mode)
+    return binding.classes["DeepSeekV4TokenToKVPool"].build(stand_in)
+
+
 def _bind_graph_buffer(tree: SourceTree, mode: str) -> Producer:
     producer = _bind_method(
         tree, mode, GRAPH_LOC_BUFFER, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (GraphBackend,),
         more_stand_ins=(StandInUse(TranslatingPool, TranslatingPool.replaces),),
     )
-    pool_binding = bind(tree, (_POOL_TRANSLATION,), PRODUCER_STAND_INS,
-                        {TranslatingPool.role: TranslatingPool.attributes}, mode)
-    producer.parts["DeepSeekV4TokenToKVPool"] = pool_binding.classes["DeepSeekV4TokenToKVPool"].build(TranslatingPool)
+    producer.parts["DeepSeekV4TokenToKVPool"] = _translating_pool(tree, mode, TranslatingPool)
     return producer
 
 
@@ -880,12 +885,9 @@ def _bind_draft_ring_getter(tree: SourceTree, mode: str) -> Producer:
         site_stand_ins=((StoreMetadata, "DSV4Metadata"), (RingCoreMetadata, "DSV4AttnMetadata")),
         more_stand_ins=(StandInUse(DraftRingStorePool, DraftRingStorePool.replaces), StandInUse(StoreBatch, StoreBatch.replaces)),
     )
-    ring_rows_producer = _bind_draft_ring_rows(tree, mode)
-    pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=DraftRingStorePool.role),), PRODUCER_STAND_INS,
-                        {DraftRingStorePool.role: DraftRingStorePool.attributes}, mode)
     producer.parts.update({
-        DRAFT_RING_ROWS: ring_rows_producer,
-        "DeepSeekV4TokenToKVPool": pool_binding.classes["DeepSeekV4TokenToKVPool"].build(DraftRingStorePool),
+        DRAFT_RING_ROWS: _bind_draft_ring_rows(tree, mode),
+        "DeepSeekV4TokenToKVPool": _translating_pool(tree, mode, DraftRingStorePool),
     })
     return producer
 
@@ -973,10 +975,7 @@ def _bind_tail_metadata(tree: SourceTree, mode: str) -> Producer:
         names=names, site_stand_ins=((TailMetadata, "DSV4Metadata"),),
         more_stand_ins=(StandInUse(TailPool, TailPool.replaces), StandInUse(TailBatch, TailBatch.replaces)),
     )
-    pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=TailPool.role),), PRODUCER_STAND_INS,
-                        {TailPool.role: TailPool.attributes}, mode)
-    producer.parts["DeepSeekV4TokenToKVPool"] = pool_binding.classes["DeepSeekV4TokenToKVPool"].build(TailPool)
-    producer.parts["parallel"] = parallel
+    producer.parts.update({"DeepSeekV4TokenToKVPool": _translating_pool(tree, mode, TailPool), "parallel": parallel})
     return producer
 
 
@@ -1011,13 +1010,14 @@ def _run_tail_metadata(producer: Producer, batch: Batch, _: int) -> list[str]:
         if for_prefill_graph and "for_prefill_graph" not in parameters(producer.function):
             continue  # before 0.5.22 no prefill graph runs the tail
         backend = new_backend()
-        for extend, locations in ((batch, out_cache_loc), (shorter, _first_locations(batch, out_cache_loc, shorter))):
+        for extend, locations, which in ((batch, out_cache_loc, ""),
+                                         (shorter, _first_locations(batch, out_cache_loc, shorter),
+                                          " (the next, shorter extend)")):
             arguments = {"for_prefill_graph": True} if for_prefill_graph else {}
             if not for_prefill_graph:  # an eager extend is checked on its live rows
                 extend, locations = replace(extend, padding=0), locations[: extend.num_tokens]
             metadata = producer.function(backend, _tail_batch(extend, locations), **arguments)
-            label = ("prefill-graph tail" if for_prefill_graph else "tail") + ("" if extend is batch else
-                                                                                " (the next, shorter extend)")
+            label = ("prefill-graph tail" if for_prefill_graph else "tail") + which
             problems += _tail_problems(label, metadata, extend, locations, mapping, for_prefill_graph)
     live = replace(batch, padding=0)
     return problems + _context_parallel_problems(producer, live, out_cache_loc[: batch.num_tokens], mapping,
@@ -1196,8 +1196,6 @@ def _bind_in_graph_init(path: str, owner: str) -> Callable[[SourceTree, str], Pr
             "attributes": (TranslatingPool.attributes
                            | (_reads(function, "token_to_kv_pool") - set(_POOL_TRANSLATION.methods))),
         })
-        pool_binding = bind(tree, (replace(_POOL_TRANSLATION, role=pool.role),), PRODUCER_STAND_INS,
-                            {pool.role: pool.attributes}, mode)
         low_ratios = "core_metadata" in function.__code__.co_names
         metadata = LowRatioInGraphMetadata if low_ratios else InGraphMetadata
         core = LowRatioInGraphCore if low_ratios else InGraphCore
@@ -1207,7 +1205,7 @@ def _bind_in_graph_init(path: str, owner: str) -> Callable[[SourceTree, str], Pr
             StandInUse(metadata, (RealClass(path, "DSV4Metadata"),)),
             StandInUse(core, (RealClass(path, "DSV4AttnMetadata"),)),
         ), parts={"backend": bound.build(backend), "metadata": metadata, "core": core,
-                  "pool": pool_binding.classes["DeepSeekV4TokenToKVPool"].build(pool)})
+                  "pool": _translating_pool(tree, mode, pool)})
     return bind_one
 
 
