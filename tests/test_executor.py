@@ -6,6 +6,7 @@ with a sentence that says where and what, never a harness crash or a hang.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -248,6 +249,56 @@ def test_a_subject_hanging_at_a_later_layer_times_out_at_that_call_with_the_answ
     assert d.sentence == "At forward 2 (decode), layer 1, swa_write_location did not return within 0.5 s."
     # __init__, register_mapping, then per forward a metadata init and two stores
     assert (d.call, result.checks, result.forwards) == (7, 3, 2)
+
+
+class _SpinsOnSecondMicroBatchLayer1(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        if batch.micro_batch == 1 and layer_id == 1:
+            _Spins.swa_write_location(self, batch, layer_id)
+        return self.right(batch)
+
+
+@pytest.mark.parametrize("subject", [_Sleeps, _Spins, _SwallowsExceptions, _SpinsOnSecondMicroBatchLayer1],
+                         ids=["sleep", "busy-loop", "catches-Exception", "one-call"])
+def test_a_hang_on_a_micro_batch_thread_is_the_timeout_of_the_call_that_hung(subject):
+    result = run_scenario(subject, EXAMPLES["two-batch-overlap"], threads=True, timeout_s=QUICK)
+    d = result.divergence
+    assert d.kind == "timeout"
+    if subject is _SpinsOnSecondMicroBatchLayer1:
+        assert (d.micro_batch, d.layer_id) == (1, 1)
+    assert d.sentence.endswith(f"layer {d.layer_id}, swa_write_location did not return within 0.5 s."), d.sentence
+
+
+class _SwallowsTheInterruptAndReturns(_Correct):
+    def swa_write_location(self, batch, layer_id):
+        try:
+            _Spins.swa_write_location(self, batch, layer_id)
+        except BaseException:  # noqa: BLE001 - a subject that hides even the interruption
+            pass
+        return self.right(batch)
+
+
+class _NeverEnds(_Correct):
+    released = threading.Event()  # set when the test is over, so that the thread it left ends
+
+    def swa_write_location(self, batch, layer_id):
+        while not self.released.is_set():
+            try:
+                self.released.wait(0.01)
+            except BaseException:  # noqa: BLE001 - a subject that cannot be interrupted
+                pass
+        return self.right(batch)
+
+
+@pytest.mark.parametrize("subject", [_SwallowsTheInterruptAndReturns, _NeverEnds], ids=["returns-late", "never-ends"])
+def test_a_micro_batch_thread_that_defeats_the_interruption_is_still_a_timeout(subject):
+    _NeverEnds.released = released = threading.Event()
+    try:
+        d = _diverges(subject, EXAMPLES["two-batch-overlap"], threads=True, timeout_s=QUICK)
+    finally:
+        released.set()
+    assert d.kind == "timeout"
+    assert d.sentence.endswith(f"layer {d.layer_id}, swa_write_location did not return within 0.5 s."), d.sentence
 
 
 def test_a_subject_raising_at_a_later_layer_names_that_call_with_the_answers_before_it_counted():
@@ -822,6 +873,27 @@ def test_a_host_sync_inside_graph_capture_is_a_capture_divergence():
 
 def test_the_same_host_sync_outside_a_graph_passes():
     assert run_scenario(_SyncsInCapture, TWO_FORWARDS).passed
+
+
+class _ShrinksWhatItsGraphReads(_Correct):
+    """Translates through its own copy of the mapping, and empties the copy before a
+    replay: the replayed lookup runs out of bounds."""
+
+    def init_capture_metadata(self, batch):
+        self.table = self.mapping.clone()
+
+    def swa_write_location(self, batch, layer_id):
+        return self.table[batch.out_cache_loc].to(torch.int32)
+
+    def init_replay_metadata(self, batch):
+        self.table.resize_(0)
+
+
+def test_a_replay_that_raises_is_told_as_the_replay_of_the_captured_code():
+    d = _diverges(_ShrinksWhatItsGraphReads, EXAMPLES["graph-replay"])
+    assert d.kind == "raised"
+    assert "the graph replay of init_graph_metadata and swa_write_location raised IndexError" in d.sentence, \
+        d.sentence
 
 
 # ---- in-forward mutations ----------------------------------------------------------------

@@ -246,12 +246,17 @@ def test_a_constructor_that_never_returns_is_told_at_the_sglang_line_the_alarm_i
                                    "did not return within 1 s."), found.sentence
 
 
-def test_a_getter_that_never_returns_is_told_at_the_sglang_line_the_alarm_interrupted(tmp_path):
+@pytest.mark.parametrize("threads", [False, True], ids=["main-thread", "micro-batch-threads"])
+def test_a_getter_that_never_returns_is_told_at_the_sglang_line_the_interruption_found(tmp_path, threads):
     tree, line = _cuda_getter_running(tmp_path, "        while forward_batch.positions is not None: pass")
-    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, EXAMPLES["first-swa-layer-not-start"],
+    scenario = EXAMPLES["two-batch-overlap" if threads else "first-swa-layer-not-start"]
+    found = run_scenario(_subject(tree, "cuda-swa-out-cache-loc").subject, scenario, threads=threads,
                          timeout_s=1).divergence
     assert found.kind == "timeout"
-    assert found.sentence == f"At forward 1 (decode), layer 1, {CUDA_GETTER.format(line)} did not return within 1 s."
+    assert found.sentence.endswith(f"layer {found.layer_id}, {CUDA_GETTER.format(line)} did not return within 1 s."), \
+        found.sentence
+    if not threads:
+        assert found.sentence.startswith("At forward 1 (decode), layer 1,")
 
 
 def test_a_getter_that_writes_into_the_locations_it_is_handed_is_told_as_that_sglang_function(tmp_path):

@@ -149,9 +149,12 @@ class GraphForwards:
     def _replay(self, plan: ForwardPlan, graph: Any) -> None:
         """Replay ``graph``, the recorded work of the subject's graph metadata and stores,
         and check the inputs once it has run."""
-        for method in ("init_graph_metadata", "swa_write_location", *(("per_step_value",) if self.value_reads else ())):
+        recorded = ("init_graph_metadata", "swa_write_location", *(("per_step_value",) if self.value_reads else ()))
+        for method in recorded:
             self.inputs.ran(method)
-        self.calls.invoke(Where(plan), "graph replay", graph.replay)
+        # what replays is the work of the code the capture ran, named as that code
+        captured = " and ".join(dict.fromkeys(self.calls.named(method) for method in recorded))
+        self.calls.invoke(Where(plan), f"the graph replay of {captured}", graph.replay)
         self.timeline.settle()
         self.inputs.check_inputs(plan)
 

@@ -10,7 +10,7 @@ blocking sleeps. The handler raises only if the call that overran is still the o
 flight, so a late signal can never hit the next call; a call that swallows the alarm is
 re-alarmed every timeout period and reported as timed out when it finally returns. Signals
 reach the main thread only: a guard entered on another thread converts exceptions but
-leaves hangs to its caller (join with a timeout).
+leaves hangs to its caller, which ends an overrun call with :func:`interrupt`.
 
 A caller that makes many cheap calls in a row may run them itself (:meth:`CallGuard.call`
 costs a Python frame and a ``try`` per call): it sets ``in_call`` once for the run of
@@ -33,6 +33,7 @@ quoted with control characters escaped unless it is one printable line.
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import sys
 import threading
@@ -114,6 +115,30 @@ def traceback_text(exc: BaseException) -> str:
 
 def failure_of(what: str, exc: BaseException) -> SubjectFailure:
     return SubjectFailure("raised", f"{what} raised {describe_exception(exc)}", traceback_text(exc), exc)
+
+
+def timed_out(what: str, timeout: SubjectTimeout | None, timeout_s: float) -> SubjectFailure:
+    """The failure of a call of ``what`` that ran past ``timeout_s``, named by the function
+    of the code under test that ``timeout`` interrupted where the subject told it."""
+    running_in = vars(timeout).get("running_in") if timeout is not None else None
+    if type(running_in) is str:
+        what = quoted(running_in)
+    return SubjectFailure("timeout", f"{what} did not return within {timeout_s:g} s")
+
+
+def interrupt(thread: threading.Thread) -> None:
+    """Raise :class:`SubjectTimeout` in ``thread`` at its next Python instruction: signals
+    reach the main thread only. A thread blocked in C (a sleep, a lock) sees it once the
+    call returns."""
+    _set_async_exc(ctypes.c_ulong(thread.ident), ctypes.py_object(SubjectTimeout))
+
+
+def withdraw_interrupt() -> None:
+    """Clear an :func:`interrupt` of the current thread that has not landed yet."""
+    _set_async_exc(ctypes.c_ulong(threading.get_ident()), None)
+
+
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
 
 
 def _note_and_interrupt(signum: int, frame: Any) -> None:
@@ -266,10 +291,7 @@ class CallGuard:
         arrived is no failure: it is raised again."""
         self.restore_harness_state()
         if isinstance(exc, SubjectTimeout) and self.fired_serial == self.serial:
-            running_in = vars(exc).get("running_in")
-            if type(running_in) is str:
-                what = quoted(running_in)
-            return SubjectFailure("timeout", f"{what} did not return within {self.timeout_s:g} s")
+            return timed_out(what, exc, self.timeout_s)
         if from_a_signal(exc, self._signals):
             raise exc
         return failure_of(what, exc)

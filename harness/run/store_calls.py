@@ -18,7 +18,7 @@ from ..reference import ForwardPlan, StepInputs
 
 from .calls import SubjectCalls
 from .devices import HostTimeline
-from .guard import SubjectFailure, SubjectTimeout, failure_of
+from .guard import SubjectFailure, SubjectTimeout, failure_of, interrupt, timed_out, withdraw_interrupt
 from .judge import Judge, matches
 from .progress import DeadlinePassed, Progress, Where
 
@@ -160,30 +160,34 @@ class StoreCalls:
         """Each micro-batch runs its layers on its own thread, as on concurrent streams.
 
         Answers are cloned as they return (what the layer would write at that moment) and
-        checked afterwards in the order the calls ran.
+        checked afterwards in the order the calls ran. A call still running past the timeout
+        is interrupted in its thread, so that a hang is told as on the main thread: at the
+        function of the code under test it was running, where the subject tells that.
         """
         count, what = plan.num_micro_batches, self.calls.named("swa_write_location")
         layers = [[layer for mb, layer in plan.calls if mb == m] for m in range(count)]
         rows = [inputs.num_rows for inputs in step_inputs]
         entered: list[int] = []
         answers: list[list[Any]] = [[] for _ in range(count)]
-        lock = threading.Lock()
+        turns = _Turns(self.timeout_s)
         start = threading.Barrier(count)
 
         def run_micro_batch(mb: int) -> None:
-            start.wait()
-            for layer_id in layers[mb]:
-                # one call at a time, so the recorded order is the order that happened and
-                # replays exactly; the threads decide which micro-batch goes next
-                with lock:
-                    entered.append(mb)
-                    try:
-                        out = store(batches[mb], layer_id)
-                    except BaseException as exc:  # noqa: BLE001 - reported as the subject's failure
-                        answers[mb].append(failure_of(what, exc))
-                        return
-                    answers[mb].append(_snapshot(out, rows[mb]))
-                time.sleep(0)  # let another micro-batch take the next turn: the lock is not fair
+            try:
+                start.wait()
+                for layer_id in layers[mb]:
+                    # one call at a time, so the recorded order is the order that happened
+                    # and replays exactly; the threads decide which micro-batch goes next
+                    with turns.lock:
+                        entered.append(mb)
+                        out, failure = turns.call(what, store, batches[mb], layer_id)
+                        if failure is not None:
+                            answers[mb].append(failure)
+                            return
+                        answers[mb].append(_snapshot(out, rows[mb]))
+                    time.sleep(0)  # let another micro-batch take the next turn: the lock is not fair
+            finally:
+                turns.moved.set()
 
         workers = [threading.Thread(target=run_micro_batch, args=(mb,), daemon=True) for mb in range(count)]
         interval = sys.getswitchinterval()
@@ -191,16 +195,11 @@ class StoreCalls:
         try:
             for worker in workers:
                 worker.start()
-            budget = self.timeout_s * len(plan.calls)
-            for worker in workers:
-                worker.join(budget)
+            turns.wait_for(workers)
         finally:
             sys.setswitchinterval(interval)
         self.calls.guard.restore_harness_state()
         self.schedules[plan.index] = tuple(entered)
-        if any(worker.is_alive() for worker in workers):
-            failure = SubjectFailure("timeout", f"micro-batch threads did not finish within {budget:g} s")
-            raise self.calls.failed(Where(plan), failure)
 
         def in_call_order() -> Iterator[tuple[int, int, Any, int]]:
             taken = [0] * count
@@ -208,13 +207,85 @@ class StoreCalls:
             for mb in entered:
                 index = taken[mb]
                 taken[mb] += 1
-                answer = answers[mb][index]
                 progress.call += 1
+                where = Where(plan, 0, mb, layers[mb][index])
+                if index == len(answers[mb]):  # the call that an interruption did not end
+                    raise self.calls.failed(where, timed_out(what, None, self.timeout_s))
+                answer = answers[mb][index]
                 if isinstance(answer, SubjectFailure):
-                    raise self.calls.failed(Where(plan, 0, mb, layers[mb][index]), answer)
+                    raise self.calls.failed(where, answer)
                 yield mb, layers[mb][index], answer, progress.call - 1
 
         self.judge.check_answers(plan, 0, in_call_order())
+
+
+class _Turns:
+    """The threaded micro-batches' calls, one in flight at a time under :attr:`lock`, and
+    the main thread's watch over them: a call in flight past ``timeout_s`` is interrupted
+    (:func:`interrupt`); a thread that has not ended a timeout after that is left running.
+
+    An interruption is raised in the thread at its next Python instruction, so it is made
+    only while the call is still marked in flight, and :meth:`call` catches it anywhere
+    from marking the call to unmarking it, where the interruption still pending is
+    cleared: it can never land in the thread's next call."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.lock = threading.Lock()
+        self.moved = threading.Event()  # a call or a thread ended
+        self._flight = threading.Lock()  # guards the marks below against the watch
+        self._serial = 0
+        self._in_flight: tuple[int, float, threading.Thread] | None = None  # serial, start, thread
+        self._interrupted = -1  # the serial of the call interrupted last
+
+    def call(self, what: str, fn, *args: Any) -> tuple[Any, SubjectFailure | None]:
+        """``fn(*args)``, a call of ``what``, as the call in flight: its answer, or its
+        failure (a timeout where it was interrupted, whatever it made of that)."""
+        try:
+            try:
+                with self._flight:
+                    self._serial += 1
+                    self._in_flight = (self._serial, monotonic(), threading.current_thread())
+                out = fn(*args)
+            finally:
+                with self._flight:
+                    self._in_flight = None
+                    if self._interrupted == self._serial:
+                        withdraw_interrupt()
+                self.moved.set()
+        except BaseException as raised:  # noqa: BLE001 - the subject's, reported as its failure
+            if isinstance(raised, SubjectTimeout):
+                return None, timed_out(what, raised, self.timeout_s)
+            return None, timed_out(what, None, self.timeout_s) if self._overran() else failure_of(what, raised)
+        return (None, timed_out(what, None, self.timeout_s)) if self._overran() else (out, None)
+
+    def _overran(self) -> bool:
+        return self._interrupted == self._serial
+
+    def wait_for(self, workers: list[threading.Thread]) -> None:
+        """Until every worker has ended, or one did not end a timeout after its call was
+        interrupted (a call blocked in C sees the interruption only when it returns)."""
+        interrupted: tuple[threading.Thread, float] | None = None  # the thread, and when
+        while any(worker.is_alive() for worker in workers):
+            self.moved.clear()  # before looking, so that a change after the look wakes the wait
+            now = monotonic()
+            with self._flight:
+                flight = self._in_flight
+                if flight is not None and flight[0] != self._interrupted and now - flight[1] > self.timeout_s:
+                    self._interrupted = flight[0]
+                    interrupt(flight[2])
+                    interrupted = flight[2], now
+            if interrupted is not None and not interrupted[0].is_alive():
+                interrupted = None
+            if interrupted is not None:
+                if now - interrupted[1] > self.timeout_s:
+                    return
+                wait = interrupted[1] + self.timeout_s - now
+            elif flight is not None:
+                wait = flight[1] + self.timeout_s - now
+            else:
+                wait = self.timeout_s
+            self.moved.wait(max(wait, 0.0) + 1e-3)
 
 
 def _snapshot(out: Any, rows: int) -> Any:
