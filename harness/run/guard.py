@@ -134,11 +134,32 @@ def interrupt(thread: threading.Thread) -> None:
 
 
 def withdraw_interrupt() -> None:
-    """Clear an :func:`interrupt` of the current thread that has not landed yet."""
-    _set_async_exc(ctypes.c_ulong(threading.get_ident()), None)
+    """Drop an :func:`interrupt` of the current thread that has not landed yet.
+
+    Clearing it outright is no way: CPython keeps the interpreter's "exception pending"
+    flag set until some thread raises one, and every thread pays for the flag at each
+    loop and call. So the pending one is replaced by one that lands here, at once."""
+    try:
+        _set_async_exc(ctypes.c_ulong(threading.get_ident()), ctypes.py_object(_Withdrawn))
+        for _ in range(_LANDS_WITHIN):
+            pass
+    except _Withdrawn:
+        pass
+
+
+def cancel_interrupt(thread: threading.Thread) -> None:
+    """Drop an :func:`interrupt` of ``thread`` that has not landed (it is blocked in C),
+    from another thread."""
+    _set_async_exc(ctypes.c_ulong(thread.ident), None)
+    withdraw_interrupt()  # the flag the dropped one leaves set
+
+
+class _Withdrawn(BaseException):
+    """The interruption that replaces a withdrawn one."""
 
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_LANDS_WITHIN = 1_000_000  # loop turns: the eval loop looks at the flag at every one
 
 
 def _note_and_interrupt(signum: int, frame: Any) -> None:

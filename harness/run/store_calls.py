@@ -18,7 +18,7 @@ from ..reference import ForwardPlan, StepInputs
 
 from .calls import SubjectCalls
 from .devices import HostTimeline
-from .guard import SubjectFailure, SubjectTimeout, failure_of, interrupt, timed_out, withdraw_interrupt
+from .guard import SubjectFailure, SubjectTimeout, cancel_interrupt, failure_of, interrupt, timed_out, withdraw_interrupt
 from .judge import Judge, matches
 from .progress import DeadlinePassed, Progress, Where
 
@@ -222,7 +222,8 @@ class StoreCalls:
 class _Turns:
     """The threaded micro-batches' calls, one in flight at a time under :attr:`lock`, and
     the main thread's watch over them: a call in flight past ``timeout_s`` is interrupted
-    (:func:`interrupt`); a thread that has not ended a timeout after that is left running.
+    (:func:`interrupt`); a thread that has not ended a timeout after that is left running,
+    its interruption cancelled.
 
     An interruption is raised in the thread at its next Python instruction, so it is made
     only while the call is still marked in flight, and :meth:`call` catches it anywhere
@@ -279,6 +280,7 @@ class _Turns:
                 interrupted = None
             if interrupted is not None:
                 if now - interrupted[1] > self.timeout_s:
+                    cancel_interrupt(interrupted[0])
                     return
                 wait = interrupted[1] + self.timeout_s - now
             elif flight is not None:
