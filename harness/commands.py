@@ -142,8 +142,9 @@ def _print_summary(report: Report, written: dict[str, Path]) -> None:
         if not report.shrink_complete:
             print("  the budget ran out while shrinking: the scenario is the smallest found so far")
     print(f"  features covered: {len(report.features_covered)} of {len(ALL_FEATURES)}")
-    if "reached" in report.subject_info:
-        print(f"  reached: {report.subject_info['reached']['sentence']}")
+    for key in ("reached", "statements"):
+        if key in report.subject_info:
+            print(f"  {key}: {report.subject_info[key]['sentence']}")
     for branch in report.subject_info.get("not_checked", ()):
         print(f"  not checked: {branch}")
     _print_written(written)

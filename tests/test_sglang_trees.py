@@ -259,6 +259,39 @@ def test_a_getter_that_never_returns_is_told_at_the_sglang_line_the_interruption
         assert found.sentence.startswith("At forward 1 (decode), layer 1,")
 
 
+def _statements(info) -> dict:
+    return info.to_dict()["statements"]
+
+
+def test_a_run_names_each_statement_of_the_getter_that_no_scenario_ran_by_its_tree_line(tmp_path):
+    # a branch HEAD adds for inputs no scenario has: the run passes, and says the branch never ran
+    unreachable = "        if forward_batch.out_cache_loc.shape[0] > 1 << 40:\n            return None\n"
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [(GETTER_START, GETTER_START + unreachable)]})
+    line = _line_of(tree, CUDA_BACKEND_FILE, "def get_swa_out_cache_loc(", "return None\n")
+    window_line = _line_of(tree, CUDA_BACKEND_FILE, "def get_swa_out_cache_loc(", "window.activate(layout)")
+    info = _subject(tree, "cuda-swa-out-cache-loc")
+    assert "statements" not in info.to_dict()  # nothing ran yet
+    assert fuzz(info, settings="ci", max_examples=30).divergence is None
+    statements = _statements(info)
+    never = {entry["line"]: entry["text"] for entry in statements["never_ran"]}
+    assert never[line] == "return None"
+    assert never[window_line] == "window.activate(layout)"  # the request window is off by default
+    assert 0 < statements["ran"] == statements["statements"] - len(never)
+    assert f"no scenario ran line {line} `return None`" in statements["sentence"]
+
+
+def test_the_request_window_switch_runs_the_getters_window_statements():
+    tree = release_or_skip("0.5.23")
+    info = _window_getter(tree)
+    scenario = Scenario.from_dict({"config": {"start_layer": 0, "end_layer": 2}, "events": [
+        {"op": "admit", "count": 2}, {"op": "forward", "requests": [0, 1]}, {"op": "forward", "mode": "idle", "pad": 2},
+    ]})
+    assert run_scenario(info.subject, scenario).passed
+    ran = {entry["text"] for entry in _statements(info)["never_ran"]}
+    assert not ran & {"window.activate(layout)", "return layout.write_loc",
+                      "return window.activate_idle(out_cache_loc.shape[0])"}, ran
+
+
 def test_a_getter_that_writes_into_the_locations_it_is_handed_is_told_as_that_sglang_function(tmp_path):
     # the getter returns the metadata's rows, right as they are: the write is found at its call all the same
     tree, _ = _cuda_getter_running(tmp_path, "        forward_batch.out_cache_loc.add_(1)")
@@ -478,6 +511,11 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     assert rows["sglang:cuda-swa-out-cache-loc"] == "clean"
     assert ("- `sglang:hip-unified-swa-loc` in HEAD: get_unified_swa_loc is called in decode, draft, idle "
             "forwards, from models/deepseek_v4.py:MQALayer._forward_prepare") in table
+    # with the request window off, the getter's window branch is code no scenario ran, on both trees
+    unrun = table.split("## Statements of the targets' code that no scenario ran")[1]
+    for side in ("HEAD", "BASE"):
+        said = next(line for line in unrun.splitlines() if line.startswith(f"- `sglang:cuda-swa-out-cache-loc` in {side}:"))
+        assert "`window.activate(layout)`" in said, said
     # the field HEAD adds to the HIP metadata is in neither merge list: SGLang's copy_ asserts
     # every field is named, so each graph replay's merge of HEAD raises
     steps = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()
@@ -644,6 +682,10 @@ def test_the_gate_with_the_request_window_on_finds_the_idle_layout_fixed_in_0_5_
     assert "engine switches `enable-encoder-swa-bounded-replay=1`" in table.splitlines()[2]
     rows = _gate_rows(table)
     assert rows["sglang:cuda-swa-out-cache-loc"] == "fixed in HEAD", rows
+    # the switch is on: the getter's window branch ran on HEAD
+    head_unrun = [line for line in table.splitlines() if line.startswith("- `sglang:cuda-swa-out-cache-loc` in HEAD: ")
+                  and "no scenario ran" in line]
+    assert not any("window.activate(" in line for line in head_unrun), head_unrun
     # 0.5.23's request-window commit is a Triton kernel swafuzz does not run, 0.5.22's was
     # torch: what HEAD brings unchecked, the gate does not vouch for
     unchecked = [line for line in table.splitlines() if line.startswith("| `") and line.split("|")[2].strip() == "not checked"]

@@ -230,8 +230,9 @@ def render_markdown(report: Report) -> str:
         ("features covered", f"{len(report.features_covered)} of {len(ALL_FEATURES)}"),
         ("device", report.device),
     ]
-    if "reached" in info:
-        rows.append(("reached", info["reached"]["sentence"].replace("|", "\\|")))
+    for key in ("reached", "statements"):
+        if key in info:
+            rows.append((key, info[key]["sentence"].replace("|", "\\|")))
     lines += ["| | |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows), ""]
     divergence = report.divergence
     if divergence is not None:
@@ -560,6 +561,7 @@ def _facts_html(report: Report) -> str:
         ("workers", report.workers), ("reproduce", report.replay_command),
         ("weakest profile", report.weakest_profile),
         ("reached", report.subject_info.get("reached", {}).get("sentence")),
+        ("statements", report.subject_info.get("statements", {}).get("sentence")),
         ("finished", report.finished_at), ("harness", __version__),
     ]
     rows = "".join(f"<tr><td>{escaped(k)}</td><td>{escaped(v)}</td></tr>" for k, v in facts if v is not None)

@@ -48,6 +48,10 @@ class SubjectInfo:
         call_sites = getattr(self.subject, "call_sites", None)
         if call_sites is not None:
             listed["reached"] = {"sentence": call_sites.describe(), **call_sites.to_dict()}
+        statements = getattr(self.subject, "statements_run", None)
+        ran = statements.to_dict() if statements is not None else None
+        if ran is not None:
+            listed["statements"] = ran
         not_checked = getattr(self.subject, "not_checked", None)
         if not_checked is not None and not_checked():
             listed["not_checked"] = list(not_checked())

@@ -95,6 +95,8 @@ class Side:
     detail: str = ""  # the divergence's sentence, or why it was not run
     reproduce: str | None = None
     reached: str | None = None  # where the tree calls the target (the run's subject_info.reached)
+    # what the run ran of the target's entry method, where some statement of it never ran
+    unrun: str | None = None
 
 
 def has_target(item: Target, tree: locate.SourceTree) -> bool:
@@ -152,10 +154,13 @@ def run_side(item: Target, tree: Tree, budget_s: float, seed: int, report_dir: P
             report = json.loads(done.stdout)
         except json.JSONDecodeError:
             return Side(GAP, f"the gate's run printed no report: {done.stderr.strip()[-400:]}")
-        reached = report.get("subject_info", {}).get("reached", {}).get("sentence")
+        info = report.get("subject_info", {})
+        reached = info.get("reached", {}).get("sentence")
+        statements = info.get("statements", {})
+        unrun = statements["sentence"] if statements.get("never_ran") else None
         if done.returncode == EXIT_OK:
-            return Side(CLEAN, f"{report['examples']} scenarios", reached=reached)
-        return Side(DIVERGES, report["diagnosis"]["sentence"], report.get("replay_command"), reached)
+            return Side(CLEAN, f"{report['examples']} scenarios", reached=reached, unrun=unrun)
+        return Side(DIVERGES, report["diagnosis"]["sentence"], report.get("replay_command"), reached, unrun)
     message = " ".join(done.stderr.split()) or f"exit {done.returncode}"
     return Side(GAP, message[-600:])
 
@@ -270,7 +275,8 @@ def markdown(rows: list[Row], head: Tree, base: Tree, budget_s: float, seed: int
     lines = [f"# swafuzz pull-request gate: {head.label} against {base.label}", "",
              f"Each target on each tree: the `ci` settings, seed {seed}, a budget of {budget_s:g} s, "
              + (f"engine switches `{switches}`" if switches else "each tree's default engine switches")
-             + "; a clean side names the scenarios it ran.", "", *_table(targets, "target")]
+             + "; a clean side names the scenarios it ran, and the statements of a target's code that no "
+             "scenario ran are listed below.", "", *_table(targets, "target")]
     if checks:
         lines += ["", "## Producers of the rows and graph-runner steps", "",
                   f"Each tree's own code on {len(producer_batches(seed))} generated batches "
@@ -286,6 +292,12 @@ def markdown(rows: list[Row], head: Tree, base: Tree, budget_s: float, seed: int
     if in_both:
         lines += ["", "<details><summary>What swafuzz cannot run in either tree</summary>", "", *in_both, "",
                   "</details>"]
+    unrun = [f"- `{row.name}` in {name}: {side.unrun}" for row in targets
+             for side, name in ((row.head, "HEAD"), (row.base, "BASE")) if side.unrun]
+    if unrun:
+        lines += ["", "## Statements of the targets' code that no scenario ran", "",
+                  "A verdict speaks only of what ran: these statements of each tree's entry method no scenario "
+                  "reached, under the run's switches.", "", *unrun]
     changed, same = [], []
     for row in targets:
         if row.head.reached and _without_lines(row.head.reached) != _without_lines(row.base.reached or ""):

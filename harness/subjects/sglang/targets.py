@@ -30,6 +30,7 @@ from .drivers import (
 )
 from .faults import defined_at, told_in_sglang_terms
 from .locate import SourceTree
+from .statements_run import StatementsRun
 from .late_layer_tail import bind_tail_code
 from .request_window import bind_window_code
 
@@ -108,14 +109,17 @@ class Target:
                 window: tuple[Any, str] = (None, ""), tail: tuple[Any, str] = (None, "")) -> type[SglangSubject]:
         """The driver over ``binding``: its findings name the SGLang function that answers
         (the entry method, at its ``def`` line), and what SGLang code raises in it is told
-        as that code's fault (:mod:`.faults`). ``window``, ``tail``: the tree's request
-        window and late-layer tail layout for the driver, or None and why it has none."""
+        as that code's fault (:mod:`.faults`); the statements of the entry method that its
+        calls run are tallied (:mod:`.statements_run`). ``window``, ``tail``: the tree's
+        request window and late-layer tail layout for the driver, or None and why it has none."""
         version = (binding.version or "source").replace(".", "_")
         class_name = f"Sglang_{self.name.replace('-', '_')}_{version}_{binding.mode}"
-        entry = next(bound.methods[self.called_as[0]] for bound in binding.classes.values()
-                     if self.called_as[0] in bound.methods)
+        owner = next(bound for bound in binding.classes.values() if self.called_as[0] in bound.methods)
+        entry = owner.methods[self.called_as[0]]
         function, place = defined_at(entry)
         runs = self._runs(binding)
+        # the classes the driver builds from the binding run the marked entry method
+        statements, owner.methods[self.called_as[0]] = StatementsRun.marking(entry, f"{function} ({place})")
         window_code, window_absent = window
         tail_code, tail_absent = tail
         return type(class_name, (self.driver,), {
@@ -127,6 +131,7 @@ class Target:
             "tail_code": tail_code, "tail_absent": tail_absent,
             # the constructor builds the tree's pool and backend: a hang or raise there is theirs too
             **{name: told_in_sglang_terms(getattr(self.driver, name)) for name in ("__init__", *LIFECYCLE)},
+            "statements_run": statements,
             **dict(self.driver_settings),
         })
 
