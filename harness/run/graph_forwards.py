@@ -64,6 +64,10 @@ class GraphForwards:
         self.backend = backend
         self.value_reads = value_reads or {}
         self.value_columns = value_columns or {}  # a table value's columns in the static buffers
+        # the subject methods whose work a graph records, and its replay named as the code
+        # they run
+        self.recorded = ("init_graph_metadata", "swa_write_location", *(("per_step_value",) if self.value_reads else ()))
+        self.replay_named = "the graph replay of " + " and ".join(dict.fromkeys(calls.named(m) for m in self.recorded))
         self.graphs: dict[tuple, _Captured] = {}
         self.static_buffers: dict[str, dict[str, torch.Tensor]] = {}
         self.static_seq_lens_cpu: dict[str, torch.Tensor] = {}
@@ -149,12 +153,9 @@ class GraphForwards:
     def _replay(self, plan: ForwardPlan, graph: Any) -> None:
         """Replay ``graph``, the recorded work of the subject's graph metadata and stores,
         and check the inputs once it has run."""
-        recorded = ("init_graph_metadata", "swa_write_location", *(("per_step_value",) if self.value_reads else ()))
-        for method in recorded:
+        for method in self.recorded:
             self.inputs.ran(method)
-        # what replays is the work of the code the capture ran, named as that code
-        captured = " and ".join(dict.fromkeys(self.calls.named(method) for method in recorded))
-        self.calls.invoke(Where(plan), f"the graph replay of {captured}", graph.replay)
+        self.calls.invoke(Where(plan), self.replay_named, graph.replay)
         self.timeline.settle()
         self.inputs.check_inputs(plan)
 

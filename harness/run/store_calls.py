@@ -242,6 +242,7 @@ class _Turns:
     def call(self, what: str, fn, *args: Any) -> tuple[Any, SubjectFailure | None]:
         """``fn(*args)``, a call of ``what``, as the call in flight: its answer, or its
         failure (a timeout where it was interrupted, whatever it made of that)."""
+        out, raised = None, None
         try:
             try:
                 with self._flight:
@@ -254,14 +255,13 @@ class _Turns:
                     if self._interrupted == self._serial:
                         withdraw_interrupt()
                 self.moved.set()
-        except BaseException as raised:  # noqa: BLE001 - the subject's, reported as its failure
-            if isinstance(raised, SubjectTimeout):
-                return None, timed_out(what, raised, self.timeout_s)
-            return None, timed_out(what, None, self.timeout_s) if self._overran() else failure_of(what, raised)
-        return (None, timed_out(what, None, self.timeout_s)) if self._overran() else (out, None)
-
-    def _overran(self) -> bool:
-        return self._interrupted == self._serial
+        except BaseException as exc:  # noqa: BLE001 - the subject's, reported as its failure
+            raised = exc
+        if isinstance(raised, SubjectTimeout):
+            return None, timed_out(what, raised, self.timeout_s)
+        if self._interrupted == self._serial:
+            return None, timed_out(what, None, self.timeout_s)
+        return (out, None) if raised is None else (None, failure_of(what, raised))
 
     def wait_for(self, workers: list[threading.Thread]) -> None:
         """Until every worker has ended, or one did not end a timeout after its call was
