@@ -426,27 +426,48 @@ def test_draft_steps_that_all_read_step_zeros_rows_are_caught():
     assert [p.split(":")[0] for p in problems] == ["step 1 of 3 swa_out_cache_loc", "step 2 of 3 swa_out_cache_loc"]
 
 
-# plausible edits of 0.5.23's getter: translate a draft block's locations as the paged SWA
-# pool would, or keep the first block's rows for every later one
+# plausible edits of 0.5.23's getter and of the draft block's metadata: translate a draft
+# block's locations as the paged SWA pool would, keep the first block's rows for every later
+# one, join the staged commit writes only on the translating path, hand a block on paged SWA
+# rows its full-pool locations, write each ring row one position late
 CACHED_RETURN = "        if cached is not None and cached.shape[0] == out_cache_loc.shape[0]:\n            return cached\n"
+STORE_JOIN = "        if self.pre_kv_store_hook is not None:\n            self.pre_kv_store_hook()\n"
+FALLBACK = "        return self.token_to_kv_pool.translate_loc_from_full_to_swa(out_cache_loc).to(\n"
+RING_POSITION = "            seq_lens_casual.to(torch.int64) - 1,\n"
 
 
 @pytest.mark.parametrize("edit,problem", [
     ((CACHED_RETURN, ""), f"{CUDA_DRAFT_RING_GETTER} raised AssertionError"),
     ((CACHED_RETURN, CACHED_RETURN.replace("return cached", "if getattr(self, '_kept', None) is None:\n"
                                             "                self._kept = cached\n            return self._kept")),
-     "draft block store rows: got "),
+     "draft block store rows on the draft ring: got "),
+    ((STORE_JOIN + "        out_cache_loc = forward_batch.out_cache_loc\n",
+      "        out_cache_loc = forward_batch.out_cache_loc\n"),
+     "draft block store rows on the draft ring (earlier block): returned without calling the pre_kv_store_hook"),
+    ((FALLBACK, "        return out_cache_loc.to(torch.int32)\n        return (\n"),
+     "draft block store rows on paged SWA rows (earlier block): got "),
+    ((RING_POSITION, RING_POSITION.replace(" - 1", "")), "draft block store rows on the draft ring (earlier block): got "),
 ])
-def test_a_getter_that_does_not_hand_a_dspark_draft_block_its_ring_rows_is_caught(edit, problem):
+def test_a_dspark_draft_block_stored_anywhere_but_its_rows_is_caught(edit, problem):
     if "0.5.23" not in CHECKED:
         pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
     block = Batch(torch.tensor([3, 1]), torch.tensor([7, 130]), torch.tensor([3, 3]))
     (real,) = [p for p in _bound("0.5.23")[0] if p.name == CUDA_DRAFT_RING_GETTER]
     assert check(real, block) == []
-    tree = edited_release("0.5.23", CUDA_BACKEND_FILE, *edit, name="draft ring getter")
+    tree = edited_release("0.5.23", CUDA_BACKEND_FILE, *edit, name="draft block store")
     (edited,) = [p for p in bind_producers(tree)[0] if p.name == CUDA_DRAFT_RING_GETTER]
     problems = check(edited, block)
     assert problems and problems[0].startswith(problem), problems
+
+
+def test_the_draft_block_check_runs_the_getters_store_join_and_translating_fallback():
+    if "0.5.23" not in CHECKED:
+        pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
+    (real,) = [p for p in bind_producers(locate.wheel("0.5.23"))[0] if p.name == CUDA_DRAFT_RING_GETTER]
+    assert check(real, Batch(torch.tensor([3, 1]), torch.tensor([7, 130]), torch.tensor([2, 2]))) == []
+    ran = {s.text for s, done in zip(real.statements.statements, real.statements.ran) if done}
+    assert {"self.pre_kv_store_hook()", "return cached"} <= ran, ran
+    assert any(text.startswith("return self.token_to_kv_pool.translate_loc_from_full_to_swa(") for text in ran), ran
 
 
 # 0.5.22+ reset the prefill-graph tail block's padding rows on every build

@@ -516,6 +516,10 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     for side in ("HEAD", "BASE"):
         said = next(line for line in unrun.splitlines() if line.startswith(f"- `sglang:cuda-swa-out-cache-loc` in {side}:"))
         assert "`window.activate(layout)`" in said, said
+        # the draft-block check runs the store join and the translating fallback no scenario reaches
+        ran_by_checks = said.split("; of these, the producer checks ")[1]
+        assert "`DeepseekV4AttnBackend.get_swa_out_cache_loc on the draft ring`" in ran_by_checks, said
+        assert "pre_kv_store_hook" not in ran_by_checks.partition("nothing ran")[2], said
     # the field HEAD adds to the HIP metadata is in neither merge list: SGLang's copy_ asserts
     # every field is named, so each graph replay's merge of HEAD raises
     steps = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()
@@ -665,6 +669,26 @@ def test_the_sglang_workflow_gates_every_pull_request_that_touches_a_file_the_ga
     (command,) = [line.split("run: ", 1)[1] for line in workflow.splitlines() if "run: swafuzz gate" in line]
     options = build_parser().parse_args(shlex.split(command)[1:])
     assert (options.sglang_source, options.sglang_base) == ("head", "base")
+
+
+def test_the_gate_names_which_unrun_statements_a_producer_check_ran():
+    from swafuzz.tools.pr_gate import TARGET, Row, Side, markdown
+
+    name = "Backend.get_loc (sglang/backend.py:10)"
+    statements = {"sentence": f"2 of the 4 statements of {name} ran; no scenario ran line 12 `hook()`, line 14 "
+                              "`return fallback()`", "name": name, "statements": 4, "ran": 2,
+                  "never_ran": [{"line": 12, "text": "hook()"}, {"line": 14, "text": "return fallback()"}]}
+    target = Side("clean", "30 scenarios", statements=statements)
+    check = Side("clean", statements={"name": name, "lines": [11, 12]})
+    other = Side("clean", statements={"name": "Backend.other (sglang/backend.py:40)", "lines": [14]})
+    rows = [Row("sglang:getter", TARGET, target, target), Row("getter on the ring", "producer", check, Side("absent")),
+            Row("other", "producer", other, other)]
+    tree = SimpleNamespace(label="tree")
+    table = markdown(rows, tree, tree, 60, 0)
+    said = {line.split(": ", 1)[0]: line for line in table.splitlines() if line.startswith("- `sglang:getter` in ")}
+    assert said["- `sglang:getter` in HEAD"].endswith(
+        "; of these, the producer checks `getter on the ring` ran line 12, and nothing ran line 14 `return fallback()`")
+    assert said["- `sglang:getter` in BASE"].endswith("line 14 `return fallback()`")  # no BASE check ran line 12
 
 
 def _gate_rows(table: str) -> dict[str, str]:

@@ -95,8 +95,9 @@ class Side:
     detail: str = ""  # the divergence's sentence, or why it was not run
     reproduce: str | None = None
     reached: str | None = None  # where the tree calls the target (the run's subject_info.reached)
-    # what the run ran of the target's entry method, where some statement of it never ran
-    unrun: str | None = None
+    # of a target's run, what it ran of the target's entry method (the report's
+    # subject_info.statements); of a producer, the lines of its function its batches ran
+    statements: dict | None = None
 
 
 def has_target(item: Target, tree: locate.SourceTree) -> bool:
@@ -156,11 +157,10 @@ def run_side(item: Target, tree: Tree, budget_s: float, seed: int, report_dir: P
             return Side(GAP, f"the gate's run printed no report: {done.stderr.strip()[-400:]}")
         info = report.get("subject_info", {})
         reached = info.get("reached", {}).get("sentence")
-        statements = info.get("statements", {})
-        unrun = statements["sentence"] if statements.get("never_ran") else None
+        statements = info.get("statements")
         if done.returncode == EXIT_OK:
-            return Side(CLEAN, f"{report['examples']} scenarios", reached=reached, unrun=unrun)
-        return Side(DIVERGES, report["diagnosis"]["sentence"], report.get("replay_command"), reached, unrun)
+            return Side(CLEAN, f"{report['examples']} scenarios", reached=reached, statements=statements)
+        return Side(DIVERGES, report["diagnosis"]["sentence"], report.get("replay_command"), reached, statements)
     message = " ".join(done.stderr.split()) or f"exit {done.returncode}"
     return Side(GAP, message[-600:])
 
@@ -185,7 +185,7 @@ def run_checks(tree: Tree, seed: int) -> dict[tuple[str, str], Side]:
     if checks is None:
         said = " ".join(done.stderr.split())[-600:] or f"exit {done.returncode}"
         return {ALL_CHECKS: Side(GAP, said)}
-    return {(c.kind, c.name): Side(_SIDE_OF_CHECK[c.outcome], c.detail) for c in checks}
+    return {(c.kind, c.name): Side(_SIDE_OF_CHECK[c.outcome], c.detail, statements=c.statements) for c in checks}
 
 
 def verdict(head: Side, base: Side, kind: str = TARGET) -> str:
@@ -292,12 +292,14 @@ def markdown(rows: list[Row], head: Tree, base: Tree, budget_s: float, seed: int
     if in_both:
         lines += ["", "<details><summary>What swafuzz cannot run in either tree</summary>", "", *in_both, "",
                   "</details>"]
-    unrun = [f"- `{row.name}` in {name}: {side.unrun}" for row in targets
-             for side, name in ((row.head, "HEAD"), (row.base, "BASE")) if side.unrun]
+    ran_by = {side: _lines_checks_ran(checks, side) for side in ("HEAD", "BASE")}
+    unrun = [f"- `{row.name}` in {name}: {said}" for row in targets
+             for side, name in ((row.head, "HEAD"), (row.base, "BASE"))
+             if (said := _unrun(side.statements, ran_by[name])) is not None]
     if unrun:
         lines += ["", "## Statements of the targets' code that no scenario ran", "",
                   "A verdict speaks only of what ran: these statements of each tree's entry method no scenario "
-                  "reached, under the run's switches.", "", *unrun]
+                  "reached, under the run's switches; where a producer's check ran one, it is named.", "", *unrun]
     changed, same = [], []
     for row in targets:
         if row.head.reached and _without_lines(row.head.reached) != _without_lines(row.base.reached or ""):
@@ -311,6 +313,35 @@ def markdown(rows: list[Row], head: Tree, base: Tree, budget_s: float, seed: int
         lines += ["", "<details><summary>Where HEAD calls the other targets, as BASE does "
                   "(line numbers aside)</summary>", "", *same, "", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def _lines_checks_ran(checks: list[Row], side: str) -> dict[str, dict[int, list[str]]]:
+    """Per SGLang function (named and placed as a target's entry method is), the lines of
+    its statements that ``side``'s producer checks ran, each with the checks that ran it."""
+    ran: dict[str, dict[int, list[str]]] = {}
+    for row in checks:
+        statements = (row.head if side == "HEAD" else row.base).statements
+        if statements:
+            for line in statements["lines"]:
+                ran.setdefault(statements["name"], {}).setdefault(line, []).append(row.name)
+    return ran
+
+
+def _unrun(statements: dict | None, ran_by: dict[str, dict[int, list[str]]]) -> str | None:
+    """What a target's run left unrun of its entry method, and which of those statements the
+    tree's producer checks ran; None where the run ran them all (or said nothing)."""
+    if not statements or not statements.get("never_ran"):
+        return None
+    checked = ran_by.get(statements.get("name", ""), {})
+    covered = [entry["line"] for entry in statements["never_ran"] if entry["line"] in checked]
+    if not covered:
+        return statements["sentence"]
+    left = [f"line {e['line']} `{e['text']}`" for e in statements["never_ran"] if e["line"] not in checked]
+    by = sorted({name for line in covered for name in checked[line]})
+    lines = "line" + "s" * (len(covered) > 1)
+    return (statements["sentence"] + f"; of these, the producer checks {', '.join(f'`{n}`' for n in by)} ran "
+            + f"{lines} {', '.join(map(str, covered))}"
+            + (f", and nothing ran {', '.join(left)}" if left else ", so each statement ran somewhere"))
 
 
 def _without_lines(sentence: str) -> str:

@@ -695,9 +695,10 @@ class TranslatedLocSubject(_MetadataSubject):
         if "late_layer_tail" in reads:
             notes.append(cls._tail_note())
         if "pre_kv_store_hook" in reads:
-            notes.append("pre_kv_store_hook: never set (0.5.23's DSpark worker sets it under "
-                         "SGLANG_DSPARK_DEFER_CONTEXT_KV to join a staged write's stream before the first store: "
-                         "a stream join, which a CPU run cannot show)")
+            notes.append("pre_kv_store_hook: never set in this lifecycle, whose draft is not DSpark's (0.5.23's "
+                         "DSpark worker sets it under SGLANG_DSPARK_DEFER_CONTEXT_KV, so that a draft block's first "
+                         "store waits for the verify's staged commit writes); that each draft block's store calls it "
+                         "is checked among the producers (\"get_swa_out_cache_loc on the draft ring\")")
         return tuple(notes)
 
     @classmethod

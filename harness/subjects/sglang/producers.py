@@ -44,14 +44,18 @@ from ...reference.truth import (
 )
 
 from ...api import ForwardMode
+from . import compressed
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
 from .drivers import CoreMetadata, NotModelled, SglangMode, StandIn, StandInGap
+from .interpreted import record
 from .late_layer_tail import ATTN_METADATA_FILES, LATE_LAYER_TAIL, bind_tail_layout
 from .locate import SourceTree
+from .faults import defined_at
 from .real_classes import RealClass
 from .request_window import (
     V4_ROWS, WINDOW_FILE, WINDOW_LAYOUT, WINDOW_PAGE, WINDOW_STAND_INS, PackedRowFormat, PagedRows, bind_request_window, build_layout, parameters, window_layout_code, window_truth,
 )
+from .statements_run import StatementsRun
 from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE, POOL_FILE
 
 VERIFY_EXPANSION = "expand_extend_with_same_length"
@@ -71,6 +75,8 @@ GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
 DRAFT_RING_SIZE = "get_draft_swa_ring_size"
 DRAFT_RING_ROWS = "_dspark_swa_ring_out_cache_loc"
 CUDA_DRAFT_RING_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc on the draft ring"
+DRAFT_BLOCK_METADATA = "make_core_attn_metadata"
+STORE_HOOK = "pre_kv_store_hook"
 TAIL_METADATA = "_build_late_layer_tail_metadata"
 PREFILL_FIELDS = ("state_slot", "chunk_start", "cu_q", "final_pos")
 UNIFIED_RECORD = "UnifiedKvMetadata"  # the per-forward record of unified-KV rows
@@ -78,6 +84,9 @@ UNIFIED_RECORD = "UnifiedKvMetadata"  # the per-forward record of unified-KV row
 UTILS_FILE = "sglang/srt/utils/common.py"
 EAGLE_UTILS_FILE = "sglang/srt/speculative/eagle_utils.py"
 DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metadata.py"
+DSPARK_DISPATCH_FILE = "sglang/kernels/ops/speculative/dspark/dispatch.py"
+DSPARK_WORKER_FILE = "sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
+TABLE_KERNELS_FILE = "sglang/kernels/ops/attention/dsv4/attn_metadata_kernels.py"
 # the request window's shape in the checks: DeepSeek-V4's 128-token window and a verify of
 # up to three draft tokens past it (in WINDOW_PAGE pages, so the capacity is rounded up)
 SLIDING_WINDOW = 128
@@ -187,13 +196,26 @@ class DraftRingPool(StandIn):
 
 
 class DraftRingStorePool(StandIn):
-    """The draft worker's pool under encoder replay (0.5.23, CUDA): a ring per request slot
-    and no request window. Its stores address the ring, never paged SWA rows, so it is given
-    no full-to-SWA mapping: a getter that falls back to translating fails on it."""
+    """The DSpark draft worker's pool (0.5.23, CUDA): under encoder replay a ring per request
+    slot and no request window, whose stores address the ring, never paged SWA rows, so it
+    is given no full-to-SWA mapping (a getter that falls back to translating fails on it);
+    otherwise paged SWA rows (``swa_req_ring_size`` None) with a mapping. ``swa_valid_from``
+    is each slot's first position the draft window may read."""
 
     role = "draft-ring store pool"
-    attributes = frozenset({"request_window", "swa_req_ring_size", "full_to_swa_index_mapping"})
+    attributes = frozenset({"request_window", "swa_req_ring_size", "full_to_swa_index_mapping", "swa_valid_from"})
     replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
+
+
+class DraftBlockBackend(StandIn):
+    """The DSpark draft worker's CUDA backend as ``make_core_attn_metadata`` reads it for a
+    draft block (0.5.23): what its ``__init__`` sets from the model config and the
+    speculative settings."""
+
+    role = "draft-block backend"
+    attributes = frozenset({"token_to_kv_pool", "is_dspark_draft", "speculative_num_draft_tokens", "low_ratios",
+                            "present_ratios", "page_size", "cuda_int32_kwargs", "index_topk", "trtllm_attn",
+                            "encoder_replay", "encoder_row_floor", "req_to_token"})
 
 
 class TailBackend(StandIn):
@@ -324,6 +346,7 @@ class Producer:
     binding: Binding | None = field(repr=False, default=None)
     stand_ins: tuple[StandInUse, ...] = ()
     parts: dict[str, Any] = field(repr=False, default_factory=dict)  # SGLang code it runs with
+    statements: StatementsRun | None = field(repr=False, default=None)  # what its checks ran of its function
 
     @property
     def name(self) -> str:
@@ -413,8 +436,18 @@ def bind_producers(tree: SourceTree, mode: str = "source") -> tuple[list[Produce
         except BindError as exc:
             absent[info.name] = str(exc)
             continue
-        found.append(replace(producer, info=info))
+        found.append(_marked(replace(producer, info=info)))
     return found, absent
+
+
+def _marked(producer: Producer) -> Producer:
+    """``producer`` running its function with each statement's run tallied (where the binder
+    kept its source), named as a target's entry method is, so that the gate can say which
+    statements of a target's code its checks ran."""
+    if getattr(producer.function, "swafuzz_source", None) is None:
+        return producer
+    statements, function = StatementsRun.marking(producer.function, "{} ({})".format(*defined_at(producer.function)))
+    return replace(producer, function=function, statements=statements)
 
 
 def check(producer: Producer, batch: Batch, window: int = 128) -> list[str]:
@@ -879,49 +912,135 @@ def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
 
 
 def _bind_draft_ring_getter(tree: SourceTree, mode: str) -> Producer:
+    block_metadata = _bind_draft_block_metadata(tree, mode)
     producer = _bind_method(
         tree, mode, "get_swa_out_cache_loc", ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (WindowBackend, HookedWindowBackend),
         uses="swa_out_cache_loc",
-        site_stand_ins=((StoreMetadata, "DSV4Metadata"), (RingCoreMetadata, "DSV4AttnMetadata")),
-        more_stand_ins=(StandInUse(DraftRingStorePool, DraftRingStorePool.replaces), StandInUse(StoreBatch, StoreBatch.replaces)),
+        site_stand_ins=((StoreMetadata, "DSV4Metadata"),),
+        more_stand_ins=(StandInUse(DraftRingStorePool, DraftRingStorePool.replaces), StandInUse(StoreBatch, StoreBatch.replaces),
+                        *block_metadata.stand_ins),
     )
     producer.parts.update({
-        DRAFT_RING_ROWS: _bind_draft_ring_rows(tree, mode),
+        DRAFT_BLOCK_METADATA: block_metadata,
         "DeepSeekV4TokenToKVPool": _translating_pool(tree, mode, DraftRingStorePool),
+        STORE_HOOK: _sets_store_hook(tree.read(DSPARK_WORKER_FILE) or ""),
     })
     return producer
 
 
-def _draft_block_metadata(producer: Producer, batch: Batch, ring: int) -> StoreMetadata:
-    """The metadata a DSpark draft block's builder leaves for its stores: the block's ring
-    rows (``make_core_attn_metadata`` under ``dspark_block_size``), no late-layer tail."""
-    backend = DraftRingBackend(token_to_kv_pool=DraftRingPool(swa_req_ring_size=ring))
-    rows = producer.parts[DRAFT_RING_ROWS].function(
-        backend, seq_lens_casual=(batch.positions + 1).to(torch.int32), req_pool_indices_repeated=batch.token_slots)
-    return StoreMetadata(core_attn_metadata=RingCoreMetadata(request_window_layout=None, swa_out_cache_loc=rows),
-                         late_layer_tail=None)
+def _sets_store_hook(worker: str) -> bool:
+    """Whether the DSpark worker's code hands the draft backends a ``pre_kv_store_hook``
+    (0.5.23 does under ``SGLANG_DSPARK_DEFER_CONTEXT_KV``)."""
+    return any(isinstance(node, ast.Attribute) and node.attr == STORE_HOOK and isinstance(node.ctx, ast.Store)
+               for node in ast.walk(ast.parse(worker)))
+
+
+def _bind_draft_block_metadata(tree: SourceTree, mode: str) -> Producer:
+    """The CUDA backend's ``make_core_attn_metadata`` with what its DSpark draft-block branch
+    runs: the torch twins of the page-table and DSpark window builders SGLang runs for CPU
+    inputs, and the tree's ``DSV4AttnMetadata``. Paths a draft block never takes (the
+    request window, the causal SWA indices, the small-batch and FlashMLA CUDA kernels) get
+    stand-ins that refuse any use."""
+    for path in (DSPARK_METADATA_FILE, TABLE_KERNELS_FILE):
+        if tree.read(path) is None:
+            raise BindError(f"{tree.label}: has no file {path}, so no DSpark draft block metadata")
+    kernel_classes = ("BuildDsparkSwaRingIndices", "BuildDsparkSwaPageIndices", "ComputeDsparkWindowGather")
+    kernels = bind(tree, (
+        FunctionCode(UTILS_FILE, "ceil_align"), FunctionCode(DSPARK_DISPATCH_FILE, "inputs_on_cuda"),
+        FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),
+        *(ClassCode(DSPARK_METADATA_FILE, name, methods=("execute", "torch")) for name in kernel_classes),
+        ClassCode(TABLE_KERNELS_FILE, "BuildPageTablePositions", methods=("execute", "torch")),
+    ), {"DsparkWindowGather": record(tree, DSPARK_METADATA_FILE, "DsparkWindowGather"),
+        "PageTablePositionsResult": record(tree, TABLE_KERNELS_FILE, "PageTablePositionsResult")}, {}, mode)
+    names = {
+        **{name: bound.build(object) for name, bound in kernels.classes.items()},
+        "DSV4AttnMetadata": compressed.metadata_class(tree, CUDA_BACKEND_FILE, {}, methods=()),
+        "get_parallel": lambda: types.SimpleNamespace(attn_cp_size=1),
+        "_create_flashmla_metadata": lambda: None,  # FlashMLA's schedule comes from a CUDA extension
+        **{name: NotModelled(name) for name in ("window_layout", "_pad_last_dim", "BuildCausalSwaPageIndices",
+                                                 "build_page_table_positions_small", "build_low_ratio_metadata")},
+    }
+    return _bind_method(tree, mode, DRAFT_BLOCK_METADATA, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (DraftBlockBackend,),
+                        extra=(FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),), uses=DRAFT_RING_ROWS,
+                        names=names)
+
+
+def _uniform_blocks(batch: Batch) -> bool:
+    """Whether ``batch`` is a DSpark draft forward: one block of the same token count per
+    request (the speculative draft tokens less one), no padding."""
+    return not batch.is_idle and batch.padding == 0 and len(set(batch.extend_seq_lens.tolist())) == 1
+
+
+class _StoreJoin:
+    """The DSpark worker's ``pre_kv_store_hook`` (``DeferredContextCommit.join``, under
+    ``SGLANG_DSPARK_DEFER_CONTEXT_KV``): a draft block's first KV store waits there for the
+    verify's staged commit writes, which a draft graph forks at its head. Counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
 
 
 def _run_draft_ring_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
-    """What a DSpark draft block's stores write (``DSparkAttention._store_block_kv``
-    asks the getter): each live row's slot in its request's ring. The backend first serves
-    the same requests' block one position earlier, its metadata built the same way, so that
-    an answer kept from it shows."""
+    """What a DSpark draft block's stores write (``DSparkAttention._store_block_kv`` asks
+    the getter) on the metadata the tree's ``make_core_attn_metadata`` builds for the block:
+    on a ring per request slot, each row's slot in its request's ring; on paged SWA rows (no
+    ring), the pool's translation of the block's locations. The backend first serves the
+    same requests' block one position earlier, so that an answer kept from it shows, and
+    each store must first join the staged commit writes (``pre_kv_store_hook``)."""
     draft, page = _ring_shape(batch)
-    ring = whole_page_ring(SLIDING_WINDOW, draft, page)
-    pool = producer.parts["DeepSeekV4TokenToKVPool"](request_window=None, swa_req_ring_size=ring,
-                                                     full_to_swa_index_mapping=None)
-    backend = _owner(producer, forward_metadata=None, token_to_kv_pool=pool, pre_kv_store_hook=None)
+    block_size = int(batch.extend_seq_lens[0])
     earlier = replace(batch, extend_prefix_lens=(batch.extend_prefix_lens - 1).clamp(min=0))
+    hooked = producer.parts[STORE_HOOK]
     problems = []
-    for block in (earlier, batch):
-        backend.forward_metadata = _draft_block_metadata(producer, block, ring)
-        rows = producer.function(backend, StoreBatch(forward_mode=SglangMode(ForwardMode.TARGET_VERIFY),
-                                                     out_cache_loc=torch.zeros(block.rows, dtype=torch.int64)))
-        want = ring_rows(block.token_slots, block.positions, ring, block.num_req_slots)
-        label = "draft block store rows" if block is batch else "draft block store rows (earlier block)"
-        problems += _differences(label, rows, want.to(torch.int64)) + _dtype(label, rows)
+    for ring in (whole_page_ring(SLIDING_WINDOW, draft, page), None):
+        join = _StoreJoin()
+        pool = producer.parts["DeepSeekV4TokenToKVPool"](
+            request_window=None, swa_req_ring_size=ring, full_to_swa_index_mapping=None,
+            swa_valid_from=torch.zeros(batch.num_req_slots, dtype=torch.int64))
+        backend = _owner(producer, forward_metadata=None, token_to_kv_pool=pool)
+        if hooked:
+            backend.pre_kv_store_hook = join  # set after __init__, as the worker does
+        where = "on the draft ring" if ring else "on paged SWA rows"
+        for block in (earlier, batch):
+            out_cache_loc, mapping = _locations(block)
+            if ring is None:
+                pool.register_mapping(mapping)
+            backend.forward_metadata = StoreMetadata(
+                core_attn_metadata=_draft_block_metadata(producer, block, pool, out_cache_loc, block_size),
+                late_layer_tail=None)
+            joined = join.calls
+            rows = producer.function(backend, StoreBatch(forward_mode=SglangMode(ForwardMode.TARGET_VERIFY),
+                                                         out_cache_loc=out_cache_loc))
+            want = (ring_rows(block.token_slots, block.positions, ring, block.num_req_slots) if ring
+                    else translate_pool(mapping, out_cache_loc))
+            label = f"draft block store rows {where}" + ("" if block is batch else " (earlier block)")
+            problems += _differences(label, rows, want.to(torch.int64)) + _dtype(label, rows)
+            if hooked and join.calls == joined:
+                problems.append(f"{label}: returned without calling the {STORE_HOOK} the DSpark worker sets, so the "
+                                "store would not wait for the verify's staged commit writes (DeferredContextCommit.join)")
     return problems
+
+
+def _draft_block_metadata(producer: Producer, block: Batch, pool: Any, out_cache_loc: torch.Tensor,
+                          block_size: int) -> Any:
+    """The attention metadata the tree's ``make_core_attn_metadata`` builds for a DSpark
+    draft block, handed what ``init_forward_metadata_dspark_draft_block`` hands it through
+    ``init_forward_metadata_prefill``: one row per block token at its position (``seq_lens_casual``
+    one past it), a page-wide placeholder page table, no compression metadata."""
+    make = producer.parts[DRAFT_BLOCK_METADATA]
+    page_size = 256  # DeepseekV4AttnBackend asserts it
+    context = int(block.positions.max()) + 1
+    req_to_token = torch.zeros((block.num_req_slots, -(-context // page_size) * page_size), dtype=torch.int32)
+    backend = _owner(make, token_to_kv_pool=pool, is_dspark_draft=True, speculative_num_draft_tokens=block_size + 1,
+                     low_ratios=(), present_ratios=(), page_size=page_size,  # the draft's layers are SWA-only
+                     cuda_int32_kwargs={"device": "cpu", "dtype": torch.int32}, index_topk=512, trtllm_attn=False,
+                     encoder_replay=False, encoder_row_floor=None, req_to_token=req_to_token)
+    return make.function(backend, req_to_token=req_to_token, req_pool_indices_repeated=block.token_slots,
+                         seq_lens_casual=(block.positions + 1).to(torch.int32), max_seq_len=page_size,
+                         out_loc=out_cache_loc, need_compress=False, is_prefill=True, dspark_block_size=block_size)
 
 
 # ---- the late-layer tail (0.5.21+) ------------------------------------------------------------
@@ -1288,6 +1407,6 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_draft_ring_size, _run_draft_ring_size),
     ProducerInfo(DRAFT_RING_ROWS, "draft SWA ring rows a draft block writes",
                  _bind_draft_ring_rows, _run_draft_ring_rows),
-    ProducerInfo(CUDA_DRAFT_RING_GETTER, "CUDA backend store target of a DSpark draft block on the draft SWA ring",
-                 _bind_draft_ring_getter, _run_draft_ring_getter),
+    ProducerInfo(CUDA_DRAFT_RING_GETTER, "CUDA backend store target of a DSpark draft block, on the draft SWA ring "
+                 "and on paged SWA rows", _bind_draft_ring_getter, _run_draft_ring_getter, applies=_uniform_blocks),
 )

@@ -92,6 +92,9 @@ class StatementsRun:
         again.swafuzz_source = node
         return tally, again
 
+    def lines_ran(self) -> list[int]:
+        return [s.line for s, ran in zip(self.statements, self.ran) if ran]
+
     def never_ran(self) -> list[Statement]:
         return [s for s, ran in zip(self.statements, self.ran) if not ran]
 
@@ -111,7 +114,7 @@ class StatementsRun:
         sentence = self.sentence()
         if sentence is None:
             return None
-        return {"sentence": sentence, "statements": len(self.statements), "ran": sum(self.ran),
+        return {"sentence": sentence, "name": self.name, "statements": len(self.statements), "ran": sum(self.ran),
                 "never_ran": [{"line": s.line, "text": s.text} for s in self.never_ran()]}
 
 

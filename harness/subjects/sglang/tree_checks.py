@@ -59,6 +59,9 @@ class TreeCheck:
     detail: str = ""
     owner: str = ""  # the class or module a producer belongs to
     batches: int = 0  # the batches a producer ran on before its outcome
+    # the lines of its SGLang function's statements that a producer's batches ran, under the
+    # function's name and place: {"name": ..., "lines": [...]}, where any ran
+    statements: dict | None = None
 
 
 def unrunnable(reason: str) -> bool:
@@ -120,7 +123,10 @@ def check_producers(tree: locate.SourceTree, seed: int = 0) -> list[TreeCheck]:
             if problems:
                 outcome, detail = WRONG, f"{first_wrong_row(problems[0])} ({kind} batch: {describe(batch)}, window {window})"
                 break
-        checks.append(TreeCheck(PRODUCER, producer.name, outcome, detail, producer.backend, ran))
+        tally = producer.statements
+        lines = tally.lines_ran() if tally is not None else []
+        checks.append(TreeCheck(PRODUCER, producer.name, outcome, detail, producer.backend, ran,
+                                {"name": tally.name, "lines": lines} if lines else None))
     checks += [_not_there(PRODUCER, name, reason) for name, reason in absent.items()]
     return checks
 
