@@ -29,6 +29,7 @@ from swafuzz.subjects.sglang import locate
 from swafuzz.subjects.sglang.producers import (
     ATTN_METADATA_FILES,
     CUDA_DRAFT_RING_GETTER,
+    CUDA_IN_GRAPH_DSPARK,
     CUDA_IN_GRAPH_INIT,
     CUDA_WINDOW_GETTER,
     DECODE_STREAMS,
@@ -222,7 +223,7 @@ _IN_GRAPH = (CUDA_IN_GRAPH_INIT, HIP_IN_GRAPH_INIT)
                 GRAPH_LOC_BUFFER)),
     ("0.5.23", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
                 CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS,
-                CUDA_IN_GRAPH_INIT,
+                CUDA_IN_GRAPH_INIT, CUDA_IN_GRAPH_DSPARK,
                 GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS, CUDA_DRAFT_RING_GETTER)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
@@ -468,6 +469,29 @@ def test_the_draft_block_check_runs_the_getters_store_join_and_translating_fallb
     ran = {s.text for s, done in zip(real.statements.statements, real.statements.ran) if done}
     assert {"self.pre_kv_store_hook()", "return cached"} <= ran, ran
     assert any(text.startswith("return self.token_to_kv_pool.translate_loc_from_full_to_swa(") for text in ran), ran
+
+
+# plausible edits of 0.5.23's in-graph refresh for a DSpark draft graph: leave the previous
+# replay's ring rows in place, or lay the block one position late
+RING_REFRESH = "                if self.token_to_kv_pool.swa_req_ring_size is not None:\n"
+BLOCK_CONTEXT = "seq_lens=forward_batch.seq_lens, block_size=block_size"
+
+
+@pytest.mark.parametrize("edit,problem", [
+    ((RING_REFRESH, "                if False:\n"), "draft block swa_out_cache_loc on the draft ring: got [-7, "),
+    ((BLOCK_CONTEXT, BLOCK_CONTEXT.replace("forward_batch.seq_lens", "forward_batch.seq_lens + 1")),
+     "draft block swa_out_cache_loc on the draft ring: got "),
+])
+def test_a_dspark_draft_graph_that_refreshes_its_blocks_rows_wrong_is_caught(edit, problem):
+    if "0.5.23" not in CHECKED:
+        pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
+    block = Batch(torch.tensor([3, 1]), torch.tensor([7, 130]), torch.tensor([3, 3]))
+    (real,) = [p for p in _bound("0.5.23")[0] if p.name == CUDA_IN_GRAPH_DSPARK]
+    assert check(real, block) == []
+    tree = edited_release("0.5.23", CUDA_BACKEND_FILE, *edit, name="dspark draft graph")
+    (edited,) = [p for p in bind_producers(tree)[0] if p.name == CUDA_IN_GRAPH_DSPARK]
+    problems = check(edited, block)
+    assert problems and problems[0].startswith(problem), problems
 
 
 # 0.5.22+ reset the prefill-graph tail block's padding rows on every build

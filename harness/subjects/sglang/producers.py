@@ -69,6 +69,7 @@ DRAFT_STEP_LOCS = "per_step_draft_out_cache_loc"
 IN_GRAPH_INIT = "init_forward_metadata_in_graph"
 CUDA_IN_GRAPH_INIT = f"{CUDA_BACKEND}.{IN_GRAPH_INIT}"
 HIP_IN_GRAPH_INIT = f"{HIP_BACKEND}.{IN_GRAPH_INIT}"
+CUDA_IN_GRAPH_DSPARK = f"{CUDA_IN_GRAPH_INIT} for a DSpark draft block"
 CUDA_WINDOW_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc"
 HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
 GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
@@ -941,19 +942,8 @@ def _bind_draft_block_metadata(tree: SourceTree, mode: str) -> Producer:
     inputs, and the tree's ``DSV4AttnMetadata``. Paths a draft block never takes (the
     request window, the causal SWA indices, the small-batch and FlashMLA CUDA kernels) get
     stand-ins that refuse any use."""
-    for path in (DSPARK_METADATA_FILE, TABLE_KERNELS_FILE):
-        if tree.read(path) is None:
-            raise BindError(f"{tree.label}: has no file {path}, so no DSpark draft block metadata")
-    kernel_classes = ("BuildDsparkSwaRingIndices", "BuildDsparkSwaPageIndices", "ComputeDsparkWindowGather")
-    kernels = bind(tree, (
-        FunctionCode(UTILS_FILE, "ceil_align"), FunctionCode(DSPARK_DISPATCH_FILE, "inputs_on_cuda"),
-        FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),
-        *(ClassCode(DSPARK_METADATA_FILE, name, methods=("execute", "torch")) for name in kernel_classes),
-        ClassCode(TABLE_KERNELS_FILE, "BuildPageTablePositions", methods=("execute", "torch")),
-    ), {"DsparkWindowGather": record(tree, DSPARK_METADATA_FILE, "DsparkWindowGather"),
-        "PageTablePositionsResult": record(tree, TABLE_KERNELS_FILE, "PageTablePositionsResult")}, {}, mode)
     names = {
-        **{name: bound.build(object) for name, bound in kernels.classes.items()},
+        **_dspark_kernels(tree, mode),
         "DSV4AttnMetadata": compressed.metadata_class(tree, CUDA_BACKEND_FILE, {}, methods=()),
         "get_parallel": lambda: types.SimpleNamespace(attn_cp_size=1),
         "_create_flashmla_metadata": lambda: None,  # FlashMLA's schedule comes from a CUDA extension
@@ -969,6 +959,24 @@ def _uniform_blocks(batch: Batch) -> bool:
     """Whether ``batch`` is a DSpark draft forward: one block of the same token count per
     request (the speculative draft tokens less one), no padding."""
     return not batch.is_idle and batch.padding == 0 and len(set(batch.extend_seq_lens.tolist())) == 1
+
+
+def _dspark_kernels(tree: SourceTree, mode: str) -> dict[str, type]:
+    """The tree's DSpark draft-block builders and page-table builder, by name, each running
+    its torch twin (what SGLang runs for CPU inputs)."""
+    for path in (DSPARK_METADATA_FILE, TABLE_KERNELS_FILE):
+        if tree.read(path) is None:
+            raise BindError(f"{tree.label}: has no file {path}, so no DSpark draft block metadata")
+    kernel_classes = ("BuildDsparkSwaRingIndices", "BuildDsparkSwaPageIndices", "ComputeDsparkWindowGather",
+                      "BuildBlockSeqLensCausal")
+    kernels = bind(tree, (
+        FunctionCode(UTILS_FILE, "ceil_align"), FunctionCode(DSPARK_DISPATCH_FILE, "inputs_on_cuda"),
+        FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),
+        *(ClassCode(DSPARK_METADATA_FILE, name, methods=("execute", "torch")) for name in kernel_classes),
+        ClassCode(TABLE_KERNELS_FILE, "BuildPageTablePositions", methods=("execute", "torch")),
+    ), {"DsparkWindowGather": record(tree, DSPARK_METADATA_FILE, "DsparkWindowGather"),
+        "PageTablePositionsResult": record(tree, TABLE_KERNELS_FILE, "PageTablePositionsResult")}, {}, mode)
+    return {name: bound.build(object) for name, bound in kernels.classes.items()}
 
 
 class _StoreJoin:
@@ -1289,31 +1297,41 @@ def _reads(function: types.FunctionType, *chain: str) -> frozenset[str]:
     )
 
 
-# methods the in-graph step calls on its own class where the release has them
+# methods the in-graph step calls on its own class where the release has them, and those its
+# DSpark draft-block branch calls (0.5.23)
 IN_GRAPH_HELPERS = ("_fp4_workspaces_enabled",)
+DSPARK_IN_GRAPH_HELPERS = ("_dspark_seq_lens_casual", "get_dspark_swa_page_indices", DRAFT_RING_ROWS)
 
 
-def _bind_in_graph_init(path: str, owner: str) -> Callable[[SourceTree, str], Producer]:
+def _bind_in_graph_init(path: str, owner: str, dspark: bool = False) -> Callable[[SourceTree, str], Producer]:
     def bind_one(tree: SourceTree, mode: str) -> Producer:
         """The in-graph step bound on stand-ins carrying exactly what the release's code
-        reads of the backend and its pool (paths never taken get :class:`NotModelled`)."""
+        reads of the backend and its pool (paths never taken get :class:`NotModelled`);
+        with ``dspark``, with the DSpark draft-block builders its DSpark branch runs."""
         names: dict[str, Any] = {name: NotModelled(name) for name in (
             "skip_low_ratio_indexer", "fill_all_compressed_indices", "token_req_indices", "_replan_topk_in_graph",
             "prepare_fp4_k_write_metadata", "prepare_fp4_decode_workspace")}
         names["DSV4Metadata"] = InGraphMetadata  # what its isinstance check recognises as full metadata
         records = _records(tree, mode, path, ("DSV4RawVerifyMetadata", "DSV4RawDecodeMetadata"))
         text = tree.read(path) or ""
-        helpers = tuple(name for name in IN_GRAPH_HELPERS if f"def {name}(" in text)
+        helpers = tuple(name for name in (*IN_GRAPH_HELPERS, *(DSPARK_IN_GRAPH_HELPERS if dspark else ()))
+                        if f"def {name}(" in text)
         code = (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS), ClassCode(path, owner, (IN_GRAPH_INIT, *helpers)))
+        if dspark:
+            names.update(_dspark_kernels(tree, mode))
+            code = (FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"), *code)
         binding = bind(tree, code, {**PRODUCER_STAND_INS, **names, **records}, {}, mode)
         bound = binding.classes[owner]
         function = bound.methods[IN_GRAPH_INIT]
+        if dspark and "is_dspark_draft" not in function.__code__.co_names:
+            raise BindError(f"{binding.label}: {owner}.{IN_GRAPH_INIT} has no DSpark draft-block branch")
         read = frozenset().union(*(_reads(method) for method in bound.methods.values())) - set(bound.methods)
         backend = type("InGraphBackend", (StandIn,), {"role": "in-graph backend", "attributes": read})
         pool = type("InGraphPool", (TranslatingPool,), {
             "role": "in-graph pool", "replaces": TranslatingPool.replaces,
             "attributes": (TranslatingPool.attributes
-                           | (_reads(function, "token_to_kv_pool") - set(_POOL_TRANSLATION.methods))),
+                           | (_reads(function, "token_to_kv_pool") - set(_POOL_TRANSLATION.methods))
+                           | ({"swa_valid_from"} if dspark else set())),  # read through a local in the helpers
         })
         low_ratios = "core_metadata" in function.__code__.co_names
         metadata = LowRatioInGraphMetadata if low_ratios else InGraphMetadata
@@ -1368,6 +1386,56 @@ def _run_in_graph_init(producer: Producer, batch: Batch, _: int) -> list[str]:
     return problems
 
 
+class DsparkInGraphBatch(InGraphBatch):
+    """A DSpark draft block's forward batch as the in-graph step reads it: the context each
+    request had before its block (``seq_lens``), its slots, and the block size
+    (``spec_info.draft_token_num``)."""
+
+    attributes = InGraphBatch.attributes | {"seq_lens", "req_pool_indices", "spec_info"}
+
+
+def _run_in_graph_dspark_block(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """A DSpark draft graph's refresh of the rows its block's stores read, on the draft ring
+    (each token's row in its request's ring) and on paged SWA rows (the pool's translation),
+    over metadata that still holds the rows of the graph's previous replay."""
+    draft, page = _ring_shape(batch)
+    block_size = int(batch.extend_seq_lens[0])
+    out_cache_loc, mapping = _locations(batch)
+    forward_batch = DsparkInGraphBatch(
+        forward_mode=SglangMode(ForwardMode.TARGET_VERIFY), out_cache_loc=out_cache_loc,
+        batch_size=len(batch.req_pool_indices), seq_lens=batch.extend_prefix_lens.to(torch.int32),
+        req_pool_indices=batch.req_pool_indices, spec_info=types.SimpleNamespace(draft_token_num=block_size))
+    context = int(batch.positions.max()) + 1
+    req_to_token = torch.zeros((batch.num_req_slots, -(-context // 256) * 256), dtype=torch.int32)
+    core_class, metadata_class = producer.parts["core"], producer.parts["metadata"]
+    pool_class = producer.parts["pool"]
+    problems = []
+    for ring in (whole_page_ring(SLIDING_WINDOW, draft, page), None):
+        pool_values = {"request_window": None, "swa_req_ring_size": ring, "full_to_swa_index_mapping": None,
+                       "swa_valid_from": torch.zeros(batch.num_req_slots, dtype=torch.int64)}
+        pool = pool_class(**{name: pool_values.get(name) for name in pool_class.attributes})
+        if ring is None:
+            pool.register_mapping(mapping)
+        stale = torch.full((batch.rows,), -7, dtype=torch.int32)  # the previous replay's rows
+        core_values = {"swa_out_cache_loc": stale, "low_ratios": (), "swa_page_indices": None,
+                       "swa_topk_lengths": None}
+        core = core_class(**{name: core_values[name] for name in core_class.attributes})
+        metadata = metadata_class(**{name: core for name in metadata_class.attributes})
+        offered = {"forward_metadata": metadata, "token_to_kv_pool": pool, "topk": 0, "speculative_num_steps": 0,
+                   "speculative_step_id": 0, "is_dspark_draft": True, "_early_verify_metadata_ids": set(),
+                   "enable_deepseek_v4_fp4_indexer": False, "trtllm_attn": False, "req_to_token": req_to_token,
+                   "cuda_int32_kwargs": {"device": "cpu", "dtype": torch.int32}}
+        backend_class = producer.parts["backend"]
+        backend = backend_class(**{name: offered.get(name, NotModelled(f"self.{name}"))
+                                   for name in backend_class.attributes})
+        producer.function(backend, forward_batch)
+        want = (ring_rows(batch.token_slots, batch.positions, ring, batch.num_req_slots) if ring
+                else translate_pool(mapping, out_cache_loc))
+        label = "draft block swa_out_cache_loc " + ("on the draft ring" if ring else "on paged SWA rows")
+        problems += _differences(label, core.swa_out_cache_loc, want.to(torch.int64))
+    return problems
+
+
 PRODUCERS: tuple[ProducerInfo, ...] = (
     ProducerInfo(VERIFY_EXPANSION, "target-verify state slot per token (req_pool_indices_repeated)",
                  _bind_expansion(VERIFY_EXPANSION), _run_verify_expansion),
@@ -1399,6 +1467,9 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_draft_step_locations, _run_draft_step_locations),
     ProducerInfo(CUDA_IN_GRAPH_INIT, "CUDA in-graph refresh of the rows each draft step's stores read",
                  _bind_in_graph_init(CUDA_BACKEND_FILE, CUDA_BACKEND), _run_in_graph_init),
+    ProducerInfo(CUDA_IN_GRAPH_DSPARK, "CUDA in-graph refresh of the rows a DSpark draft block's stores read, on "
+                 "the draft SWA ring and on paged SWA rows", _bind_in_graph_init(CUDA_BACKEND_FILE, CUDA_BACKEND, dspark=True),
+                 _run_in_graph_dspark_block, _uniform_blocks),
     ProducerInfo(HIP_IN_GRAPH_INIT, "HIP in-graph refresh of the rows each draft step's stores read",
                  _bind_in_graph_init(HIP_BACKEND_FILE, HIP_BACKEND), _run_in_graph_init),
     ProducerInfo(GRAPH_LOC_BUFFER, "CUDA graph buffer of translated out_cache_loc",
