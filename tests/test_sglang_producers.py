@@ -430,11 +430,13 @@ def test_draft_steps_that_all_read_step_zeros_rows_are_caught():
 # plausible edits of 0.5.23's getter and of the draft block's metadata: translate a draft
 # block's locations as the paged SWA pool would, keep the first block's rows for every later
 # one, join the staged commit writes only on the translating path, hand a block on paged SWA
-# rows its full-pool locations, write each ring row one position late
+# rows its full-pool locations, write each ring row one position late, extend each request's
+# host context by one token too many
 CACHED_RETURN = "        if cached is not None and cached.shape[0] == out_cache_loc.shape[0]:\n            return cached\n"
 STORE_JOIN = "        if self.pre_kv_store_hook is not None:\n            self.pre_kv_store_hook()\n"
 FALLBACK = "        return self.token_to_kv_pool.translate_loc_from_full_to_swa(out_cache_loc).to(\n"
 RING_POSITION = "            seq_lens_casual.to(torch.int64) - 1,\n"
+UNIFORM_LENGTHS = "seq_lens_cpu_extended = [x + extend_len for x in seq_lens_cpu]"
 
 
 @pytest.mark.parametrize("edit,problem", [
@@ -448,6 +450,8 @@ RING_POSITION = "            seq_lens_casual.to(torch.int64) - 1,\n"
     ((FALLBACK, "        return out_cache_loc.to(torch.int32)\n        return (\n"),
      "draft block store rows on paged SWA rows (earlier block): got "),
     ((RING_POSITION, RING_POSITION.replace(" - 1", "")), "draft block store rows on the draft ring (earlier block): got "),
+    ((UNIFORM_LENGTHS, UNIFORM_LENGTHS.replace("x + extend_len", "x + extend_len + 1")),
+     "draft block store rows on the draft ring (earlier block): got "),
 ])
 def test_a_dspark_draft_block_stored_anywhere_but_its_rows_is_caught(edit, problem):
     if "0.5.23" not in CHECKED:
@@ -455,7 +459,8 @@ def test_a_dspark_draft_block_stored_anywhere_but_its_rows_is_caught(edit, probl
     block = Batch(torch.tensor([3, 1]), torch.tensor([7, 130]), torch.tensor([3, 3]))
     (real,) = [p for p in _bound("0.5.23")[0] if p.name == CUDA_DRAFT_RING_GETTER]
     assert check(real, block) == []
-    tree = edited_release("0.5.23", CUDA_BACKEND_FILE, *edit, name="draft block store")
+    path = "sglang/srt/speculative/ragged_verify.py" if edit[0] == UNIFORM_LENGTHS else CUDA_BACKEND_FILE
+    tree = edited_release("0.5.23", path, *edit, name="draft block store")
     (edited,) = [p for p in bind_producers(tree)[0] if p.name == CUDA_DRAFT_RING_GETTER]
     problems = check(edited, block)
     assert problems and problems[0].startswith(problem), problems

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import types
+import typing
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -46,8 +47,8 @@ from ...reference.truth import (
 from ...api import ForwardMode
 from . import compressed
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
-from .drivers import CoreMetadata, NotModelled, SglangMode, StandIn, StandInGap
-from .interpreted import record
+from .drivers import CoreMetadata, EngineEnvironment, NotModelled, SglangMode, StandIn, StandInGap
+from .interpreted import record as record_of
 from .late_layer_tail import ATTN_METADATA_FILES, LATE_LAYER_TAIL, bind_tail_layout
 from .locate import SourceTree
 from .faults import defined_at
@@ -76,7 +77,7 @@ GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
 DRAFT_RING_SIZE = "get_draft_swa_ring_size"
 DRAFT_RING_ROWS = "_dspark_swa_ring_out_cache_loc"
 CUDA_DRAFT_RING_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc on the draft ring"
-DRAFT_BLOCK_METADATA = "make_core_attn_metadata"
+DRAFT_BLOCK_METADATA = "init_forward_metadata_dspark_draft_block"
 STORE_HOOK = "pre_kv_store_hook"
 TAIL_METADATA = "_build_late_layer_tail_metadata"
 PREFILL_FIELDS = ("state_slot", "chunk_start", "cu_q", "final_pos")
@@ -87,6 +88,7 @@ EAGLE_UTILS_FILE = "sglang/srt/speculative/eagle_utils.py"
 DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metadata.py"
 DSPARK_DISPATCH_FILE = "sglang/kernels/ops/speculative/dspark/dispatch.py"
 DSPARK_WORKER_FILE = "sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
+RAGGED_VERIFY_FILE = "sglang/srt/speculative/ragged_verify.py"
 TABLE_KERNELS_FILE = "sglang/kernels/ops/attention/dsv4/attn_metadata_kernels.py"
 # the request window's shape in the checks: DeepSeek-V4's 128-token window and a verify of
 # up to three draft tokens past it (in WINDOW_PAGE pages, so the capacity is rounded up)
@@ -209,14 +211,16 @@ class DraftRingStorePool(StandIn):
 
 
 class DraftBlockBackend(StandIn):
-    """The DSpark draft worker's CUDA backend as ``make_core_attn_metadata`` reads it for a
-    draft block (0.5.23): what its ``__init__`` sets from the model config and the
-    speculative settings."""
+    """The DSpark draft worker's CUDA backend as its draft-block metadata init reads it
+    (0.5.23): what its ``__init__`` sets from the model config, the speculative settings and
+    the device."""
 
     role = "draft-block backend"
     attributes = frozenset({"token_to_kv_pool", "is_dspark_draft", "speculative_num_draft_tokens", "low_ratios",
-                            "present_ratios", "page_size", "cuda_int32_kwargs", "index_topk", "trtllm_attn",
-                            "encoder_replay", "encoder_row_floor", "req_to_token"})
+                            "present_ratios", "has_c4", "has_c128", "page_size", "cuda_int32_kwargs", "device",
+                            "index_topk", "trtllm_attn", "encoder_replay", "encoder_row_floor", "req_to_token",
+                            "draft_metadata_glued", "prefill_candidates", "dsa_topk_backend",
+                            "enable_deepseek_v4_fp4_indexer"})
 
 
 class TailBackend(StandIn):
@@ -913,11 +917,12 @@ def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
 
 
 def _bind_draft_ring_getter(tree: SourceTree, mode: str) -> Producer:
-    block_metadata = _bind_draft_block_metadata(tree, mode)
+    # the getter's isinstance check must know the block metadata for the record it is
+    record = _records(tree, mode, CUDA_BACKEND_FILE, ("DSV4Metadata",))
+    block_metadata = _bind_draft_block_metadata(tree, mode, record)
     producer = _bind_method(
         tree, mode, "get_swa_out_cache_loc", ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (WindowBackend, HookedWindowBackend),
-        uses="swa_out_cache_loc",
-        site_stand_ins=((StoreMetadata, "DSV4Metadata"),),
+        uses="swa_out_cache_loc", names=record,
         more_stand_ins=(StandInUse(DraftRingStorePool, DraftRingStorePool.replaces), StandInUse(StoreBatch, StoreBatch.replaces),
                         *block_metadata.stand_ins),
     )
@@ -929,30 +934,39 @@ def _bind_draft_ring_getter(tree: SourceTree, mode: str) -> Producer:
     return producer
 
 
+def _bind_draft_block_metadata(tree: SourceTree, mode: str, record: dict[str, type]) -> Producer:
+    """The CUDA backend's ``init_forward_metadata_dspark_draft_block`` with what it runs for
+    a draft block: ``compute_uniform_extend_lengths``, ``init_forward_metadata_prefill``
+    without compression, its ``expand_prefill_casually`` and ``make_core_attn_metadata``
+    with the torch twins of the builders SGLang runs for CPU inputs, and the tree's
+    ``DSV4AttnMetadata`` and ``DSV4Metadata`` (``record``). What a draft block never
+    reaches (the request window, the causal SWA indices, compression and indexer metadata,
+    context parallelism, the small-batch and FlashMLA CUDA kernels) gets stand-ins that
+    refuse any use."""
+    names = {
+        **_dspark_kernels(tree, mode), **record, **_prefill_expansion_kernel(tree, mode),
+        "DSV4AttnMetadata": compressed.metadata_class(tree, CUDA_BACKEND_FILE, {}, methods=()),
+        "VerifyExtendLengths": record_of(tree, RAGGED_VERIFY_FILE, "VerifyExtendLengths"),
+        "get_parallel": lambda: types.SimpleNamespace(attn_cp_size=1),
+        "_create_flashmla_metadata": lambda: None,  # FlashMLA's schedule comes from a CUDA extension
+        "Literal": typing.Literal, "envs": EngineEnvironment(),
+        "SparseTableBackend": type("SparseTableBackend", (), {}),  # no draft block's candidates are one
+        **{name: NotModelled(name) for name in (
+            "window_layout", "_pad_last_dim", "BuildCausalSwaPageIndices", "build_page_table_positions_small",
+            "build_low_ratio_metadata", "is_cp_active", "create_paged_compressor_data", "PagedIndexerMetadata",
+            "_is_xpu", "expand_index_page_table", "get_platform")},
+    }
+    return _bind_method(tree, mode, DRAFT_BLOCK_METADATA, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (DraftBlockBackend,),
+                        extra=(FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),
+                               FunctionCode(RAGGED_VERIFY_FILE, "compute_uniform_extend_lengths")),
+                        names=names)
+
+
 def _sets_store_hook(worker: str) -> bool:
     """Whether the DSpark worker's code hands the draft backends a ``pre_kv_store_hook``
     (0.5.23 does under ``SGLANG_DSPARK_DEFER_CONTEXT_KV``)."""
     return any(isinstance(node, ast.Attribute) and node.attr == STORE_HOOK and isinstance(node.ctx, ast.Store)
                for node in ast.walk(ast.parse(worker)))
-
-
-def _bind_draft_block_metadata(tree: SourceTree, mode: str) -> Producer:
-    """The CUDA backend's ``make_core_attn_metadata`` with what its DSpark draft-block branch
-    runs: the torch twins of the page-table and DSpark window builders SGLang runs for CPU
-    inputs, and the tree's ``DSV4AttnMetadata``. Paths a draft block never takes (the
-    request window, the causal SWA indices, the small-batch and FlashMLA CUDA kernels) get
-    stand-ins that refuse any use."""
-    names = {
-        **_dspark_kernels(tree, mode),
-        "DSV4AttnMetadata": compressed.metadata_class(tree, CUDA_BACKEND_FILE, {}, methods=()),
-        "get_parallel": lambda: types.SimpleNamespace(attn_cp_size=1),
-        "_create_flashmla_metadata": lambda: None,  # FlashMLA's schedule comes from a CUDA extension
-        **{name: NotModelled(name) for name in ("window_layout", "_pad_last_dim", "BuildCausalSwaPageIndices",
-                                                 "build_page_table_positions_small", "build_low_ratio_metadata")},
-    }
-    return _bind_method(tree, mode, DRAFT_BLOCK_METADATA, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (DraftBlockBackend,),
-                        extra=(FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),), uses=DRAFT_RING_ROWS,
-                        names=names)
 
 
 def _uniform_blocks(batch: Batch) -> bool:
@@ -974,8 +988,8 @@ def _dspark_kernels(tree: SourceTree, mode: str) -> dict[str, type]:
         FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),
         *(ClassCode(DSPARK_METADATA_FILE, name, methods=("execute", "torch")) for name in kernel_classes),
         ClassCode(TABLE_KERNELS_FILE, "BuildPageTablePositions", methods=("execute", "torch")),
-    ), {"DsparkWindowGather": record(tree, DSPARK_METADATA_FILE, "DsparkWindowGather"),
-        "PageTablePositionsResult": record(tree, TABLE_KERNELS_FILE, "PageTablePositionsResult")}, {}, mode)
+    ), {"DsparkWindowGather": record_of(tree, DSPARK_METADATA_FILE, "DsparkWindowGather"),
+        "PageTablePositionsResult": record_of(tree, TABLE_KERNELS_FILE, "PageTablePositionsResult")}, {}, mode)
     return {name: bound.build(object) for name, bound in kernels.classes.items()}
 
 
@@ -993,7 +1007,8 @@ class _StoreJoin:
 
 def _run_draft_ring_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
     """What a DSpark draft block's stores write (``DSparkAttention._store_block_kv`` asks
-    the getter) on the metadata the tree's ``make_core_attn_metadata`` builds for the block:
+    the getter) on the metadata the tree's ``init_forward_metadata_dspark_draft_block``
+    builds for the block:
     on a ring per request slot, each row's slot in its request's ring; on paged SWA rows (no
     ring), the pool's translation of the block's locations. The backend first serves the
     same requests' block one position earlier, so that an answer kept from it shows, and
@@ -1016,9 +1031,7 @@ def _run_draft_ring_getter(producer: Producer, batch: Batch, _: int) -> list[str
             out_cache_loc, mapping = _locations(block)
             if ring is None:
                 pool.register_mapping(mapping)
-            backend.forward_metadata = StoreMetadata(
-                core_attn_metadata=_draft_block_metadata(producer, block, pool, out_cache_loc, block_size),
-                late_layer_tail=None)
+            backend.forward_metadata = _draft_block_metadata(producer, block, pool, out_cache_loc, block_size)
             joined = join.calls
             rows = producer.function(backend, StoreBatch(forward_mode=SglangMode(ForwardMode.TARGET_VERIFY),
                                                          out_cache_loc=out_cache_loc))
@@ -1034,21 +1047,25 @@ def _run_draft_ring_getter(producer: Producer, batch: Batch, _: int) -> list[str
 
 def _draft_block_metadata(producer: Producer, block: Batch, pool: Any, out_cache_loc: torch.Tensor,
                           block_size: int) -> Any:
-    """The attention metadata the tree's ``make_core_attn_metadata`` builds for a DSpark
-    draft block, handed what ``init_forward_metadata_dspark_draft_block`` hands it through
-    ``init_forward_metadata_prefill``: one row per block token at its position (``seq_lens_casual``
-    one past it), a page-wide placeholder page table, no compression metadata."""
+    """The metadata the tree's ``init_forward_metadata_dspark_draft_block`` builds for a
+    DSpark draft block: each request's context before its block (``seq_lens``), its slot and
+    the block's full-pool locations, on a draft backend of SWA-only layers."""
     make = producer.parts[DRAFT_BLOCK_METADATA]
     page_size = 256  # DeepseekV4AttnBackend asserts it
     context = int(block.positions.max()) + 1
     req_to_token = torch.zeros((block.num_req_slots, -(-context // page_size) * page_size), dtype=torch.int32)
     backend = _owner(make, token_to_kv_pool=pool, is_dspark_draft=True, speculative_num_draft_tokens=block_size + 1,
-                     low_ratios=(), present_ratios=(), page_size=page_size,  # the draft's layers are SWA-only
-                     cuda_int32_kwargs={"device": "cpu", "dtype": torch.int32}, index_topk=512, trtllm_attn=False,
-                     encoder_replay=False, encoder_row_floor=None, req_to_token=req_to_token)
-    return make.function(backend, req_to_token=req_to_token, req_pool_indices_repeated=block.token_slots,
-                         seq_lens_casual=(block.positions + 1).to(torch.int32), max_seq_len=page_size,
-                         out_loc=out_cache_loc, need_compress=False, is_prefill=True, dspark_block_size=block_size)
+                     low_ratios=(), present_ratios=(), has_c4=False, has_c128=False, page_size=page_size,
+                     cuda_int32_kwargs={"device": "cpu", "dtype": torch.int32}, device="cpu", index_topk=512,
+                     trtllm_attn=False, encoder_replay=False, encoder_row_floor=None, req_to_token=req_to_token,
+                     draft_metadata_glued=False, prefill_candidates=None, enable_deepseek_v4_fp4_indexer=False,
+                     dsa_topk_backend=NotModelled("self.dsa_topk_backend"))
+    # the host-to-device copy goes through pinned memory, which needs an accelerator
+    backend._move_to_device = lambda values: torch.tensor(values, dtype=torch.int32)
+    prefix = block.extend_prefix_lens
+    return make.function(backend, max_seq_len=page_size, req_pool_indices=block.req_pool_indices,
+                         seq_lens=prefix.to(torch.int32), seq_lens_cpu=prefix, out_cache_loc=out_cache_loc,
+                         block_size=block_size)
 
 
 # ---- the late-layer tail (0.5.21+) ------------------------------------------------------------
