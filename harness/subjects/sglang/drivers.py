@@ -687,9 +687,11 @@ class TranslatedLocSubject(_MetadataSubject):
                 notes.append(f"request window: an idle forward with no rows is not checked, since whether the "
                              f"layers store it is {read}")
             notes.append("request window: DeepSeek-V4.1's only draft is DSpark's, whose draft blocks store "
-                         "through this getter on a ring of their own (0.5.23); they are checked among the "
-                         "producers (\"get_swa_out_cache_loc on the draft ring\"), not in this lifecycle, "
-                         "whose draft model is DeepSeek-V4's MTP draft and not drawn under the window")
+                         "through this getter on a ring of their own or on paged SWA rows (0.5.23); they are checked "
+                         "among the producers (\"get_swa_out_cache_loc on the draft ring\", on the metadata the "
+                         "tree's init_forward_metadata_dspark_draft_block builds, and \"init_forward_metadata_in_graph "
+                         "for a DSpark draft block\"), not in this lifecycle, whose draft model is DeepSeek-V4's MTP "
+                         "draft and not drawn under the window")
         elif cls.request_window_on():
             notes.append(f"request window: {cls.window_absent}")
         if "late_layer_tail" in reads:
