@@ -10,8 +10,10 @@ reads its write target from: the target-verify and prefill state slots
 (``late_layer_tail_layout``), multi-step draft decode (``per_step_draft_out_cache_loc`` and
 the backends' ``init_forward_metadata_in_graph``, which refreshes each step's rows
 inside the graph), the CUDA graph buffer of translated locations
-(``_fill_cuda_graph_swa_out_cache_loc``) and the 0.5.23 draft SWA ring
-(``get_draft_swa_ring_size``, ``_dspark_swa_ring_out_cache_loc``).
+(``_fill_cuda_graph_swa_out_cache_loc``) and the 0.5.23 DSpark draft blocks: the draft SWA
+ring (``get_draft_swa_ring_size``, ``_dspark_swa_ring_out_cache_loc``), the rows a block's
+stores write on the metadata ``init_forward_metadata_dspark_draft_block`` builds, and a
+draft graph's in-graph refresh of them.
 
 :data:`PRODUCERS` is the table: one row per producer, with how to bind it from a release
 and how to run it on a :class:`Batch`. :func:`bind_producers` binds every row a release has
