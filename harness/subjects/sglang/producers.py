@@ -982,7 +982,7 @@ def _dspark_kernels(tree: SourceTree, mode: str) -> dict[str, type]:
     its torch twin (what SGLang runs for CPU inputs)."""
     for path in (DSPARK_METADATA_FILE, TABLE_KERNELS_FILE):
         if tree.read(path) is None:
-            raise BindError(f"{tree.label}: has no file {path}, so no DSpark draft block metadata")
+            raise BindError(f"{tree.label} ({mode} mode): has no file {path}, so no DSpark draft block metadata")
     kernel_classes = ("BuildDsparkSwaRingIndices", "BuildDsparkSwaPageIndices", "ComputeDsparkWindowGather",
                       "BuildBlockSeqLensCausal")
     kernels = bind(tree, (
