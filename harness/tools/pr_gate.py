@@ -21,6 +21,10 @@ Each target, producer and runner step gets one verdict (for a producer or step,
 - *not checked in either tree*: a producer or step swafuzz cannot run in BASE either; the
   pull request changes nothing swafuzz could have checked there, so it is reported only.
 
+Below the table, the statements of each target's entry method that no scenario ran are
+listed per tree, with those of them a producer's check ran (a check's function is marked as
+a target's is, and named alike), so that what nothing ran stands out.
+
 The table goes to stdout and ``pr-gate.md``, a JUnit file to ``pr-gate.xml``, both in the
 report directory; each run keeps its own reports below it.
 """
