@@ -437,31 +437,44 @@ STORE_JOIN = "        if self.pre_kv_store_hook is not None:\n            self.p
 FALLBACK = "        return self.token_to_kv_pool.translate_loc_from_full_to_swa(out_cache_loc).to(\n"
 RING_POSITION = "            seq_lens_casual.to(torch.int64) - 1,\n"
 UNIFORM_LENGTHS = "seq_lens_cpu_extended = [x + extend_len for x in seq_lens_cpu]"
+# plausible edits of 0.5.23's in-graph refresh for a DSpark draft graph: leave the previous
+# replay's ring rows in place, or lay the block one position late
+RING_REFRESH = "                if self.token_to_kv_pool.swa_req_ring_size is not None:\n"
+BLOCK_CONTEXT = "seq_lens=forward_batch.seq_lens, block_size=block_size"
+RAGGED_VERIFY_FILE = "sglang/srt/speculative/ragged_verify.py"
 
 
-@pytest.mark.parametrize("edit,problem", [
-    ((CACHED_RETURN, ""), f"{CUDA_DRAFT_RING_GETTER} raised AssertionError"),
-    ((CACHED_RETURN, CACHED_RETURN.replace("return cached", "if getattr(self, '_kept', None) is None:\n"
-                                            "                self._kept = cached\n            return self._kept")),
+@pytest.mark.parametrize("producer,path,edit,problem", [
+    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE, (CACHED_RETURN, ""), f"{CUDA_DRAFT_RING_GETTER} raised AssertionError"),
+    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE,
+     (CACHED_RETURN, CACHED_RETURN.replace("return cached", "if getattr(self, '_kept', None) is None:\n"
+                                           "                self._kept = cached\n            return self._kept")),
      "draft block store rows on the draft ring: got "),
-    ((STORE_JOIN + "        out_cache_loc = forward_batch.out_cache_loc\n",
+    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE,
+     (STORE_JOIN + "        out_cache_loc = forward_batch.out_cache_loc\n",
       "        out_cache_loc = forward_batch.out_cache_loc\n"),
      "draft block store rows on the draft ring (earlier block): returned without calling the pre_kv_store_hook"),
-    ((FALLBACK, "        return out_cache_loc.to(torch.int32)\n        return (\n"),
+    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE, (FALLBACK, "        return out_cache_loc.to(torch.int32)\n        return (\n"),
      "draft block store rows on paged SWA rows (earlier block): got "),
-    ((RING_POSITION, RING_POSITION.replace(" - 1", "")), "draft block store rows on the draft ring (earlier block): got "),
-    ((UNIFORM_LENGTHS, UNIFORM_LENGTHS.replace("x + extend_len", "x + extend_len + 1")),
+    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE, (RING_POSITION, RING_POSITION.replace(" - 1", "")),
      "draft block store rows on the draft ring (earlier block): got "),
+    (CUDA_DRAFT_RING_GETTER, RAGGED_VERIFY_FILE,
+     (UNIFORM_LENGTHS, UNIFORM_LENGTHS.replace("x + extend_len", "x + extend_len + 1")),
+     "draft block store rows on the draft ring (earlier block): got "),
+    (CUDA_IN_GRAPH_DSPARK, CUDA_BACKEND_FILE, (RING_REFRESH, "                if False:\n"),
+     "draft block swa_out_cache_loc on the draft ring: got [-7, "),
+    (CUDA_IN_GRAPH_DSPARK, CUDA_BACKEND_FILE,
+     (BLOCK_CONTEXT, BLOCK_CONTEXT.replace("forward_batch.seq_lens", "forward_batch.seq_lens + 1")),
+     "draft block swa_out_cache_loc on the draft ring: got "),
 ])
-def test_a_dspark_draft_block_stored_anywhere_but_its_rows_is_caught(edit, problem):
+def test_a_dspark_draft_block_stored_anywhere_but_its_rows_is_caught(producer, path, edit, problem):
     if "0.5.23" not in CHECKED:
         pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
     block = Batch(torch.tensor([3, 1]), torch.tensor([7, 130]), torch.tensor([3, 3]))
-    (real,) = [p for p in _bound("0.5.23")[0] if p.name == CUDA_DRAFT_RING_GETTER]
+    (real,) = [p for p in _bound("0.5.23")[0] if p.name == producer]
     assert check(real, block) == []
-    path = "sglang/srt/speculative/ragged_verify.py" if edit[0] == UNIFORM_LENGTHS else CUDA_BACKEND_FILE
     tree = edited_release("0.5.23", path, *edit, name="draft block store")
-    (edited,) = [p for p in bind_producers(tree)[0] if p.name == CUDA_DRAFT_RING_GETTER]
+    (edited,) = [p for p in bind_producers(tree)[0] if p.name == producer]
     problems = check(edited, block)
     assert problems and problems[0].startswith(problem), problems
 
@@ -476,27 +489,6 @@ def test_the_draft_block_check_runs_the_getters_store_join_and_translating_fallb
     assert any(text.startswith("return self.token_to_kv_pool.translate_loc_from_full_to_swa(") for text in ran), ran
 
 
-# plausible edits of 0.5.23's in-graph refresh for a DSpark draft graph: leave the previous
-# replay's ring rows in place, or lay the block one position late
-RING_REFRESH = "                if self.token_to_kv_pool.swa_req_ring_size is not None:\n"
-BLOCK_CONTEXT = "seq_lens=forward_batch.seq_lens, block_size=block_size"
-
-
-@pytest.mark.parametrize("edit,problem", [
-    ((RING_REFRESH, "                if False:\n"), "draft block swa_out_cache_loc on the draft ring: got [-7, "),
-    ((BLOCK_CONTEXT, BLOCK_CONTEXT.replace("forward_batch.seq_lens", "forward_batch.seq_lens + 1")),
-     "draft block swa_out_cache_loc on the draft ring: got "),
-])
-def test_a_dspark_draft_graph_that_refreshes_its_blocks_rows_wrong_is_caught(edit, problem):
-    if "0.5.23" not in CHECKED:
-        pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
-    block = Batch(torch.tensor([3, 1]), torch.tensor([7, 130]), torch.tensor([3, 3]))
-    (real,) = [p for p in _bound("0.5.23")[0] if p.name == CUDA_IN_GRAPH_DSPARK]
-    assert check(real, block) == []
-    tree = edited_release("0.5.23", CUDA_BACKEND_FILE, *edit, name="dspark draft graph")
-    (edited,) = [p for p in bind_producers(tree)[0] if p.name == CUDA_IN_GRAPH_DSPARK]
-    problems = check(edited, block)
-    assert problems and problems[0].startswith(problem), problems
 
 
 # 0.5.22+ reset the prefill-graph tail block's padding rows on every build
