@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from swafuzz.subjects.sglang import locate
 from swafuzz.subjects.sglang.producers import (
     ATTN_METADATA_FILES,
-    CUDA_DRAFT_RING_GETTER,
+    CUDA_DRAFT_BLOCK_GETTER,
     CUDA_IN_GRAPH_DSPARK,
     CUDA_IN_GRAPH_INIT,
     CUDA_WINDOW_GETTER,
@@ -211,20 +211,22 @@ def test_every_producer_a_release_has_matches_the_truth(version, ragged, uniform
 _ALL = tuple(info.name for info in PRODUCERS)
 _STATE_ROWS = (VERIFY_EXPANSION, PREFILL_EXPANSION, PREFILL_ROWS)
 _IN_GRAPH = (CUDA_IN_GRAPH_INIT, HIP_IN_GRAPH_INIT)
+_DSPARK_IN_GRAPH = (CUDA_IN_GRAPH_INIT, CUDA_IN_GRAPH_DSPARK, HIP_IN_GRAPH_INIT)
 
 
 @pytest.mark.parametrize("version,present", [
     ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
-    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, *_IN_GRAPH, GRAPH_LOC_BUFFER)),
+    ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, *_DSPARK_IN_GRAPH, GRAPH_LOC_BUFFER,
+                CUDA_DRAFT_BLOCK_GETTER)),
     ("0.5.21", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS, *_IN_GRAPH, GRAPH_LOC_BUFFER)),
+                LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS, *_DSPARK_IN_GRAPH, GRAPH_LOC_BUFFER,
+                CUDA_DRAFT_BLOCK_GETTER)),
     ("0.5.22", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
-                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS, CUDA_IN_GRAPH_INIT,
-                GRAPH_LOC_BUFFER)),
+                HIP_WINDOW_GETTER, LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS, *_DSPARK_IN_GRAPH,
+                GRAPH_LOC_BUFFER, CUDA_DRAFT_BLOCK_GETTER)),
     ("0.5.23", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
                 CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS,
-                CUDA_IN_GRAPH_INIT, CUDA_IN_GRAPH_DSPARK,
-                GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS, CUDA_DRAFT_RING_GETTER)),
+                *_DSPARK_IN_GRAPH, GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS, CUDA_DRAFT_BLOCK_GETTER)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
     if version not in CHECKED:
@@ -445,20 +447,20 @@ RAGGED_VERIFY_FILE = "sglang/srt/speculative/ragged_verify.py"
 
 
 @pytest.mark.parametrize("producer,path,edit,problem", [
-    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE, (CACHED_RETURN, ""), f"{CUDA_DRAFT_RING_GETTER} raised AssertionError"),
-    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE,
+    (CUDA_DRAFT_BLOCK_GETTER, CUDA_BACKEND_FILE, (CACHED_RETURN, ""), f"{CUDA_DRAFT_BLOCK_GETTER} raised AssertionError"),
+    (CUDA_DRAFT_BLOCK_GETTER, CUDA_BACKEND_FILE,
      (CACHED_RETURN, CACHED_RETURN.replace("return cached", "if getattr(self, '_kept', None) is None:\n"
                                            "                self._kept = cached\n            return self._kept")),
      "draft block store rows on the draft ring: got "),
-    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE,
+    (CUDA_DRAFT_BLOCK_GETTER, CUDA_BACKEND_FILE,
      (STORE_JOIN + "        out_cache_loc = forward_batch.out_cache_loc\n",
       "        out_cache_loc = forward_batch.out_cache_loc\n"),
      "draft block store rows on the draft ring (earlier block): returned without calling the pre_kv_store_hook"),
-    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE, (FALLBACK, "        return out_cache_loc.to(torch.int32)\n        return (\n"),
+    (CUDA_DRAFT_BLOCK_GETTER, CUDA_BACKEND_FILE, (FALLBACK, "        return out_cache_loc.to(torch.int32)\n        return (\n"),
      "draft block store rows on paged SWA rows (earlier block): got "),
-    (CUDA_DRAFT_RING_GETTER, CUDA_BACKEND_FILE, (RING_POSITION, RING_POSITION.replace(" - 1", "")),
+    (CUDA_DRAFT_BLOCK_GETTER, CUDA_BACKEND_FILE, (RING_POSITION, RING_POSITION.replace(" - 1", "")),
      "draft block store rows on the draft ring (earlier block): got "),
-    (CUDA_DRAFT_RING_GETTER, RAGGED_VERIFY_FILE,
+    (CUDA_DRAFT_BLOCK_GETTER, RAGGED_VERIFY_FILE,
      (UNIFORM_LENGTHS, UNIFORM_LENGTHS.replace("x + extend_len", "x + extend_len + 1")),
      "draft block store rows on the draft ring (earlier block): got "),
     (CUDA_IN_GRAPH_DSPARK, CUDA_BACKEND_FILE, (RING_REFRESH, "                if False:\n"),
@@ -482,7 +484,7 @@ def test_a_dspark_draft_block_stored_anywhere_but_its_rows_is_caught(producer, p
 def test_the_draft_block_check_runs_the_getters_store_join_and_translating_fallback():
     if "0.5.23" not in CHECKED:
         pytest.skip(f"needs 0.5.23 in ${TEST_VERSIONS_ENV}")
-    (real,) = [p for p in bind_producers(locate.wheel("0.5.23"))[0] if p.name == CUDA_DRAFT_RING_GETTER]
+    (real,) = [p for p in bind_producers(locate.wheel("0.5.23"))[0] if p.name == CUDA_DRAFT_BLOCK_GETTER]
     assert check(real, Batch(torch.tensor([3, 1]), torch.tensor([7, 130]), torch.tensor([2, 2]))) == []
     ran = {s.text for s, done in zip(real.statements.statements, real.statements.ran) if done}
     assert {"self.pre_kv_store_hook()", "return cached"} <= ran, ran

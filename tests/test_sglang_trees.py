@@ -518,7 +518,7 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
         assert "`window.activate(layout)`" in said, said
         # the draft-block check runs the store join and the translating fallback no scenario reaches
         ran_by_checks = said.split("; of these, the producer checks ")[1]
-        assert "`DeepseekV4AttnBackend.get_swa_out_cache_loc on the draft ring`" in ran_by_checks, said
+        assert "`DeepseekV4AttnBackend.get_swa_out_cache_loc for a DSpark draft block`" in ran_by_checks, said
         assert "pre_kv_store_hook" not in ran_by_checks.partition("nothing ran")[2], said
     # the field HEAD adds to the HIP metadata is in neither merge list: SGLang's copy_ asserts
     # every field is named, so each graph replay's merge of HEAD raises

@@ -688,7 +688,7 @@ class TranslatedLocSubject(_MetadataSubject):
                              f"layers store it is {read}")
             notes.append("request window: DeepSeek-V4.1's only draft is DSpark's, whose draft blocks store "
                          "through this getter on a ring of their own or on paged SWA rows (0.5.23); they are checked "
-                         "among the producers (\"get_swa_out_cache_loc on the draft ring\", on the metadata the "
+                         "among the producers (\"get_swa_out_cache_loc for a DSpark draft block\", on the metadata the "
                          "tree's init_forward_metadata_dspark_draft_block builds, and \"init_forward_metadata_in_graph "
                          "for a DSpark draft block\"), not in this lifecycle, whose draft model is DeepSeek-V4's MTP "
                          "draft and not drawn under the window")
@@ -700,7 +700,7 @@ class TranslatedLocSubject(_MetadataSubject):
             notes.append("pre_kv_store_hook: never set in this lifecycle, whose draft is not DSpark's (0.5.23's "
                          "DSpark worker sets it under SGLANG_DSPARK_DEFER_CONTEXT_KV, so that a draft block's first "
                          "store waits for the verify's staged commit writes); that each draft block's store calls it "
-                         "is checked among the producers (\"get_swa_out_cache_loc on the draft ring\")")
+                         "is checked among the producers (\"get_swa_out_cache_loc for a DSpark draft block\")")
         return tuple(notes)
 
     @classmethod

@@ -50,7 +50,7 @@ from ...api import ForwardMode
 from . import compressed
 from .binding import Binding, BindError, ClassCode, FunctionCode, bind
 from .drivers import CoreMetadata, EngineEnvironment, NotModelled, SglangMode, StandIn, StandInGap
-from .interpreted import record as record_of
+from .interpreted import defines, record as record_of
 from .late_layer_tail import ATTN_METADATA_FILES, LATE_LAYER_TAIL, bind_tail_layout
 from .locate import SourceTree
 from .faults import defined_at
@@ -59,6 +59,7 @@ from .request_window import (
     V4_ROWS, WINDOW_FILE, WINDOW_LAYOUT, WINDOW_PAGE, WINDOW_STAND_INS, PackedRowFormat, PagedRows, bind_request_window, build_layout, parameters, window_layout_code, window_truth,
 )
 from .statements_run import StatementsRun
+from .tables import TABLE_FILES
 from .targets import CUDA_BACKEND, CUDA_BACKEND_FILE, HIP_BACKEND, HIP_BACKEND_FILE, POOL_FILE
 
 VERIFY_EXPANSION = "expand_extend_with_same_length"
@@ -78,7 +79,7 @@ HIP_WINDOW_GETTER = f"{HIP_BACKEND}.get_swa_out_cache_loc"
 GRAPH_LOC_BUFFER = "_fill_cuda_graph_swa_out_cache_loc"
 DRAFT_RING_SIZE = "get_draft_swa_ring_size"
 DRAFT_RING_ROWS = "_dspark_swa_ring_out_cache_loc"
-CUDA_DRAFT_RING_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc on the draft ring"
+CUDA_DRAFT_BLOCK_GETTER = f"{CUDA_BACKEND}.get_swa_out_cache_loc for a DSpark draft block"
 DRAFT_BLOCK_METADATA = "init_forward_metadata_dspark_draft_block"
 STORE_HOOK = "pre_kv_store_hook"
 TAIL_METADATA = "_build_late_layer_tail_metadata"
@@ -91,7 +92,6 @@ DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metada
 DSPARK_DISPATCH_FILE = "sglang/kernels/ops/speculative/dspark/dispatch.py"
 DSPARK_WORKER_FILE = "sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
 RAGGED_VERIFY_FILE = "sglang/srt/speculative/ragged_verify.py"
-TABLE_KERNELS_FILE = "sglang/kernels/ops/attention/dsv4/attn_metadata_kernels.py"
 # the request window's shape in the checks: DeepSeek-V4's 128-token window and a verify of
 # up to three draft tokens past it (in WINDOW_PAGE pages, so the capacity is rounded up)
 SLIDING_WINDOW = 128
@@ -200,29 +200,30 @@ class DraftRingPool(StandIn):
     replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
 
 
-class DraftRingStorePool(StandIn):
-    """The DSpark draft worker's pool (0.5.23, CUDA): under encoder replay a ring per request
-    slot and no request window, whose stores address the ring, never paged SWA rows, so it
-    is given no full-to-SWA mapping (a getter that falls back to translating fails on it);
-    otherwise paged SWA rows (``swa_req_ring_size`` None) with a mapping. ``swa_valid_from``
-    is each slot's first position the draft window may read."""
+class DraftBlockPool(StandIn):
+    """The DSpark draft worker's pool (CUDA): paged SWA rows with a full-to-SWA mapping, or
+    (0.5.23, under encoder replay) a ring per request slot, whose stores address the ring,
+    never paged SWA rows, so it is given no mapping (a getter that falls back to translating
+    fails on it). ``swa_valid_from`` is each slot's first position the draft window may read
+    (0.5.23); a pool has no request window for the draft. :func:`_draft_block_pool` keeps
+    those of these attributes a tree's pool has."""
 
-    role = "draft-ring store pool"
+    role = "draft-block pool"
     attributes = frozenset({"request_window", "swa_req_ring_size", "full_to_swa_index_mapping", "swa_valid_from"})
     replaces = (RealClass(POOL_FILE, "DeepSeekV4TokenToKVPool"),)
 
 
-class DraftBlockBackend(StandIn):
-    """The DSpark draft worker's CUDA backend as its draft-block metadata init reads it
-    (0.5.23): what its ``__init__`` sets from the model config, the speculative settings and
-    the device."""
+def _draft_block_pool(tree: SourceTree) -> type[StandIn]:
+    # the mapping is registered, not set by __init__
+    has = _instance_attributes(tree, POOL_FILE, "DeepSeekV4TokenToKVPool") | {"full_to_swa_index_mapping"}
+    return type("DraftBlockPool", (DraftBlockPool,), {"attributes": DraftBlockPool.attributes & has})
 
-    role = "draft-block backend"
-    attributes = frozenset({"token_to_kv_pool", "is_dspark_draft", "speculative_num_draft_tokens", "low_ratios",
-                            "present_ratios", "has_c4", "has_c128", "page_size", "cuda_int32_kwargs", "device",
-                            "index_topk", "trtllm_attn", "encoder_replay", "encoder_row_floor", "req_to_token",
-                            "draft_metadata_glued", "prefill_candidates", "dsa_topk_backend",
-                            "enable_deepseek_v4_fp4_indexer"})
+
+def _as_the_tree_has(tree: SourceTree, stand_in: type[StandIn]) -> type[StandIn]:
+    """``stand_in`` (for the CUDA backend) carrying only the attributes the tree's backend
+    has: a release before the one it was written for lacks some."""
+    has = _instance_attributes(tree, CUDA_BACKEND_FILE, CUDA_BACKEND, with_methods=True)
+    return type(stand_in.__name__, (stand_in,), {"attributes": stand_in.attributes & has})
 
 
 class TailBackend(StandIn):
@@ -918,20 +919,22 @@ def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
     return _differences("draft ring rows", rows, want.to(torch.int64)) + _dtype("draft ring rows", rows)
 
 
-def _bind_draft_ring_getter(tree: SourceTree, mode: str) -> Producer:
+def _bind_draft_block_getter(tree: SourceTree, mode: str) -> Producer:
     # the getter's isinstance check must know the block metadata for the record it is
     record = _records(tree, mode, CUDA_BACKEND_FILE, ("DSV4Metadata",))
     block_metadata = _bind_draft_block_metadata(tree, mode, record)
+    pool = _draft_block_pool(tree)
     producer = _bind_method(
         tree, mode, "get_swa_out_cache_loc", ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (WindowBackend, HookedWindowBackend),
         uses="swa_out_cache_loc", names=record,
-        more_stand_ins=(StandInUse(DraftRingStorePool, DraftRingStorePool.replaces), StandInUse(StoreBatch, StoreBatch.replaces),
+        more_stand_ins=(StandInUse(pool, pool.replaces), StandInUse(StoreBatch, StoreBatch.replaces),
                         *block_metadata.stand_ins),
     )
     producer.parts.update({
         DRAFT_BLOCK_METADATA: block_metadata,
-        "DeepSeekV4TokenToKVPool": _translating_pool(tree, mode, DraftRingStorePool),
+        "DeepSeekV4TokenToKVPool": _translating_pool(tree, mode, pool),
         STORE_HOOK: _sets_store_hook(tree.read(DSPARK_WORKER_FILE) or ""),
+        DRAFT_RING_ROWS: _has_draft_ring(tree),
     })
     return producer
 
@@ -956,12 +959,44 @@ def _bind_draft_block_metadata(tree: SourceTree, mode: str, record: dict[str, ty
         **{name: NotModelled(name) for name in (
             "window_layout", "_pad_last_dim", "BuildCausalSwaPageIndices", "build_page_table_positions_small",
             "build_low_ratio_metadata", "is_cp_active", "create_paged_compressor_data", "PagedIndexerMetadata",
-            "_is_xpu", "expand_index_page_table", "get_platform")},
+            "_is_xpu", "expand_index_page_table", "get_platform",
+            # 0.5.21 and 0.5.22's low-ratio prefill graph, which a draft of SWA-only layers never takes
+            "_prefill_graph_max_seq_len", "has_dense_fp4_indexer", "is_sm100_or_newer",
+            # 0.5.18 to 0.5.20's context-parallel and SM120 paths, likewise
+            "is_cp_v2_active", "_is_sm120")},
     }
-    return _bind_method(tree, mode, DRAFT_BLOCK_METADATA, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (DraftBlockBackend,),
-                        extra=(FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),
-                               FunctionCode(RAGGED_VERIFY_FILE, "compute_uniform_extend_lengths")),
-                        names=names)
+    # the backend as the tree's draft-block code reads it: bound first on everything its
+    # __init__ sets, then run on a stand-in carrying exactly what the bound methods read
+    everything = type("DraftBlockBackend", (StandIn,), {
+        "role": "draft-block backend", "attributes": _instance_attributes(tree, CUDA_BACKEND_FILE, CUDA_BACKEND)})
+    producer = _bind_method(tree, mode, DRAFT_BLOCK_METADATA, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (everything,),
+                            extra=(*_dspark_helpers(tree),
+                                   FunctionCode(RAGGED_VERIFY_FILE, "compute_uniform_extend_lengths")),
+                            names=names)
+    bound = producer.binding.classes[CUDA_BACKEND]
+    functions = (getattr(method, "fget", getattr(method, "__func__", method)) for method in bound.methods.values())
+    read = frozenset().union(*map(_reads, functions)) - set(bound.methods)
+    backend = type("DraftBlockBackend", (StandIn,), {
+        "role": everything.role, "attributes": read & everything.attributes,
+        "__doc__": "The DSpark draft worker's CUDA backend as its draft-block metadata init reads it."})
+    return replace(producer, stand_ins=(StandInUse(backend, producer.stand_ins[0].replaces), *producer.stand_ins[1:]))
+
+
+def _instance_attributes(tree: SourceTree, path: str, owner: str, with_methods: bool = False) -> frozenset[str]:
+    """The attributes ``owner`` in ``path`` gives its instances: those its ``__init__`` sets
+    on ``self`` and those its class body assigns, and its methods ``with_methods``."""
+    module = ast.parse(tree.read(path) or "")
+    cls = next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == owner), None)
+    if cls is None:
+        return frozenset()
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    set_in_init = {node.attr for node in ast.walk(init) if isinstance(node, ast.Attribute)
+                   and isinstance(node.ctx, ast.Store) and ast.unparse(node.value) == "self"} if init else set()
+    in_body = {target.id for node in cls.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+               for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+               if isinstance(target, ast.Name)}
+    methods = {node.name for node in cls.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return frozenset(set_in_init | in_body | (methods if with_methods else set()))
 
 
 def _sets_store_hook(worker: str) -> bool:
@@ -980,19 +1015,39 @@ def _uniform_blocks(batch: Batch) -> bool:
 def _dspark_kernels(tree: SourceTree, mode: str) -> dict[str, type]:
     """The tree's DSpark draft-block builders and page-table builder, by name, each running
     its torch twin (what SGLang runs for CPU inputs)."""
-    for path in (DSPARK_METADATA_FILE, TABLE_KERNELS_FILE):
-        if tree.read(path) is None:
-            raise BindError(f"{tree.label} ({mode} mode): has no file {path}, so no DSpark draft block metadata")
+    if tree.read(DSPARK_METADATA_FILE) is None:
+        raise BindError(f"{tree.label} ({mode} mode): has no file {DSPARK_METADATA_FILE}, so no DSpark draft block "
+                        "metadata")
+    table_kernels = next((path for path in TABLE_FILES if "class BuildPageTablePositions" in (tree.read(path) or "")),
+                         None)
+    if table_kernels is None:
+        raise BindError(f"{tree.label} ({mode} mode): has no BuildPageTablePositions (looked in "
+                        f"{', '.join(TABLE_FILES)}), so no DSpark draft block metadata")
     kernel_classes = ("BuildDsparkSwaRingIndices", "BuildDsparkSwaPageIndices", "ComputeDsparkWindowGather",
                       "BuildBlockSeqLensCausal")
+    defined = tuple(name for name in kernel_classes if defines(tree, DSPARK_METADATA_FILE, name))
     kernels = bind(tree, (
         FunctionCode(UTILS_FILE, "ceil_align"), FunctionCode(DSPARK_DISPATCH_FILE, "inputs_on_cuda"),
-        FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"),
-        *(ClassCode(DSPARK_METADATA_FILE, name, methods=("execute", "torch")) for name in kernel_classes),
-        ClassCode(TABLE_KERNELS_FILE, "BuildPageTablePositions", methods=("execute", "torch")),
+        *_dspark_helpers(tree),
+        *(ClassCode(DSPARK_METADATA_FILE, name, methods=("execute", "torch")) for name in defined),
+        ClassCode(table_kernels, "BuildPageTablePositions", methods=("execute", "torch")),
     ), {"DsparkWindowGather": record_of(tree, DSPARK_METADATA_FILE, "DsparkWindowGather"),
-        "PageTablePositionsResult": record_of(tree, TABLE_KERNELS_FILE, "PageTablePositionsResult")}, {}, mode)
-    return {name: bound.build(object) for name, bound in kernels.classes.items()}
+        "PageTablePositionsResult": record_of(tree, table_kernels, "PageTablePositionsResult")}, {}, mode)
+    return {**{name: NotModelled(name) for name in kernel_classes},  # a tree without a draft ring has no ring builder
+            **{name: bound.build(object) for name, bound in kernels.classes.items()}}
+
+
+def _dspark_helpers(tree: SourceTree) -> tuple[FunctionCode, ...]:
+    """The module-level DSpark helper the backends call, where the tree has it: the draft
+    ring's rows (0.5.23)."""
+    return tuple(FunctionCode(DSPARK_METADATA_FILE, name) for name in ("swa_ring_rows",)
+                 if defines(tree, DSPARK_METADATA_FILE, name))
+
+
+def _has_draft_ring(tree: SourceTree) -> bool:
+    """Whether the tree's CUDA backend writes DSpark draft blocks to a ring per request slot
+    (0.5.23), besides paged SWA rows."""
+    return f"def {DRAFT_RING_ROWS}(" in (tree.read(CUDA_BACKEND_FILE) or "")
 
 
 class _StoreJoin:
@@ -1007,7 +1062,7 @@ class _StoreJoin:
         self.calls += 1
 
 
-def _run_draft_ring_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
+def _run_draft_block_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
     """What a DSpark draft block's stores write (``DSparkAttention._store_block_kv`` asks
     the getter) on the metadata the tree's ``init_forward_metadata_dspark_draft_block``
     builds for the block:
@@ -1020,11 +1075,13 @@ def _run_draft_ring_getter(producer: Producer, batch: Batch, _: int) -> list[str
     earlier = replace(batch, extend_prefix_lens=(batch.extend_prefix_lens - 1).clamp(min=0))
     hooked = producer.parts[STORE_HOOK]
     problems = []
-    for ring in (whole_page_ring(SLIDING_WINDOW, draft, page), None):
+    rings = (whole_page_ring(SLIDING_WINDOW, draft, page), None) if producer.parts[DRAFT_RING_ROWS] else (None,)
+    for ring in rings:
         join = _StoreJoin()
-        pool = producer.parts["DeepSeekV4TokenToKVPool"](
-            request_window=None, swa_req_ring_size=ring, full_to_swa_index_mapping=None,
-            swa_valid_from=torch.zeros(batch.num_req_slots, dtype=torch.int64))
+        pool_class = producer.parts["DeepSeekV4TokenToKVPool"]
+        pool_values = {"request_window": None, "swa_req_ring_size": ring, "full_to_swa_index_mapping": None,
+                       "swa_valid_from": torch.zeros(batch.num_req_slots, dtype=torch.int64)}
+        pool = pool_class(**{name: pool_values[name] for name in pool_class.attributes})
         backend = _owner(producer, forward_metadata=None, token_to_kv_pool=pool)
         if hooked:
             backend.pre_kv_store_hook = join  # set after __init__, as the worker does
@@ -1056,12 +1113,15 @@ def _draft_block_metadata(producer: Producer, block: Batch, pool: Any, out_cache
     page_size = 256  # DeepseekV4AttnBackend asserts it
     context = int(block.positions.max()) + 1
     req_to_token = torch.zeros((block.num_req_slots, -(-context // page_size) * page_size), dtype=torch.int32)
-    backend = _owner(make, token_to_kv_pool=pool, is_dspark_draft=True, speculative_num_draft_tokens=block_size + 1,
-                     low_ratios=(), present_ratios=(), has_c4=False, has_c128=False, page_size=page_size,
-                     cuda_int32_kwargs={"device": "cpu", "dtype": torch.int32}, device="cpu", index_topk=512,
-                     trtllm_attn=False, encoder_replay=False, encoder_row_floor=None, req_to_token=req_to_token,
-                     draft_metadata_glued=False, prefill_candidates=None, enable_deepseek_v4_fp4_indexer=False,
-                     dsa_topk_backend=NotModelled("self.dsa_topk_backend"))
+    offered = {"token_to_kv_pool": pool, "is_dspark_draft": True, "speculative_num_draft_tokens": block_size + 1,
+               "low_ratios": (), "present_ratios": (), "has_c4": False, "has_c128": False,  # SWA-only layers
+               "page_size": page_size, "swa_page_size": SLIDING_WINDOW, "cuda_int32_kwargs": {"device": "cpu", "dtype": torch.int32}, "device": "cpu",
+               "index_topk": 512, "c4_topk": 512, "trtllm_attn": False, "encoder_replay": False,
+               "encoder_row_floor": None, "req_to_token": req_to_token, "draft_metadata_glued": False,
+               "prefill_candidates": None, "enable_deepseek_v4_fp4_indexer": False}
+    stand_in = make.stand_ins[0].stand_in
+    backend = make.binding.classes[make.backend].build(stand_in)(
+        **{name: offered.get(name, NotModelled(f"self.{name}")) for name in stand_in.attributes})
     # the host-to-device copy goes through pinned memory, which needs an accelerator
     backend._move_to_device = lambda values: torch.tensor(values, dtype=torch.int32)
     prefix = block.extend_prefix_lens
@@ -1117,7 +1177,8 @@ def _bind_tail_metadata(tree: SourceTree, mode: str) -> Producer:
         (CUDA_BACKEND_FILE, "late_layer_whole_extend"),
     ) if f"def {name}(" in (tree.read(path) or ""))
     producer = _bind_method(
-        tree, mode, TAIL_METADATA, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (TailBackend,), extra=helpers,
+        tree, mode, TAIL_METADATA, ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (_as_the_tree_has(tree, TailBackend),),
+        extra=helpers,
         names=names, site_stand_ins=((TailMetadata, "DSV4Metadata"),),
         more_stand_ins=(StandInUse(TailPool, TailPool.replaces), StandInUse(TailBatch, TailBatch.replaces)),
     )
@@ -1318,7 +1379,7 @@ def _reads(function: types.FunctionType, *chain: str) -> frozenset[str]:
 
 # methods the in-graph step calls on its own class where the release has them, and those its
 # DSpark draft-block branch calls (0.5.23)
-IN_GRAPH_HELPERS = ("_fp4_workspaces_enabled",)
+IN_GRAPH_HELPERS = ("_fp4_workspaces_enabled", "_fp4_c4_rowgroup_rows")
 DSPARK_IN_GRAPH_HELPERS = ("_dspark_seq_lens_casual", "get_dspark_swa_page_indices", DRAFT_RING_ROWS)
 
 
@@ -1329,16 +1390,22 @@ def _bind_in_graph_init(path: str, owner: str, dspark: bool = False) -> Callable
         with ``dspark``, with the DSpark draft-block builders its DSpark branch runs."""
         names: dict[str, Any] = {name: NotModelled(name) for name in (
             "skip_low_ratio_indexer", "fill_all_compressed_indices", "token_req_indices", "_replan_topk_in_graph",
-            "prepare_fp4_k_write_metadata", "prepare_fp4_decode_workspace")}
+            "prepare_fp4_k_write_metadata", "prepare_fp4_decode_workspace", "prepare_fp4_rowgroup_decode_workspace",
+            # the HIP low-ratio decode workspaces (0.5.23), which no low-ratio-free batch reaches
+            "StepMetadata", "build_low_ratio_decode_workspaces", "is_metadata_unread",
+            "low_ratio_decode_rows_are_identity", "widen_pair_i64", "C4_ROWGROUP_MIN_VERIFY_ROWS",
+            "logits_rows_per_chunk")}
         names["DSV4Metadata"] = InGraphMetadata  # what its isinstance check recognises as full metadata
-        records = _records(tree, mode, path, ("DSV4RawVerifyMetadata", "DSV4RawDecodeMetadata"))
         text = tree.read(path) or ""
+        raw = tuple(name for name in ("DSV4RawVerifyMetadata", "DSV4RawDecodeMetadata", "DSV4RawDSparkDraftMetadata")
+                    if f"class {name}" in text)
+        records = _records(tree, mode, path, raw)
         helpers = tuple(name for name in (*IN_GRAPH_HELPERS, *(DSPARK_IN_GRAPH_HELPERS if dspark else ()))
                         if f"def {name}(" in text)
         code = (FunctionCode(EAGLE_UTILS_FILE, DRAFT_STEP_LOCS), ClassCode(path, owner, (IN_GRAPH_INIT, *helpers)))
         if dspark:
             names.update(_dspark_kernels(tree, mode))
-            code = (FunctionCode(DSPARK_METADATA_FILE, "swa_ring_rows"), *code)
+            code = (*_dspark_helpers(tree), *code)
         binding = bind(tree, code, {**PRODUCER_STAND_INS, **names, **records}, {}, mode)
         bound = binding.classes[owner]
         function = bound.methods[IN_GRAPH_INIT]
@@ -1350,7 +1417,9 @@ def _bind_in_graph_init(path: str, owner: str, dspark: bool = False) -> Callable
             "role": "in-graph pool", "replaces": TranslatingPool.replaces,
             "attributes": (TranslatingPool.attributes
                            | (_reads(function, "token_to_kv_pool") - set(_POOL_TRANSLATION.methods))
-                           | ({"swa_valid_from"} if dspark else set())),  # read through a local in the helpers
+                           # the DSpark helpers read the pool through a local
+                           | {"swa_valid_from"} & {name for method in bound.methods.values()
+                                                   for name in method.__code__.co_names}),
         })
         low_ratios = "core_metadata" in function.__code__.co_names
         metadata = LowRatioInGraphMetadata if low_ratios else InGraphMetadata
@@ -1361,7 +1430,7 @@ def _bind_in_graph_init(path: str, owner: str, dspark: bool = False) -> Callable
             StandInUse(metadata, (RealClass(path, "DSV4Metadata"),)),
             StandInUse(core, (RealClass(path, "DSV4AttnMetadata"),)),
         ), parts={"backend": bound.build(backend), "metadata": metadata, "core": core,
-                  "pool": _translating_pool(tree, mode, pool)})
+                  "pool": _translating_pool(tree, mode, pool), DRAFT_RING_ROWS: _has_draft_ring(tree)})
     return bind_one
 
 
@@ -1395,7 +1464,7 @@ def _run_in_graph_init(producer: Producer, batch: Batch, _: int) -> list[str]:
         offered = {"forward_metadata": metadata, "token_to_kv_pool": pool, "topk": topk if steps > 1 else 0,
                    "speculative_num_steps": steps if steps > 1 else 0, "speculative_step_id": step,
                    "is_dspark_draft": False, "_early_verify_metadata_ids": set(),
-                   "enable_deepseek_v4_fp4_indexer": False}
+                   "enable_deepseek_v4_fp4_indexer": False, "_fp4_c4_rowgroup_columns": None}
         backend = backend_class(**{name: offered.get(name, NotModelled(f"self.{name}"))
                                    for name in backend_class.attributes})
         producer.function(backend, forward_batch)
@@ -1429,7 +1498,8 @@ def _run_in_graph_dspark_block(producer: Producer, batch: Batch, _: int) -> list
     core_class, metadata_class = producer.parts["core"], producer.parts["metadata"]
     pool_class = producer.parts["pool"]
     problems = []
-    for ring in (whole_page_ring(SLIDING_WINDOW, draft, page), None):
+    rings = (whole_page_ring(SLIDING_WINDOW, draft, page), None) if producer.parts[DRAFT_RING_ROWS] else (None,)
+    for ring in rings:
         pool_values = {"request_window": None, "swa_req_ring_size": ring, "full_to_swa_index_mapping": None,
                        "swa_valid_from": torch.zeros(batch.num_req_slots, dtype=torch.int64)}
         pool = pool_class(**{name: pool_values.get(name) for name in pool_class.attributes})
@@ -1487,7 +1557,7 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
     ProducerInfo(CUDA_IN_GRAPH_INIT, "CUDA in-graph refresh of the rows each draft step's stores read",
                  _bind_in_graph_init(CUDA_BACKEND_FILE, CUDA_BACKEND), _run_in_graph_init),
     ProducerInfo(CUDA_IN_GRAPH_DSPARK, "CUDA in-graph refresh of the rows a DSpark draft block's stores read, on "
-                 "the draft SWA ring and on paged SWA rows", _bind_in_graph_init(CUDA_BACKEND_FILE, CUDA_BACKEND, dspark=True),
+                 "paged SWA rows and on the draft SWA ring", _bind_in_graph_init(CUDA_BACKEND_FILE, CUDA_BACKEND, dspark=True),
                  _run_in_graph_dspark_block, _uniform_blocks),
     ProducerInfo(HIP_IN_GRAPH_INIT, "HIP in-graph refresh of the rows each draft step's stores read",
                  _bind_in_graph_init(HIP_BACKEND_FILE, HIP_BACKEND), _run_in_graph_init),
@@ -1497,6 +1567,6 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_draft_ring_size, _run_draft_ring_size),
     ProducerInfo(DRAFT_RING_ROWS, "draft SWA ring rows a draft block writes",
                  _bind_draft_ring_rows, _run_draft_ring_rows),
-    ProducerInfo(CUDA_DRAFT_RING_GETTER, "CUDA backend store target of a DSpark draft block, on the draft SWA ring "
-                 "and on paged SWA rows", _bind_draft_ring_getter, _run_draft_ring_getter, applies=_uniform_blocks),
+    ProducerInfo(CUDA_DRAFT_BLOCK_GETTER, "CUDA backend store target of a DSpark draft block, on paged SWA rows and "
+                 "on the draft SWA ring", _bind_draft_block_getter, _run_draft_block_getter, applies=_uniform_blocks),
 )
