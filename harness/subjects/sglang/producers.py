@@ -89,7 +89,8 @@ UNIFIED_RECORD = "UnifiedKvMetadata"  # the per-forward record of unified-KV row
 UTILS_FILE = "sglang/srt/utils/common.py"
 EAGLE_UTILS_FILE = "sglang/srt/speculative/eagle_utils.py"
 DSPARK_METADATA_FILE = "sglang/kernels/ops/speculative/dspark/dspark_attn_metadata.py"
-DSPARK_DISPATCH_FILE = "sglang/kernels/ops/speculative/dspark/dispatch.py"
+# where the DSpark kernels live: 0.5.17+, then 0.5.16
+DSPARK_KERNEL_DIRS = ("sglang/kernels/ops/speculative/dspark", "sglang/srt/speculative/dspark_components/kernels")
 DSPARK_WORKER_FILE = "sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
 RAGGED_VERIFY_FILE = "sglang/srt/speculative/ragged_verify.py"
 # the request window's shape in the checks: DeepSeek-V4's 128-token window and a verify of
@@ -1015,9 +1016,11 @@ def _uniform_blocks(batch: Batch) -> bool:
 def _dspark_kernels(tree: SourceTree, mode: str) -> dict[str, type]:
     """The tree's DSpark draft-block builders and page-table builder, by name, each running
     its torch twin (what SGLang runs for CPU inputs)."""
-    if tree.read(DSPARK_METADATA_FILE) is None:
-        raise BindError(f"{tree.label} ({mode} mode): has no file {DSPARK_METADATA_FILE}, so no DSpark draft block "
-                        "metadata")
+    kernels_dir = _dspark_kernel_dir(tree)
+    if kernels_dir is None:
+        raise BindError(f"{tree.label} ({mode} mode): has no dspark_attn_metadata.py (looked in "
+                        f"{', '.join(DSPARK_KERNEL_DIRS)}), so no DSpark draft block metadata")
+    metadata_file = f"{kernels_dir}/dspark_attn_metadata.py"
     table_kernels = next((path for path in TABLE_FILES if "class BuildPageTablePositions" in (tree.read(path) or "")),
                          None)
     if table_kernels is None:
@@ -1025,13 +1028,13 @@ def _dspark_kernels(tree: SourceTree, mode: str) -> dict[str, type]:
                         f"{', '.join(TABLE_FILES)}), so no DSpark draft block metadata")
     kernel_classes = ("BuildDsparkSwaRingIndices", "BuildDsparkSwaPageIndices", "ComputeDsparkWindowGather",
                       "BuildBlockSeqLensCausal")
-    defined = tuple(name for name in kernel_classes if defines(tree, DSPARK_METADATA_FILE, name))
+    defined = tuple(name for name in kernel_classes if defines(tree, metadata_file, name))
     kernels = bind(tree, (
-        FunctionCode(UTILS_FILE, "ceil_align"), FunctionCode(DSPARK_DISPATCH_FILE, "inputs_on_cuda"),
+        FunctionCode(UTILS_FILE, "ceil_align"), FunctionCode(f"{kernels_dir}/dispatch.py", "inputs_on_cuda"),
         *_dspark_helpers(tree),
-        *(ClassCode(DSPARK_METADATA_FILE, name, methods=("execute", "torch")) for name in defined),
+        *(ClassCode(metadata_file, name, methods=("execute", "torch")) for name in defined),
         ClassCode(table_kernels, "BuildPageTablePositions", methods=("execute", "torch")),
-    ), {"DsparkWindowGather": record_of(tree, DSPARK_METADATA_FILE, "DsparkWindowGather"),
+    ), {"DsparkWindowGather": record_of(tree, metadata_file, "DsparkWindowGather"),
         "PageTablePositionsResult": record_of(tree, table_kernels, "PageTablePositionsResult")}, {}, mode)
     return {**{name: NotModelled(name) for name in kernel_classes},  # a tree without a draft ring has no ring builder
             **{name: bound.build(object) for name, bound in kernels.classes.items()}}
@@ -1040,8 +1043,13 @@ def _dspark_kernels(tree: SourceTree, mode: str) -> dict[str, type]:
 def _dspark_helpers(tree: SourceTree) -> tuple[FunctionCode, ...]:
     """The module-level DSpark helper the backends call, where the tree has it: the draft
     ring's rows (0.5.23)."""
-    return tuple(FunctionCode(DSPARK_METADATA_FILE, name) for name in ("swa_ring_rows",)
-                 if defines(tree, DSPARK_METADATA_FILE, name))
+    kernels_dir = _dspark_kernel_dir(tree)
+    return tuple(FunctionCode(f"{kernels_dir}/dspark_attn_metadata.py", name) for name in ("swa_ring_rows",)
+                 if kernels_dir is not None and defines(tree, f"{kernels_dir}/dspark_attn_metadata.py", name))
+
+
+def _dspark_kernel_dir(tree: SourceTree) -> str | None:
+    return next((d for d in DSPARK_KERNEL_DIRS if tree.read(f"{d}/dspark_attn_metadata.py") is not None), None)
 
 
 def _has_draft_ring(tree: SourceTree) -> bool:
