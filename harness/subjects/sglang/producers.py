@@ -98,6 +98,7 @@ RAGGED_VERIFY_FILE = "sglang/srt/speculative/ragged_verify.py"
 SLIDING_WINDOW = 128
 DRAFT_TOKENS = 3
 MIN_REQ_SLOTS = 16
+PAGE_SIZE = 256  # DeepseekV4AttnBackend asserts it
 
 
 # ---- stand-ins: what the scheduler and the allocator hand SGLang's code --------------------
@@ -1070,6 +1071,26 @@ class _StoreJoin:
         self.calls += 1
 
 
+def _draft_block_pools(producer: Producer, batch: Batch, pool_class: type[StandIn] | None = None):
+    """(ring, pool) for each pool a DSpark draft block is checked on: paged SWA rows (ring
+    None), and first the draft ring where the tree has one; ``pool_class`` defaults to the
+    producer's pool."""
+    pool_class = pool_class or producer.parts["DeepSeekV4TokenToKVPool"]
+    draft, page = _ring_shape(batch)
+    rings = (whole_page_ring(SLIDING_WINDOW, draft, page), None) if producer.parts[DRAFT_RING_ROWS] else (None,)
+    for ring in rings:
+        values = {"request_window": None, "swa_req_ring_size": ring, "full_to_swa_index_mapping": None,
+                  "swa_valid_from": torch.zeros(batch.num_req_slots, dtype=torch.int64)}
+        yield ring, pool_class(**{name: values.get(name) for name in pool_class.attributes})
+
+
+def _page_wide_req_to_token(batch: Batch) -> torch.Tensor:
+    """A request-to-token table of whole pages covering the batch's context; the draft
+    blocks read only its shape (their page table is a placeholder)."""
+    context = int(batch.positions.max()) + 1
+    return torch.zeros((batch.num_req_slots, -(-context // PAGE_SIZE) * PAGE_SIZE), dtype=torch.int32)
+
+
 def _run_draft_block_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
     """What a DSpark draft block's stores write (``DSparkAttention._store_block_kv`` asks
     the getter) on the metadata the tree's ``init_forward_metadata_dspark_draft_block``
@@ -1078,18 +1099,12 @@ def _run_draft_block_getter(producer: Producer, batch: Batch, _: int) -> list[st
     ring), the pool's translation of the block's locations. The backend first serves the
     same requests' block one position earlier, so that an answer kept from it shows, and
     each store must first join the staged commit writes (``pre_kv_store_hook``)."""
-    draft, page = _ring_shape(batch)
     block_size = int(batch.extend_seq_lens[0])
     earlier = replace(batch, extend_prefix_lens=(batch.extend_prefix_lens - 1).clamp(min=0))
     hooked = producer.parts[STORE_HOOK]
     problems = []
-    rings = (whole_page_ring(SLIDING_WINDOW, draft, page), None) if producer.parts[DRAFT_RING_ROWS] else (None,)
-    for ring in rings:
+    for ring, pool in _draft_block_pools(producer, batch):
         join = _StoreJoin()
-        pool_class = producer.parts["DeepSeekV4TokenToKVPool"]
-        pool_values = {"request_window": None, "swa_req_ring_size": ring, "full_to_swa_index_mapping": None,
-                       "swa_valid_from": torch.zeros(batch.num_req_slots, dtype=torch.int64)}
-        pool = pool_class(**{name: pool_values[name] for name in pool_class.attributes})
         backend = _owner(producer, forward_metadata=None, token_to_kv_pool=pool)
         if hooked:
             backend.pre_kv_store_hook = join  # set after __init__, as the worker does
@@ -1118,9 +1133,8 @@ def _draft_block_metadata(producer: Producer, block: Batch, pool: Any, out_cache
     DSpark draft block: each request's context before its block (``seq_lens``), its slot and
     the block's full-pool locations, on a draft backend of SWA-only layers."""
     make = producer.parts[DRAFT_BLOCK_METADATA]
-    page_size = 256  # DeepseekV4AttnBackend asserts it
-    context = int(block.positions.max()) + 1
-    req_to_token = torch.zeros((block.num_req_slots, -(-context // page_size) * page_size), dtype=torch.int32)
+    page_size = PAGE_SIZE
+    req_to_token = _page_wide_req_to_token(block)
     offered = {"token_to_kv_pool": pool, "is_dspark_draft": True, "speculative_num_draft_tokens": block_size + 1,
                "low_ratios": (), "present_ratios": (), "has_c4": False, "has_c128": False,  # SWA-only layers
                "page_size": page_size, "swa_page_size": SLIDING_WINDOW, "cuda_int32_kwargs": {"device": "cpu", "dtype": torch.int32}, "device": "cpu",
@@ -1494,23 +1508,16 @@ def _run_in_graph_dspark_block(producer: Producer, batch: Batch, _: int) -> list
     """A DSpark draft graph's refresh of the rows its block's stores read, on the draft ring
     (each token's row in its request's ring) and on paged SWA rows (the pool's translation),
     over metadata that still holds the rows of the graph's previous replay."""
-    draft, page = _ring_shape(batch)
     block_size = int(batch.extend_seq_lens[0])
     out_cache_loc, mapping = _locations(batch)
     forward_batch = DsparkInGraphBatch(
         forward_mode=SglangMode(ForwardMode.TARGET_VERIFY), out_cache_loc=out_cache_loc,
         batch_size=len(batch.req_pool_indices), seq_lens=batch.extend_prefix_lens.to(torch.int32),
         req_pool_indices=batch.req_pool_indices, spec_info=types.SimpleNamespace(draft_token_num=block_size))
-    context = int(batch.positions.max()) + 1
-    req_to_token = torch.zeros((batch.num_req_slots, -(-context // 256) * 256), dtype=torch.int32)
+    req_to_token = _page_wide_req_to_token(batch)
     core_class, metadata_class = producer.parts["core"], producer.parts["metadata"]
-    pool_class = producer.parts["pool"]
     problems = []
-    rings = (whole_page_ring(SLIDING_WINDOW, draft, page), None) if producer.parts[DRAFT_RING_ROWS] else (None,)
-    for ring in rings:
-        pool_values = {"request_window": None, "swa_req_ring_size": ring, "full_to_swa_index_mapping": None,
-                       "swa_valid_from": torch.zeros(batch.num_req_slots, dtype=torch.int64)}
-        pool = pool_class(**{name: pool_values.get(name) for name in pool_class.attributes})
+    for ring, pool in _draft_block_pools(producer, batch, producer.parts["pool"]):
         if ring is None:
             pool.register_mapping(mapping)
         stale = torch.full((batch.rows,), -7, dtype=torch.int32)  # the previous replay's rows
