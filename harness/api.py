@@ -86,6 +86,9 @@ class ForwardMode(enum.Enum):
     TARGET_VERIFY = "verify"
     DRAFT_DECODE = "draft"
     DRAFT_EXTEND = "draft_extend"
+    # a DSpark draft block: the draft model's one forward of num_draft_tokens - 1 tokens per
+    # request, which SGLang runs as a target-verify forward of the draft model
+    DRAFT_BLOCK = "draft_block"
     IDLE = "idle"
 
     def is_idle(self) -> bool:
@@ -164,9 +167,9 @@ class ForwardBatch:
 
     Per request row, ``extend_prefix_lens`` is what the request had cached before this
     forward (step, in multi-step draft decode) and ``extend_seq_lens`` what it adds, in
-    every mode; ``seq_lens`` is their sum, except in target-verify, where SGLang leaves the
-    draft tokens out (``seq_lens == extend_prefix_lens``; its backends add
-    ``num_draft_tokens``). Multi-step draft decode advances ``seq_lens`` with
+    every mode; ``seq_lens`` is their sum, except in target-verify and DSpark draft blocks,
+    where SGLang leaves the draft tokens out (``seq_lens == extend_prefix_lens``; its
+    backends add them). Multi-step draft decode advances ``seq_lens`` with
     ``positions`` at each step.
     """
 
@@ -230,6 +233,9 @@ class Subject:
     # swafuzz.quantities.QUANTITIES ("c4_out_loc", ...): each is asked of every layer that
     # reads it through per_step_value
     answers: ClassVar[tuple[str, ...]] = ()
+    # the subject's engine drafts with DSpark blocks (ForwardMode.DRAFT_BLOCK forwards of a
+    # draft model): only then does a search draw them
+    drafts_in_blocks: ClassVar[bool] = False
     # what the code under test runs in each method and the names it knows its inputs by, for
     # the sentences of timeouts and writes into inputs; None: the subject API's names
     code_names: ClassVar[CodeNames | None] = None

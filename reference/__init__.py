@@ -24,7 +24,7 @@ from .engine import UNREAD_PAGE, EngineState, replay_events
 from .packing import PACKED_INPUTS, ForwardPlan, StepInputs
 from .scenario import (
     LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, live_rows,
-    request_length_bound, store_schedule,
+    request_length_bound, store_schedule, tokens_per_request,
 )
 from .truth import (
     DUMMY_SLOT,
@@ -52,5 +52,5 @@ __all__ = [
     "ForwardPlan", "Mutation", "PACKED_INPUTS", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
     "draft_step_slots", "late_layer_tail_tokens", "live_rows", "prefill_rows", "request_window_rows", "replay_events", "request_length_bound",
     "ring_rows", "ring_size",
-    "store_schedule", "token_state_slots", "translate_pool", "whole_page_ring",
+    "store_schedule", "token_state_slots", "tokens_per_request", "translate_pool", "whole_page_ring",
 ]

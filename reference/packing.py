@@ -54,8 +54,8 @@ class StepInputs:
     Per request row, ``prefix_lens`` counts the request's tokens written before this step
     (the cached prefix an extend continues) and ``seq_lens`` its length as SGLang's
     ``ForwardBatch.seq_lens`` states it: the prefix plus this step's tokens, except in
-    target-verify, where the draft tokens are left out (the backends add
-    ``num_draft_tokens`` themselves). Padded request rows have length 1 and no prefix, as
+    target-verify and DSpark draft blocks, where the draft tokens are left out (the backends
+    add them themselves). Padded request rows have length 1 and no prefix, as
     the graph runner fills them.
 
     The fields and tensors are a record: read them, never write them (those of one plan,
@@ -133,8 +133,9 @@ class Block:
         self.slots, self.counts, self.live_tokens = slots, counts, live_tokens
         self.graph_batch_size = graph_batch_size
         self.prefixes = prefixes  # [forward * step, request]
-        # as SGLang states them: target-verify leaves the draft tokens out
-        self.seq_lens = prefixes + counts if event.mode != "verify" else prefixes
+        # as SGLang states them: target-verify leaves the draft tokens out, and so does a
+        # DSpark draft block, which runs as a target-verify forward of the draft model
+        self.seq_lens = prefixes if event.mode in ("verify", "draft_block") else prefixes + counts
         self.forwards = len(prefixes) // event.steps
         self.one_token_each = live_tokens == len(slots)
         self.token_ends = None if self.one_token_each else [0] + counts.cumsum().tolist()

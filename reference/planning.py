@@ -15,10 +15,10 @@ from .mapping_rows import MappingRows
 from .packing import Block, ForwardPlan, pack_chunk
 from .paging import INT, NO_PAGES, Paging, Pools, ragged_arange
 from .request_slots import RequestSlots
-from .scenario import EngineConfig, Event, ScenarioError, store_schedule
+from .scenario import EngineConfig, Event, ScenarioError, store_schedule, tokens_per_request
 
-DRAFT_MODES = ("draft", "draft_extend")
-SPECULATIVE_MODES = ("verify", "draft", "draft_extend")
+DRAFT_MODES = ("draft", "draft_extend", "draft_block")
+SPECULATIVE_MODES = ("verify", *DRAFT_MODES)
 
 _MAX_BLOCK = 64  # forwards allocated as one block (runs of plain forwards are mostly shorter)
 _CHUNK = 32  # forwards of a block planned, and read by the reference, together
@@ -49,7 +49,7 @@ class ForwardPlanner:
             counts = np.array(event.tokens, dtype=INT)
             live_tokens = sum(event.tokens)
         else:
-            per_request = c.num_draft_tokens if event.mode == "verify" else 1
+            per_request = tokens_per_request(event.mode, c.num_draft_tokens)
             counts = np.full(len(slots), per_request, dtype=INT)
             live_tokens = per_request * len(slots)
         graph_batch_size = self._graph_batch_size(event, live_tokens)

@@ -17,7 +17,9 @@ from .truth import ring_size
 
 SCENARIO_VERSION = 1
 
-MODES = ("decode", "extend", "verify", "draft", "draft_extend", "idle")
+MODES = ("decode", "extend", "verify", "draft", "draft_extend", "draft_block", "idle")
+# the forwards of a DeepSeek-V4 MTP draft model, and of a DSpark one (config.dspark)
+MTP_DRAFT_MODES = ("draft", "draft_extend")
 MUTATIONS = ("relocate", "register_mapping")
 # a DeepSeek-V4 layer's compress ratio: a C4 or C128 layer, or (0) an SWA-only one
 MODEL_COMPRESS_RATIOS = (0, 4, 128)
@@ -169,6 +171,11 @@ class EngineConfig:
     full_pool_size: int = 1024
     swa_pool_size: int = 256
     draft_model: bool = False
+    # the draft model is a DSpark block drafter (SGLang's --speculative-algorithm DSPARK)
+    # rather than DeepSeek-V4's MTP draft: each draft forward is one block of
+    # num_draft_tokens - 1 tokens per request (a draft_block forward), stored in one call
+    # per layer, and no MTP draft or draft-extend forward runs
+    dspark: bool = False
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     # eager runs of the forward on the static buffers before each capture; every release
     # 0.5.12 .. 0.5.23 runs two (reference/LIFECYCLE.md)
@@ -233,6 +240,11 @@ class EngineConfig:
             raise _fail(f"{w}.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
         if self.num_draft_tokens > 1 and not self.speculative:
             raise _fail(f"{w}.num_draft_tokens", "is > 1 but speculative is false")
+        if self.dspark and not (self.speculative and self.draft_model and self.num_draft_tokens >= 2):
+            raise _fail(f"{w}.dspark", "a DSpark draft model needs speculative, draft_model and num_draft_tokens >= 2 "
+                                       f"(its blocks hold num_draft_tokens - 1 tokens), got speculative "
+                                       f"{str(self.speculative).lower()}, draft_model {str(self.draft_model).lower()}, "
+                                       f"num_draft_tokens {self.num_draft_tokens}")
         if self.num_req_slots < 2:
             raise _fail(f"{w}.num_req_slots", f"must be >= 2 (slot 0 is the dummy), got {self.num_req_slots}")
         for name in ("full_page_size", "swa_page_size"):
@@ -272,13 +284,16 @@ class EngineConfig:
         return cls(**values).validate()
 
     def to_dict(self) -> dict:
-        # an SWA-only model's configuration reads as before compress ratios existed
+        # an SWA-only model's configuration reads as before compress ratios existed, and an
+        # MTP draft's as before DSpark's existed
         data = {
             f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
             for f in dataclasses.fields(self)
         }
         if not self.compress_ratios:
             del data["compress_ratios"]
+        if not self.dspark:
+            del data["dspark"]
         return data
 
     def compress_ratio(self, layer_id: int) -> int:
@@ -492,6 +507,11 @@ class Scenario:
 
 
 def _check_against_config(event: Event, config: EngineConfig, where: str) -> None:
+    if event.mode == "draft_block" and not config.dspark:
+        raise _fail(f"{where}.mode", "a draft_block forward needs a DSpark draft model (config.dspark)")
+    if event.mode in MTP_DRAFT_MODES and config.dspark:
+        raise _fail(f"{where}.mode", f"a {event.mode} forward is DeepSeek-V4's MTP draft; a DSpark draft model "
+                                     "(config.dspark) drafts in draft_block forwards")
     stage = config.stage_layers
     for name, layers in (("layers", event.layers or ()), ("skip_layers", event.skip_layers)):
         for layer in layers:
@@ -545,13 +565,13 @@ def _check_work(scenario: "Scenario") -> None:
 def request_length_bound(scenario: "Scenario") -> int:
     """An upper bound on the tokens any request of ``scenario`` ever holds, from the events
     alone: each forward adds at most its largest token count to each of its requests (one
-    a step in decode and draft decode, the draft tokens in target-verify)."""
+    a step in decode and draft decode, the draft tokens in target-verify, one fewer in a
+    DSpark draft block)."""
     config = scenario.config
     bound = 0
     for event in scenario.events:
         if event.op == "forward" and event.requests:
-            per_request = max(event.tokens) if event.tokens else (
-                config.num_draft_tokens if event.mode == "verify" else 1)
+            per_request = max(event.tokens) if event.tokens else tokens_per_request(event.mode, config.num_draft_tokens)
             bound += per_request * event.steps
     return bound
 
@@ -565,10 +585,19 @@ def _step_rows(event: Event, config: EngineConfig) -> int:
 
 def live_rows(event: Event, num_draft_tokens: int) -> int:
     """The rows (positions) one step of an eager forward has for its requests, padding left
-    out: its token counts, else one per request (``num_draft_tokens`` in target-verify)."""
+    out: its token counts, else :func:`tokens_per_request` per request."""
     if event.tokens:
         return sum(event.tokens)
-    return len(event.requests) * (num_draft_tokens if event.mode == "verify" else 1)
+    return len(event.requests) * tokens_per_request(event.mode, num_draft_tokens)
+
+
+def tokens_per_request(mode: str, num_draft_tokens: int) -> int:
+    """The tokens each request writes in one step of a forward of ``mode`` that takes no
+    token counts: ``num_draft_tokens`` in target-verify, one fewer in a DSpark draft block
+    (its block size, gamma), else one."""
+    if mode == "verify":
+        return num_draft_tokens
+    return num_draft_tokens - 1 if mode == "draft_block" else 1
 
 
 def store_schedule(event: Event, config: EngineConfig) -> list[int]:

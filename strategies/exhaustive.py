@@ -11,6 +11,8 @@ lifecycle feature switched on alone), with any one state event between consecuti
 
 For a subject that answers per-step values the scope is compressed: the same scenarios on
 models whose layers alternate C4 and C128 from layer 0, with full pool pages of 128 tokens.
+For a subject whose engine drafts in blocks, speculative decoding with a DSpark draft model
+beside the target is in the scope too, its draft forwards DSpark draft blocks.
 
 Every realistic feature (:data:`swafuzz.strategies.scenarios.REALISTIC_FEATURES`) is in the scope at
 its smallest size; :func:`scope_statement` says what a scope covers and what it leaves out.
@@ -25,7 +27,7 @@ from typing import Iterator
 
 from ..reference import EngineConfig, Scenario
 
-from .features import ALL_FEATURES
+from .features import ALL_FEATURES, DSPARK_DRAFT
 from .scenarios import ADVERSARIAL, REALISTIC, adversarial_reasons
 
 REQUESTS = 3  # two under test and a bystander
@@ -55,8 +57,9 @@ ALWAYS_LEFT_OUT = (
 _WARM_UP = {"op": "forward", "mode": "decode", "requests": [2]}
 
 
-def forward_variants(num_swa_calls: int, speculative: bool, stage: range) -> list[dict]:
-    """The plain two-request decode, then each feature on alone."""
+def forward_variants(num_swa_calls: int, speculative: bool, stage: range, dspark: bool = False) -> list[dict]:
+    """The plain two-request decode, then each feature on alone (``dspark``: the draft
+    forwards are DSpark draft blocks)."""
     first_layer = stage.start
     both = [0, 1]
     decode = {"op": "forward", "mode": "decode", "requests": both}
@@ -79,10 +82,13 @@ def forward_variants(num_swa_calls: int, speculative: bool, stage: range) -> lis
         {**decode, "mutation": {"after_calls": 1, "op": "register_mapping", "shuffle": 2}},
     ]
     if speculative:
-        variants += [
-            {"op": "forward", "mode": "verify", "requests": both},
+        drafts = [{"op": "forward", "mode": "draft_block", "requests": both}] if dspark else [
             {"op": "forward", "mode": "draft", "requests": both, "steps": 2},
             {"op": "forward", "mode": "draft_extend", "requests": both, "tokens": [1, 2]},
+        ]
+        variants += [
+            {"op": "forward", "mode": "verify", "requests": both},
+            *drafts,
             {"op": "forward", "mode": "idle", "pad": 2, "skip_init": True},
             {"op": "forward", "mode": "idle", "graph": True, "pad": 2, "skip_init": True},
         ]
@@ -91,18 +97,20 @@ def forward_variants(num_swa_calls: int, speculative: bool, stage: range) -> lis
     return variants
 
 
-# (speculative, draft model): plain decoding, speculative decoding in the target alone, and
-# speculative decoding with a draft model beside the target
-_SPECULATION = ((False, False), (True, False), (True, True))
+# (speculative, draft model, DSpark's): plain decoding, speculative decoding in the target
+# alone, and speculative decoding with a draft model beside the target
+_SPECULATION = ((False, False, False), (True, False, False), (True, True, False))
+_DSPARK_SPECULATION = (True, True, True)
 
 
 # a compressed scope's full pool: pages of 128 tokens, as DeepSeek-V4 pages hold a multiple of 128
 COMPRESSED_PAGE = 128
 
 
-def _configs(max_layers: int, compressed: bool = False) -> Iterator[dict]:
-    for num_layers, start, hybrid, (speculative, draft_model), page in itertools.product(
-        range(1, max_layers + 1), (0, 1), (False, True), _SPECULATION, (1, 2)
+def _configs(max_layers: int, compressed: bool = False, draft_blocks: bool = False) -> Iterator[dict]:
+    speculation = _SPECULATION + ((_DSPARK_SPECULATION,) if draft_blocks else ())
+    for num_layers, start, hybrid, (speculative, draft_model, dspark), page in itertools.product(
+        range(1, max_layers + 1), (0, 1), (False, True), speculation, (1, 2)
     ):
         smallest_stage = 2 if hybrid else 1
         if num_layers < smallest_stage or (page > 1 and num_layers > smallest_stage):
@@ -115,6 +123,7 @@ def _configs(max_layers: int, compressed: bool = False) -> Iterator[dict]:
             "speculative": speculative,
             "num_draft_tokens": 3 if speculative else 1,
             "draft_model": draft_model,
+            **({"dspark": True} if dspark else {}),
             "num_req_slots": REQUESTS + 1,
             "full_page_size": page,
             "swa_page_size": page,
@@ -146,21 +155,22 @@ def _renumbered(event: dict, offset: int) -> dict:
 
 def enumerate_scenarios(
     max_forwards: int = 2, max_layers: int = 3, max_micro_batches: int = 2, profile: str = ADVERSARIAL,
-    compressed: bool = False,
+    compressed: bool = False, draft_blocks: bool = False,
 ) -> Iterator[Scenario]:
     """Every scenario of the scope (see module docstring), in a fixed order.
 
     ``max_forwards`` counts the forwards under test, after the bystander's decode. Scenarios
     with fewer forwards come first. ``compressed``: every model has compress ratios (C4 and
     C128 layers alternating from layer 0) and a full pool of 128-token pages, for subjects
-    that answer the compressed values.
+    that answer the compressed values. ``draft_blocks``: DSpark draft models too, for subjects
+    whose engine drafts in blocks.
     """
     configs = []
-    for config in _configs(max_layers, compressed):
+    for config in _configs(max_layers, compressed, draft_blocks):
         engine = EngineConfig.from_dict(config)
         swa = engine.swa_layers
         variants = [
-            v for v in forward_variants(len(swa), config["speculative"], engine.stage_layers)
+            v for v in forward_variants(len(swa), config["speculative"], engine.stage_layers, engine.dspark)
             if v.get("micro_batches", 1) <= max_micro_batches
             and not (v.get("skip_layers") and len(swa) == len(v["skip_layers"]))
         ]
@@ -213,10 +223,13 @@ COMPRESSED_LEFT_OUT = (
 
 
 def scope_statement(scenarios: int, covered: set[str], max_forwards: int, max_layers: int,
-                    max_micro_batches: int, profile: str, compressed: bool = False) -> ScopeStatement:
+                    max_micro_batches: int, profile: str, compressed: bool = False,
+                    draft_blocks: bool = False) -> ScopeStatement:
     """The statement for a clean run over the scope of these bounds; ``covered`` is every
     feature its scenarios exercised."""
-    missing = [f"{feature} (not in the {profile} profile at these bounds)"
+    missing = [f"{feature} (the subject's engine does not draft in blocks)"
+               if feature == DSPARK_DRAFT and not draft_blocks else
+               f"{feature} (not in the {profile} profile at these bounds)"
                for feature in ALL_FEATURES if feature not in covered]
     beyond = [
         f"more than {max_forwards} forwards under test",

@@ -25,7 +25,8 @@ DRAFT_EXTEND = "draft_extend"
 IDLE = "idle"
 SKIP_METADATA_INIT = "skip_metadata_init"
 GRAPH_REPLAY = "graph_replay"
-DRAFT_MODEL = "draft_model"
+DRAFT_MODEL = "draft_model"  # DeepSeek-V4's MTP draft model beside the target
+DSPARK_DRAFT = "dspark_draft"  # a DSpark draft model beside the target, drafting in blocks
 PAGED_POOLS = "paged_pools"
 
 # Not a scenario feature: the device's stream ordering, observable on a GPU only.
@@ -35,7 +36,7 @@ ALL_FEATURES = (
     FIRST_SWA_LAYER_NOT_START, PIPELINE_STAGE, PERMUTED_LAYERS, MICRO_BATCHES,
     REGISTER_MAPPING, MAPPING_CHANGE_IN_FORWARD, IN_PLACE_MAPPING_CHANGE, DRAFT_MULTISTEP,
     RAGGED_EXTEND, TARGET_VERIFY, DRAFT_EXTEND, IDLE, SKIP_METADATA_INIT, GRAPH_REPLAY,
-    DRAFT_MODEL, PAGED_POOLS,
+    DRAFT_MODEL, DSPARK_DRAFT, PAGED_POOLS,
 )
 
 
@@ -44,7 +45,7 @@ ALL_FEATURES = (
 NON_SWA_LAYERS = "non_swa_layers"  # a stage whose layers do not all store SWA keys (a hybrid model)
 # a feature of one forward, drawn per forward mode
 PER_FORWARD = (MICRO_BATCHES, GRAPH_REPLAY)
-FORWARD_MODES = ("decode", "extend", "verify", "draft", "draft_extend", "idle")
+FORWARD_MODES = ("decode", "extend", "verify", "draft", "draft_extend", "draft_block", "idle")
 
 
 def in_mode(feature: str, mode: str) -> str:
@@ -92,7 +93,7 @@ def features_of(scenario: Scenario) -> set[str]:
     if c.start_layer > 0:
         found.add(PIPELINE_STAGE)
     if c.draft_model:
-        found.add(DRAFT_MODEL)
+        found.add(DSPARK_DRAFT if c.dspark else DRAFT_MODEL)
     if c.full_page_size > 1 or c.swa_page_size > 1:
         found.add(PAGED_POOLS)
     # a run of plain forwards repeats one event object: its features are read once

@@ -24,23 +24,24 @@ from .scenarios import scenarios
 
 def scenarios_without(
     profile: str, excluded: frozenset[str], long_horizon: bool = False, compressed: bool = False,
+    draft_blocks: bool = False,
 ) -> st.SearchStrategy[Scenario]:
-    """Scenarios of ``profile`` in which no term of ``excluded`` occurs (``compressed``: as
-    :func:`~swafuzz.strategies.scenarios.scenarios` says)."""
+    """Scenarios of ``profile`` in which no term of ``excluded`` occurs (``compressed``,
+    ``draft_blocks``: as :func:`~swafuzz.strategies.scenarios.scenarios` says)."""
     unknown = sorted(set(excluded) - set(RESTRICTION_TERMS))
     if unknown:
         raise ValueError(f"unknown lifecycle feature(s) {', '.join(unknown)}; features and terms are "
                          f"{', '.join(RESTRICTION_TERMS)}")
     if not excluded:
-        return scenarios(profile, long_horizon, compressed=compressed)
-    return _without(profile, frozenset(excluded), long_horizon, compressed)
+        return scenarios(profile, long_horizon, compressed=compressed, draft_blocks=draft_blocks)
+    return _without(profile, frozenset(excluded), long_horizon, compressed, draft_blocks)
 
 
 @lru_cache(maxsize=None)  # one strategy per restriction: a fuzz run asks for it on every chunk
 def _without(profile: str, excluded: frozenset[str], long_horizon: bool,
-             compressed: bool) -> st.SearchStrategy[Scenario]:
+             compressed: bool, draft_blocks: bool) -> st.SearchStrategy[Scenario]:
     # the strategy leaves out what it can while drawing (an engine without pipeline stages
     # draws none rather than rejecting three draws in four); the filter keeps the rest out,
     # and shrinking stays inside the restriction
-    return scenarios(profile, long_horizon, excluded, compressed).filter(
+    return scenarios(profile, long_horizon, excluded, compressed, draft_blocks).filter(
         lambda scenario: not (restriction_terms_of(scenario) & excluded))

@@ -55,8 +55,8 @@ from hypothesis import strategies as st
 
 from ..reference import LIMITS, EngineConfig, Event, LimitExceeded, Mutation, Scenario, live_rows
 from .features import (
-    DRAFT_EXTEND, DRAFT_MODEL, DRAFT_MULTISTEP, FIRST_SWA_LAYER_NOT_START, GRAPH_REPLAY, IDLE, MICRO_BATCHES,
-    NON_SWA_LAYERS, PIPELINE_STAGE, TARGET_VERIFY, in_mode, restriction_terms_of, together,
+    DRAFT_EXTEND, DRAFT_MODEL, DRAFT_MULTISTEP, DSPARK_DRAFT, FIRST_SWA_LAYER_NOT_START, GRAPH_REPLAY, IDLE,
+    MICRO_BATCHES, NON_SWA_LAYERS, PIPELINE_STAGE, TARGET_VERIFY, in_mode, restriction_terms_of, together,
 )
 from .profiles import ADVERSARIAL, PROFILES, REALISTIC
 
@@ -95,6 +95,9 @@ REALISTIC_FEATURES = {
     "sizes; the live batch is padded up and copied into static input buffers",
     "draft model beside the target": "a draft model and the target model run in one process "
     "with separate pools",
+    "DSpark draft blocks (for subjects that draft so)": "SGLang's DSpark draft model drafts "
+    "num_draft_tokens - 1 tokens per request in one forward, run as a target-verify forward of "
+    "the draft model whose layers store the whole block at once",
     "batch subsets in any order": "each forward schedules the requests the scheduler picked",
 }
 
@@ -162,6 +165,7 @@ class _Sim:
     graph_sizes: tuple[int, ...] = ()
     excluded: frozenset[str] = frozenset()  # restriction terms not to draw (strategies.restrictions)
     compressed: bool = False  # extends may be long enough to cross a C128 group
+    dspark: bool = False  # the draft model is DSpark's: its forwards are draft blocks
 
     def allows(self, feature: str, mode: str) -> bool:
         """Whether a forward of ``mode`` may exercise ``feature`` here."""
@@ -177,8 +181,8 @@ class _Sim:
         self.peak_live = max(self.peak_live, len(self.live))
 
 
-def scenarios(profile: str = REALISTIC, long_horizon: bool = False,
-              excluded: frozenset[str] = frozenset(), compressed: bool = False) -> st.SearchStrategy[Scenario]:
+def scenarios(profile: str = REALISTIC, long_horizon: bool = False, excluded: frozenset[str] = frozenset(),
+              compressed: bool = False, draft_blocks: bool = False) -> st.SearchStrategy[Scenario]:
     """Valid scenarios of the given profile (the reference never rejects one); with
     ``long_horizon``, runs of plain decode forwards long enough to wrap a step counter.
     Terms of ``excluded`` (:func:`swafuzz.strategies.restrictions.scenarios_without`) that a
@@ -190,10 +194,14 @@ def scenarios(profile: str = REALISTIC, long_horizon: bool = False,
     :data:`MAX_COMPRESSED_DRAFT_TOKENS` draft tokens and full pool pages of 128 or 256
     tokens, for subjects that answer the
     compressed values. Without it no choice of these is drawn, so an SWA-only search draws
-    what it always drew."""
+    what it always drew.
+
+    ``draft_blocks``: a speculative engine's draft model may be DSpark's, whose draft
+    forwards are ``draft_block`` forwards (for subjects whose engine drafts so); without it,
+    likewise, no choice of it is drawn."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    return _scenarios(profile == ADVERSARIAL, long_horizon, frozenset(excluded), compressed)
+    return _scenarios(profile == ADVERSARIAL, long_horizon, frozenset(excluded), compressed, draft_blocks)
 
 
 # built once per profile (a fuzz run asks again for every run of examples); building and
@@ -201,7 +209,7 @@ def scenarios(profile: str = REALISTIC, long_horizon: bool = False,
 @lru_cache(maxsize=None)
 @st.composite
 def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[str],
-               compressed: bool = False) -> Scenario:
+               compressed: bool = False, draft_blocks: bool = False) -> Scenario:
 
     # The run of plain decodes comes first, as the index of a branch and the branch's
     # (length, place): the shrinker's first pass lowers small indices in order, so a failure
@@ -222,12 +230,13 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[
     # a chain drafter runs num_draft_tokens - 1 steps: one where multi-step drafts are out
     most_draft_tokens = MAX_COMPRESSED_DRAFT_TOKENS if compressed else 4
     num_draft_tokens = draw(st.integers(2, 2 if DRAFT_MULTISTEP in excluded else most_draft_tokens)) if speculative else 1
-    draft_model = speculative and DRAFT_MODEL not in excluded and draw(st.booleans())
+    dspark = draft_blocks and speculative and DSPARK_DRAFT not in excluded and draw(st.booleans())
+    draft_model = dspark or (speculative and DRAFT_MODEL not in excluded and draw(st.booleans()))
     full_page = draw(_COMPRESSED_PAGE_SIZES if compressed else _PAGE_SIZES)
     swa_page = draw(_PAGE_SIZES)
     compress_ratios = draw(_COMPRESS_RATIOS(start_layer + num_layers)) if compressed else ()
     sim = _Sim(adversarial, speculative, num_draft_tokens, stage, swa_layers,
-               run=run_length, run_before=run_before, excluded=excluded, compressed=compressed)
+               run=run_length, run_before=run_before, excluded=excluded, compressed=compressed, dspark=dspark)
     sim.admit(draw(_small_or(1, 2, 256)))
     drawing = _DRAWING.set(sim)
     try:
@@ -255,6 +264,7 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[
             full_pool_size=max(2, full_pages) * full_page,
             swa_pool_size=max(2, swa_pages) * swa_page,
             draft_model=draft_model,
+            dspark=dspark,
             graph_batch_sizes=sim.graph_sizes,
             compress_ratios=compress_ratios,
         ).validate()
@@ -422,7 +432,8 @@ def _forward(draw) -> Event:
     sim = _DRAWING.get()
     adversarial, speculative, num_draft_tokens = sim.adversarial, sim.speculative, sim.num_draft_tokens
     stage, swa_layers = sim.stage, sim.swa_layers
-    modes = ("decode", "extend") + (("verify", "draft", "draft_extend") if speculative else ())
+    drafts = ("draft_block",) if sim.dspark else ("draft", "draft_extend")
+    modes = ("decode", "extend") + (("verify", *drafts) if speculative else ())
     unreached = {"verify": TARGET_VERIFY, "draft_extend": DRAFT_EXTEND, "idle": IDLE}
     modes = tuple(m for m in modes + ("idle",) if unreached.get(m) not in sim.excluded)
     mode = draw(_one_of_values(modes)) if sim.live else "idle"
@@ -446,7 +457,8 @@ def _forward(draw) -> Event:
         # a chain drafter runs its configured num_draft_tokens - 1 steps every draft forward
         steps = (draw(st.integers(1, 1 if DRAFT_MULTISTEP in sim.excluded else 4)) if adversarial
                  else max(1, num_draft_tokens - 1))
-    per_request = {"decode": 1, "draft": steps, "verify": num_draft_tokens, "idle": 0}
+    per_request = {"decode": 1, "draft": steps, "verify": num_draft_tokens, "draft_block": num_draft_tokens - 1,
+                   "idle": 0}
     for i, rid in enumerate(requests):
         sim.lengths[rid] += tokens[i] if tokens else per_request[mode]
 
@@ -462,7 +474,9 @@ def _forward(draw) -> Event:
         pad = _idle_pad(draw, sim)
 
     micro_batches = 1
-    max_mbs = min(len(requests), 3 if adversarial else 2)
+    # a DSpark draft block runs whole: whether its draft model ever splits one into
+    # micro-batches is not read, so none is drawn
+    max_mbs = 1 if mode == "draft_block" else min(len(requests), 3 if adversarial else 2)
     if not graph and max_mbs > 1 and sim.allows(MICRO_BATCHES, mode) and draw(st.booleans()):
         micro_batches = draw(st.integers(2, max_mbs))
 
@@ -564,6 +578,8 @@ def adversarial_reasons(scenario: Scenario, unreached: frozenset[str] = frozense
                            f"{e.mode} forward{' under speculative decoding' if c.speculative else ''}")
         if e.order is not None or e.micro_batches > 2:
             reasons.append(f"{where}: micro-batch interleaving other than two-batch overlap")
+        if e.mode == "draft_block" and e.micro_batches > 1:
+            reasons.append(f"{where}: a DSpark draft block split into micro-batches")
         if e.mode == "draft" and e.steps != max(1, c.num_draft_tokens - 1):
             reasons.append(f"{where}: {e.steps} draft steps with num_draft_tokens {c.num_draft_tokens}")
         if e.mode == "draft_extend" and any(n > c.num_draft_tokens for n in e.tokens):

@@ -181,13 +181,21 @@ def test_exhaustive_scope_is_valid_and_realistic_scope_is_a_subset():
 
 def test_exhaustive_scope_switches_every_feature_on_somewhere():
     seen = set()
-    for scenario in enumerate_scenarios(max_forwards=2, max_layers=2):
+    for scenario in enumerate_scenarios(max_forwards=2, max_layers=2, draft_blocks=True):
         seen |= features_of(scenario)
     assert set(ALL_FEATURES) - seen == set()
 
 
+def test_only_a_subject_that_drafts_in_blocks_meets_dspark_draft_models():
+    assert not any(scenario.config.dspark for scenario in enumerate_scenarios(max_forwards=1, max_layers=1))
+    with_blocks = [scenario for scenario in enumerate_scenarios(max_forwards=1, max_layers=1, draft_blocks=True)
+                   if scenario.config.dspark]
+    modes = {event.mode for scenario in with_blocks for event in scenario.events if event.op == "forward"}
+    assert "draft_block" in modes and not modes & {"draft", "draft_extend"}
+
+
 def test_exhaustive_scope_holds_every_realistic_engine_fact_at_its_smallest():
-    scenarios = list(enumerate_scenarios(max_forwards=2, max_layers=2, profile=REALISTIC))
+    scenarios = list(enumerate_scenarios(max_forwards=2, max_layers=2, profile=REALISTIC, draft_blocks=True))
     configs = {scenario.config for scenario in scenarios}
     assert any(c.draft_model for c in configs) and any(c.speculative and not c.draft_model for c in configs)
     assert {c.full_page_size for c in configs} == {1, 2}

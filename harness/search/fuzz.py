@@ -249,12 +249,15 @@ def scenario_test(
             raise Diverged(scenario, outcome.divergence)
 
     # the database keys failures by strategy: a long-horizon choice sequence means another scenario
+    # a subject that answers per-step values is searched on models with compressed layers,
+    # one whose engine drafts in blocks on DSpark draft models too
+    compressed = bool(getattr(info.subject, "answers", ()))
+    draft_blocks = bool(getattr(info.subject, "drafts_in_blocks", False))
     horizon = ":long-horizon" if long_horizon else ""
     without = f":without-{'-'.join(sorted(exclude))}" if exclude else ""
-    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}{without}".encode()  # noqa: SLF001
-    # a subject that answers per-step values is searched on models with compressed layers
-    compressed = bool(getattr(info.subject, "answers", ()))
-    return given(scenarios_without(profile, exclude, long_horizon, compressed))(check)
+    blocks = ":draft-blocks" if draft_blocks else ""
+    check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}{without}{blocks}".encode()  # noqa: SLF001
+    return given(scenarios_without(profile, exclude, long_horizon, compressed, draft_blocks))(check)
 
 
 def unreached_by(info: SubjectInfo) -> frozenset[str]:
@@ -499,9 +502,12 @@ def exhaustive(
     started = time.monotonic()
     result = FuzzResult(info.name, profile, "exhaustive", examples=0, elapsed_s=0.0)
     coverage: Counter[str] = Counter()
-    # a subject that answers per-step values is run on models with compressed layers
+    # a subject that answers per-step values is run on models with compressed layers, one
+    # whose engine drafts in blocks on DSpark draft models too
     compressed = bool(getattr(info.subject, "answers", ()))
-    for scenario in enumerate_scenarios(max_forwards, max_layers, max_micro_batches, profile, compressed):
+    draft_blocks = bool(getattr(info.subject, "drafts_in_blocks", False))
+    for scenario in enumerate_scenarios(max_forwards, max_layers, max_micro_batches, profile, compressed,
+                                        draft_blocks):
         result.examples += 1
         coverage.update(features_of(scenario))
         outcome = run_scenario(info.subject, scenario, device=device, timeout_s=timeout_s)
@@ -515,5 +521,5 @@ def exhaustive(
     result.elapsed_s = time.monotonic() - started
     result.coverage = dict(coverage)
     result.scope = scope_statement(result.examples, set(coverage), max_forwards, max_layers,
-                                   max_micro_batches, profile, compressed)
+                                   max_micro_batches, profile, compressed, draft_blocks)
     return result

@@ -46,10 +46,14 @@ CALLER_FILES = (
     "sglang/srt/layers/attention/deepseek_v4_backend.py",
     "sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py",
 )
+# the DSpark draft model of DeepSeek-V4 (0.5.16+): its draft blocks store through the
+# backend's getters from this file alone, and no code of CALLER_FILES runs in them
+DSPARK_MODEL_FILE = "sglang/srt/models/deepseek_v4_dspark.py"
 FORWARD_MODE_FILE = "sglang/srt/model_executor/forward_batch_info.py"
 
 # swafuzz's modes as SGLang's ForwardMode members: a multi-step draft runs DECODE forwards;
-# draft extend is DRAFT_EXTEND, or DRAFT_EXTEND_V2 where a tree has only that
+# draft extend is DRAFT_EXTEND, or DRAFT_EXTEND_V2 where a tree has only that; a DSpark
+# draft block is a TARGET_VERIFY forward of the draft model
 MODE_MEMBERS: dict[ForwardMode, tuple[str, ...]] = {
     ForwardMode.DECODE: ("DECODE",),
     ForwardMode.DRAFT_DECODE: ("DECODE",),
@@ -57,7 +61,12 @@ MODE_MEMBERS: dict[ForwardMode, tuple[str, ...]] = {
     ForwardMode.TARGET_VERIFY: ("TARGET_VERIFY",),
     ForwardMode.EXTEND: ("EXTEND",),
     ForwardMode.DRAFT_EXTEND: ("DRAFT_EXTEND", "DRAFT_EXTEND_V2"),
+    ForwardMode.DRAFT_BLOCK: ("TARGET_VERIFY",),
 }
+# the modes whose forwards run the code of each file read: the DSpark draft model's, and
+# DeepSeek-V4's (CALLER_FILES)
+DSPARK_MODES = frozenset({ForwardMode.DRAFT_BLOCK})
+MODEL_MODES = frozenset(MODE_MEMBERS) - DSPARK_MODES
 MAX_UNKNOWNS = 32  # a condition with more is not one this reading can vouch for
 MAX_DEPTH = 4  # functions read through to find a switch, callers followed up
 
@@ -196,7 +205,7 @@ class _Reader:
 
     def read(self, called_as: tuple[str, ...]) -> Reading:
         sites = []
-        for path in CALLER_FILES:
+        for path in (*CALLER_FILES, DSPARK_MODEL_FILE):
             module = self._module(path)
             if module is None:
                 continue
@@ -204,7 +213,7 @@ class _Reader:
                 if function.name in called_as:
                     continue  # the target calling itself (a fallback, a retry) is no caller
                 sites.append(self._site(path, module, function, call))
-        if not sites:
+        if not any(site.path != DSPARK_MODEL_FILE.removeprefix(PACKAGE) for site in sites):
             raise Unreadable(f"no call of {' or '.join(called_as)} in "
                              + ", ".join(p.removeprefix(PACKAGE) for p in CALLER_FILES))
         unconfirmed = "; ".join(dict.fromkeys(self.unconfirmed)) or None
@@ -218,7 +227,7 @@ class _Reader:
 
     def _site(self, path: str, module: ast.Module, function: ast.FunctionDef, call: ast.Call) -> CallSite:
         guards, condition = self._condition(path, module, function, call)
-        modes = self._modes(condition, f"{path}:{call.lineno}") & self._reached(path, module, function, 0)
+        modes = self._modes(condition, f"{path}:{call.lineno}", _domain(path)) & self._reached(path, module, function, 0)
         return CallSite(path.removeprefix(PACKAGE), _qualname(function), call.lineno, guards, modes)
 
     def _reached(self, path: str, module: ast.Module, function: ast.FunctionDef, depth: int) -> frozenset[ForwardMode]:
@@ -226,14 +235,14 @@ class _Reader:
         key = (path, _qualname(function))
         if key in self.reached_memo:
             return self.reached_memo[key]
-        every = frozenset(ForwardMode)
+        every = _domain(path)
         self.reached_memo[key] = every  # a call cycle adds nothing
         callers = [] if depth >= MAX_DEPTH else [
             (caller, call) for caller, call in _calls(module, {function.name})
             if _is_self_call(call) and _same_class(caller, function) and caller is not function]
         if callers:
             reached = frozenset().union(*(
-                self._modes(self._condition(path, module, caller, call)[1], f"{path}:{call.lineno}")
+                self._modes(self._condition(path, module, caller, call)[1], f"{path}:{call.lineno}", every)
                 & self._reached(path, module, caller, depth + 1)
                 for caller, call in callers))
         else:
@@ -241,13 +250,14 @@ class _Reader:
         self.reached_memo[key] = reached
         return reached
 
-    def _modes(self, condition: Formula, where: str) -> frozenset[ForwardMode]:
+    def _modes(self, condition: Formula, where: str, domain: frozenset[ForwardMode]) -> frozenset[ForwardMode]:
+        """The modes of ``domain`` in which ``condition`` can hold."""
         unknowns = {a for a in _atoms(condition) if a.kind == "unknown"}
         if len(unknowns) > MAX_UNKNOWNS:
             self.unconfirmed.append(f"the condition at {where.removeprefix(PACKAGE)} has {len(unknowns)} unknowns")
-            return frozenset(ForwardMode)
+            return domain
         reached = set()
-        for mode in ForwardMode:
+        for mode in domain:
             fixed = {atom: self._mode_value(mode, atom) for atom in _atoms(condition) if atom.kind == "mode"}
             if _satisfiable(_assign(condition, fixed)):
                 reached.add(mode)
@@ -386,6 +396,11 @@ class _Context:
 
 
 _Reader.context = _Context
+
+
+def _domain(path: str) -> frozenset[ForwardMode]:
+    """The modes whose forwards run the code of ``path``."""
+    return DSPARK_MODES if path == DSPARK_MODEL_FILE else MODEL_MODES
 
 
 # ---- the tree's ForwardMode ---------------------------------------------------------------------

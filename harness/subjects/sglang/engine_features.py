@@ -152,7 +152,7 @@ class _Reader(callsites._Reader):
         fixed_unknowns = {atom: value for atom in callsites._atoms(condition) if atom.kind == "unknown"
                           for pattern, value in (also or {}).items() if re.search(pattern, atom.key)}
         reached = set()
-        for mode in ForwardMode:
+        for mode in callsites.MODEL_MODES:  # every reading here is of DeepSeek-V4's own code
             fixed = {atom: self._mode_value(mode, atom) for atom in callsites._atoms(condition) if atom.kind == "mode"}
             if callsites._satisfiable(callsites._assign(condition, {**fixed, **fixed_unknowns})):
                 reached.add(mode)
@@ -237,7 +237,7 @@ def _two_batch_overlap(reader: _Reader) -> Found:
         staged |= reader.modes_where(condition, {SINGLE_STAGE.pattern: False}) & reached
         when = f" when {' and '.join(f'`{g}`' for g in guards)}" if guards else ""
         sites.append(f"{_where(MODEL_FILE, method, call.lineno)} calls {call.func.attr}{when}")
-    terms = {in_mode(MICRO_BATCHES, mode.value) for mode in ForwardMode if mode not in modes}
+    terms = {in_mode(MICRO_BATCHES, mode.value) for mode in callsites.MODEL_MODES if mode not in modes}
     if not staged:
         terms.add(together(MICRO_BATCHES, PIPELINE_STAGE))
     if not modes:
