@@ -123,6 +123,9 @@ class ModelSpec:
     # the model's compress ratio per layer id, as its config lists them (empty: SWA-only)
     compress_ratios: tuple[int, ...] = ()
     page_size: int = 1  # the full pool's page size (the backend's ``page_size``)
+    # the speculative algorithm is DSpark (EngineConfig.dspark): the draft model's forwards
+    # with requests are DSpark draft blocks (ForwardMode.DRAFT_BLOCK)
+    dspark: bool = False
     # SGLang's ``req_to_token_pool.req_to_token``: per request slot and position, the
     # token's full-pool slot (int32 [num_req_slots, context], on ``device``). One tensor
     # for the whole run, shared by the models; the engine writes each forward's tokens
@@ -139,6 +142,7 @@ class ModelSpec:
             speculative=config.speculative, num_draft_tokens=config.num_draft_tokens,
             full_pool_size=config.full_pool_size, device=device, swa_layers=config.swa_layers,
             compress_ratios=config.compress_ratios, page_size=config.full_page_size, req_to_token=req_to_token,
+            dspark=config.dspark,
         )
 
     @property

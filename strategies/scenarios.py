@@ -227,10 +227,12 @@ def _scenarios(draw, adversarial: bool, long_horizon: bool, excluded: frozenset[
     swa_layers = frozenset(stage) - frozenset(non_swa)
     sliding_window = draw(_small_or(1, 8, 128))
     speculative = draw(st.booleans())
-    # a chain drafter runs num_draft_tokens - 1 steps: one where multi-step drafts are out
-    most_draft_tokens = MAX_COMPRESSED_DRAFT_TOKENS if compressed else 4
-    num_draft_tokens = draw(st.integers(2, 2 if DRAFT_MULTISTEP in excluded else most_draft_tokens)) if speculative else 1
     dspark = draft_blocks and speculative and DSPARK_DRAFT not in excluded and draw(st.booleans())
+    # a chain drafter runs num_draft_tokens - 1 steps: one where multi-step drafts are out; a
+    # DSpark draft model drafts that many tokens in one block instead
+    most_draft_tokens = MAX_COMPRESSED_DRAFT_TOKENS if compressed else 4
+    one_step = DRAFT_MULTISTEP in excluded and not dspark
+    num_draft_tokens = draw(st.integers(2, 2 if one_step else most_draft_tokens)) if speculative else 1
     draft_model = dspark or (speculative and DRAFT_MODEL not in excluded and draw(st.booleans()))
     full_page = draw(_COMPRESSED_PAGE_SIZES if compressed else _PAGE_SIZES)
     swa_page = draw(_PAGE_SIZES)

@@ -71,6 +71,8 @@ def _tokens_per_request(event: Event, config: EngineConfig) -> list[int]:
         return list(event.tokens)
     if event.mode == "verify":
         return [config.num_draft_tokens] * len(event.requests)
+    if event.mode == "draft_block":
+        return [config.num_draft_tokens - 1] * len(event.requests)
     return [1] * len(event.requests)
 
 
@@ -101,9 +103,9 @@ def _follow_plan(mirror: _Mirror, event: Event, plan) -> None:
                 assert int(inputs.req_slots[i]) == request.slot
                 assert int(inputs.token_counts[i]) == n
                 # the cached prefix is what the request held before this step's tokens;
-                # SGLang's verify seq_lens leave the draft tokens out
+                # SGLang's verify and DSpark draft block seq_lens leave the draft tokens out
                 assert int(inputs.prefix_lens[i]) == request.length
-                committed = request.length if event.mode == "verify" else request.length + n
+                committed = request.length if event.mode in ("verify", "draft_block") else request.length + n
                 assert int(inputs.seq_lens[i]) == committed
                 for _ in range(n):
                     assert int(inputs.token_slots[row]) == request.slot
@@ -188,7 +190,7 @@ def _check_layout(state: EngineState, mirror: _Mirror, *, window_applied: bool) 
 
 
 @st.composite
-def _configs(draw, paged: bool | None = None, draft_model: bool | None = None):
+def _configs(draw, paged: bool | None = None, draft_model: bool | None = None, dspark: bool = False):
     start = draw(st.integers(0, 2))
     end = start + draw(st.integers(1, 3))
     speculative = draw(st.booleans())
@@ -212,12 +214,16 @@ def _configs(draw, paged: bool | None = None, draft_model: bool | None = None):
         swa_pool_size=swa_page * 96,
         draft_model=draw(st.booleans()) if draft_model is None else draft_model,
     ).validate()
+    if dspark:
+        config = replace(config, speculative=True, num_draft_tokens=max(2, config.num_draft_tokens),
+                         draft_model=True, dspark=True).validate()
+    return config
 
 
 def _draw_forward(data, config: EngineConfig, live: list[int]) -> Event:
     modes = ["idle"] + (["decode", "extend"] if live else [])
     if config.speculative and live:
-        modes += ["verify", "draft", "draft_extend"]
+        modes += ["verify"] + (["draft_block"] if config.dspark else ["draft", "draft_extend"])
     mode = data.draw(st.sampled_from(modes), label="mode")
     if mode == "idle":
         graph = data.draw(st.booleans(), label="graph")
@@ -325,6 +331,12 @@ def test_random_histories_with_paged_pools_keep_a_valid_pool_layout(data):
 @given(st.data())
 def test_random_histories_with_a_draft_model_keep_both_pools_valid(data):
     _run_history(data, data.draw(_configs(draft_model=True)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_random_histories_with_a_dspark_draft_model_keep_both_pools_valid(data):
+    _run_history(data, data.draw(_configs(dspark=True)))
 
 
 # ---- deterministic specifications ----------------------------------------------------------
@@ -438,6 +450,20 @@ def test_draft_forwards_use_the_draft_pool_when_there_is_a_draft_model():
     assert _forward(state, 1, mode="draft_extend", requests=[0], tokens=[2]).model == "draft"
     assert _forward(state, 2, mode="verify", requests=[0]).model == "target"
     assert _forward(state, 3, mode="decode", requests=[0]).model == "target"
+
+
+def test_a_dspark_draft_block_writes_one_block_per_request_in_the_draft_pool():
+    state = _state(speculative=True, num_draft_tokens=4, draft_model=True, dspark=True)
+    state.apply(Event(op="admit", count=2), "e0")
+    _forward(state, 1, mode="extend", requests=[0, 1], tokens=[2, 5])
+    plan = _forward(state, 2, mode="draft_block", requests=[1, 0])
+    (inputs,), = plan.steps
+    assert plan.model == "draft"
+    # gamma = num_draft_tokens - 1 tokens each, from each request's length on
+    assert inputs.positions.tolist() == [5, 6, 7, 2, 3, 4]
+    assert inputs.token_counts.tolist() == [3, 3]
+    # SGLang's draft forward of the block is a target-verify one: seq_lens leave the block out
+    assert inputs.seq_lens.tolist() == inputs.prefix_lens.tolist() == [5, 2]
 
 
 def test_graph_forwards_pad_to_the_smallest_graph_batch_size():

@@ -296,6 +296,37 @@ def test_config_dependent_event_fields_are_rejected_when_parsing(event, field):
     _rejects(field, config={"start_layer": 0, "end_layer": 2}, events=[_TWO, event])
 
 
+_DSPARK = {"speculative": True, "num_draft_tokens": 3, "draft_model": True, "dspark": True}
+
+
+@pytest.mark.parametrize("config", [
+    {**_DSPARK, "num_draft_tokens": 1, "speculative": True},
+    {**_DSPARK, "draft_model": False},
+    {**_DSPARK, "speculative": False, "num_draft_tokens": 1},
+])
+def test_a_dspark_draft_model_needs_speculation_a_draft_model_and_a_block_of_one_token_or_more(config):
+    error = _rejects("config.dspark", config=config)
+    assert "num_draft_tokens - 1" in str(error)
+
+
+def test_a_draft_block_needs_a_dspark_draft_model():
+    _rejects("events[1].mode", config={"speculative": True, "num_draft_tokens": 3, "draft_model": True},
+             events=[_TWO, _forward(mode="draft_block")])
+
+
+@pytest.mark.parametrize("mode, tokens", [("draft", None), ("draft_extend", [1, 1])])
+def test_a_dspark_draft_model_runs_no_mtp_draft_forward(mode, tokens):
+    event = _forward(mode=mode, **({"tokens": tokens} if tokens else {}))
+    error = _rejects("events[1].mode", config=_DSPARK, events=[_TWO, event])
+    assert "draft_block" in str(error)
+
+
+def test_a_dspark_scenario_round_trips_and_an_mtp_one_reads_as_before():
+    dspark = Scenario.from_dict({"config": _DSPARK, "events": [_TWO, _forward(mode="draft_block")]})
+    assert Scenario.from_dict(dspark.to_dict()) == dspark and dspark.to_dict()["config"]["dspark"] is True
+    assert "dspark" not in Scenario().to_dict()["config"]
+
+
 def test_an_invalid_scenario_is_never_reported_as_a_divergence():
     with pytest.raises(ScenarioError):
         scenario = Scenario.from_dict(_LATE_INVALID)

@@ -20,7 +20,7 @@ import torch
 from conftest import release_or_skip, released_tree, wait_until
 
 from swafuzz.api import ForwardMode, ModelSpec
-from swafuzz.reference import Scenario
+from swafuzz.reference import EngineConfig, Scenario
 from swafuzz.run.executor import run_scenario
 from swafuzz.search.fuzz import fuzz
 from swafuzz.subjects.sglang import BindError, bind_target, callsites, engine_features, locate, tree_checks
@@ -38,8 +38,8 @@ from swafuzz.strategies.features import DRAFT_EXTEND, GRAPH_REPLAY, IDLE, MICRO_
 WINDOW_SWITCH_FILE = switch(REQUEST_WINDOW_SWITCH).declared_in[0]
 FILES = (POOL_FILE, HIP_BACKEND_FILE, CUDA_BACKEND_FILE, METADATA_FILE, WINDOW_FILE, WINDOW_SWITCH_FILE,
          *ATTN_METADATA_FILES, "sglang/srt/utils/common.py", *locate.VERSION_FILES,
-         *callsites.CALLER_FILES, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py",
-         *engine_features.RUNNER_FILES)
+         *callsites.CALLER_FILES, callsites.DSPARK_MODEL_FILE, callsites.FORWARD_MODE_FILE, ENVIRON, "sglang/srt/layers/attention/dsv4/unified_kv_gate.py",
+         *engine_features.RUNNER_FILES, engine_features.V41_VALIDATION_FILE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -419,6 +419,16 @@ def test_what_the_backend_init_derives_from_the_worker_and_the_scenario_binds_wi
     assert run_scenario(subject, scenario).passed
 
 
+def test_a_dspark_draft_backend_is_derived_as_one_from_the_scenario(tmp_path):
+    subject = _subject(_getter_reading(tmp_path, DSPARK_BRANCH), "hip-unified-swa-loc").subject
+    config = EngineConfig(speculative=True, num_draft_tokens=3, draft_model=True, dspark=True)
+    backends = {}
+    for role in ("target", "draft"):
+        batch = SimpleNamespace(backend=SimpleNamespace(), mode=ForwardMode.DRAFT_BLOCK)
+        backends[role] = subject(ModelSpec.of(config, role, torch.device("cpu")))._backend(batch, 0)
+    assert backends["draft"].is_dspark_draft is True and backends["target"].is_dspark_draft is False
+
+
 def test_what_the_pool_init_derives_from_the_worker_binds_without_being_supplied(tmp_path):
     # a pool that keeps its worker's role, and a translation that reads it
     kept = "        self.full_to_swa_index_mapping = None\n"
@@ -509,17 +519,16 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     assert rows["sglang:unified-metadata-merge"] == rows["sglang:hip-unified-swa-loc"] == "diverges only in HEAD"
     assert rows["sglang:pool-fused-store"] == "not in HEAD"  # 0.5.13 moved the translation out of the store
     assert rows["sglang:cuda-swa-out-cache-loc"] == "clean"
-    assert ("- `sglang:hip-unified-swa-loc` in HEAD: get_unified_swa_loc is called in decode, draft, idle "
-            "forwards, from models/deepseek_v4.py:MQALayer._forward_prepare") in table
+    assert ("- `sglang:hip-unified-swa-loc` in HEAD: get_unified_swa_loc is called in decode, draft, draft_block, "
+            "idle forwards, from models/deepseek_v4.py:MQALayer._forward_prepare") in table
     # with the request window off, the getter's window branch is code no scenario ran, on both trees
     unrun = table.split("## Statements of the targets' code that no scenario ran")[1]
     for side in ("HEAD", "BASE"):
         said = next(line for line in unrun.splitlines() if line.startswith(f"- `sglang:cuda-swa-out-cache-loc` in {side}:"))
         assert "`window.activate(layout)`" in said, said
-        # the draft-block check runs the store join and the translating fallback no scenario reaches
-        ran_by_checks = said.split("; of these, the producer checks ")[1]
-        assert "`DeepseekV4AttnBackend.get_swa_out_cache_loc for a DSpark draft block`" in ran_by_checks, said
-        assert "pre_kv_store_hook" not in ran_by_checks.partition("nothing ran")[2], said
+        # DSpark draft blocks run the store hook the DSpark worker sets, on paged rows the
+        # translating fallback too
+        assert "pre_kv_store_hook" not in said and "translate_loc_from_full_to_swa(out_cache_loc)" not in said, said
     # the field HEAD adds to the HIP metadata is in neither merge list: SGLang's copy_ asserts
     # every field is named, so each graph replay's merge of HEAD raises
     steps = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()
@@ -698,6 +707,7 @@ def _gate_rows(table: str) -> dict[str, str]:
 
 def test_the_gate_with_the_request_window_on_finds_the_idle_layout_fixed_in_0_5_23(tmp_path):
     # --sglang-switch reaches both sides' runs: each inherits the switches the gate was given
+    release_or_skip("0.5.22")  # the base, which the gate reads from the wheel cache as the suite does
     head = edited_tree(tmp_path / "head", "0.5.23", {}, with_tree_checks=True)
     done = _swafuzz("gate", "--sglang-source", str(head.root), "--sglang-base", "0.5.22", "--max-examples", "100",
                     "--budget", "600", "--seed", "4", "--sglang-switch", "enable-encoder-swa-bounded-replay=1",
@@ -765,7 +775,9 @@ def test_a_switch_sets_on_a_tree_that_is_no_release_as_the_tree_declares_it(tmp_
     tree = edited_tree(tmp_path, "0.5.23", {})
     item = target("hip-unified-swa-loc")
     default = bind_target(item, tree, "source").subject
-    assert default.target_modes == {ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.IDLE}
+    # the DSpark model's block stores take the ring rows from the getter under unified KV
+    assert default.target_modes == {ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.IDLE,
+                                    ForwardMode.DRAFT_BLOCK}
     fp8 = bind_target(item, tree, "source", switches={"SGLANG_DSV4_UNIFIED_KV_FP8": True}).subject
     assert ForwardMode.TARGET_VERIFY in fp8.target_modes
     assert fp8.environment.settings.off_default() == ("SGLANG_DSV4_UNIFIED_KV_FP8=1",)
@@ -1035,3 +1047,64 @@ def test_under_both_bounded_replays_0_5_23_stores_the_tail_through_the_windows_l
         # every late layer of both extends was checked, and found right
         late = {(store.forward, store.layer_id) for store in stores if store.layer_id >= 2 and store.divergence is None}
         assert {(1, 2), (1, 3), (2, 2), (2, 3)} <= late, stores
+
+
+# ---- DSpark draft blocks in the lifecycle (0.5.16+) ---------------------------------------------
+
+DSPARK_SCENARIO = Scenario.from_dict({
+    "config": {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 3, "draft_model": True,
+               "dspark": True},
+    "events": [{"op": "admit", "count": 2}, {"op": "forward", "requests": [0, 1]},
+               {"op": "forward", "mode": "draft_block", "requests": [0, 1]},
+               {"op": "forward", "mode": "verify", "requests": [0, 1]},
+               {"op": "forward", "mode": "draft_block", "requests": [1, 0]}]})
+# 0.5.23's draft ring rows: row i of a block at position seq_lens_casual[i] - 1 of its request
+RING_POSITION = "seq_lens_casual.to(torch.int64) - 1,"
+# a getter that keeps the first draft block's rows for every later one
+HOOK_INIT = "        self.pre_kv_store_hook: Optional[Callable[[], None]] = None\n"
+FIRST_BLOCK_KEPT = """        if self.is_dspark_draft and forward_batch.forward_mode.is_target_verify():
+            if self._block_loc is None:
+                self._block_loc = self.token_to_kv_pool.translate_loc_from_full_to_swa(
+                    forward_batch.out_cache_loc).to(torch.int32)
+            return self._block_loc
+"""
+
+
+def _dspark_getter(tree: locate.SourceTree, window: bool):
+    info = _window_getter(tree, window)
+    assert info.subject.drafts_in_blocks, info.subject.draft_block_absent
+    return info
+
+
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.23"])
+@pytest.mark.parametrize("window", [False, True], ids=["paged-rows", "request-window"])
+def test_dspark_draft_blocks_store_through_the_getter_on_the_metadata_the_tree_builds(version, window):
+    tree = release_or_skip(version)
+    info = _dspark_getter(tree, window and version == "0.5.23")
+    assert run_scenario(info.subject, DSPARK_SCENARIO).passed
+    ran = {entry["text"] for entry in _statements(info)["never_ran"]}
+    if version == "0.5.23":  # the DSpark worker's hook is set on the draft backends and called
+        assert "self.pre_kv_store_hook()" not in ran
+
+
+def test_a_draft_ring_row_one_position_late_is_found_in_draft_blocks_under_the_request_window(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [(RING_POSITION, RING_POSITION.replace(" - 1", ""))]},
+                       with_tree_checks=True)
+    assert run_scenario(_dspark_getter(tree, window=False).subject, DSPARK_SCENARIO).passed  # paged rows: no ring
+    result = fuzz(_dspark_getter(tree, window=True), settings="ci", max_examples=100, seed=4)
+    assert result.divergence is not None and result.weakest_profile == "realistic"
+    sentence = result.divergence.sentence
+    assert "(draft_block)" in sentence and CUDA_GETTER.format(_getter_defined_at(tree)) in sentence
+
+
+def test_a_getter_that_keeps_the_first_draft_blocks_rows_is_found_on_paged_rows(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [
+        (GETTER_START, GETTER_START + FIRST_BLOCK_KEPT), (HOOK_INIT, HOOK_INIT + "        self._block_loc = None\n")]},
+                       with_tree_checks=True)
+    info = _dspark_getter(tree, window=False)
+    found = run_scenario(info.subject, DSPARK_SCENARIO).divergence
+    assert found.sentence.startswith("Stale cache: at forward 4 (draft_block), layer 0, all live rows that "
+                                     + CUDA_GETTER.format(_getter_defined_at(tree)))
+    assert found.sentence.endswith("returned hold the rows of forward 2 (draft_block): a cached value was not "
+                                   "refreshed for this forward.")
+    assert fuzz(info, settings="ci", max_examples=100, seed=4).divergence is not None

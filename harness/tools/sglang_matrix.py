@@ -28,6 +28,7 @@ from ..strategies.examples import EXAMPLES
 from ..strategies.features import (
     DRAFT_EXTEND,
     DRAFT_MODEL,
+    DSPARK_DRAFT,
     DRAFT_MULTISTEP,
     FIRST_SWA_LAYER_NOT_START,
     GRAPH_REPLAY,
@@ -116,6 +117,7 @@ DOMAIN_FACTS = {
     GRAPH_REPLAY: ("§2", "decode runs as captured graphs; before each replay fresh metadata is "
                    "merged into the captured object, and captured kernels read by address"),
     DRAFT_MODEL: ("§3", "a draft model and the target model run in one process with separate pools"),
+    DSPARK_DRAFT: ("§6", "branches add draft variants: a DSpark draft flag read by the getter"),
     PAGED_POOLS: ("§1", "tokens take slots in paged full and SWA pools linked by the mapping"),
 }
 

@@ -12,6 +12,10 @@ the subject carries
 - ``zero_rows``: whether a forward with no rows on a rank reaches the layers' SWA stores
   (:func:`.engine_features.zero_row_forwards`); where the tree's layers return first, the
   driver stores nothing for one, as SGLang does;
+- ``draft_block_code``: the tree's DSpark draft-block metadata init, where the target's
+  driver runs draft blocks (:class:`.producers.DraftBlockCode`), and ``drafts_in_blocks``:
+  whether the search draws DSpark draft models, which it does where that code binds and the
+  tree's DSpark model calls the target;
 - ``realistic_exclusions``: the lifecycle features (restriction terms) the tree never takes
   under those settings: the engine features its DeepSeek-V4 does not reach
   (:mod:`.engine_features`) and the paths the target's driver models that the settings leave
@@ -22,9 +26,14 @@ the subject carries
 from __future__ import annotations
 
 import dataclasses
+import functools
+
+from ...api import ForwardMode
 from ..info import SubjectInfo
 from . import callsites, engine_features
+from .binding import BindError
 from .locate import SourceTree
+from .producers import DraftBlockCode, bind_draft_block_code
 from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features
 from .switches import SwitchSettings
 from .targets import Target
@@ -40,6 +49,24 @@ def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: Sw
     attributes["target_modes"] = reading.modes
     attributes["call_sites"] = reading
     attributes["zero_rows"] = engine_features.zero_row_forwards(tree, switches)
+    if target.drives_draft_blocks:
+        code, absent = _draft_block_code(tree, info.subject.binding.mode)
+        attributes["draft_block_code"], attributes["draft_block_absent"] = code, absent
+        attributes["drafts_in_blocks"] = code is not None and (reading.modes is None
+                                                               or ForwardMode.DRAFT_BLOCK in reading.modes)
+    else:
+        attributes["draft_block_absent"] = (f"{target.subject_name} runs none: swafuzz builds a DSpark draft "
+                                            "block's metadata with the CUDA backend's "
+                                            "init_forward_metadata_dspark_draft_block only")
     subject = type(info.subject.__name__, (info.subject,), attributes)
     subject.environment.settings = switches
     return dataclasses.replace(info, subject=subject)
+
+
+@functools.lru_cache(maxsize=32)  # every configuration of a tree's target binds it once
+def _draft_block_code(tree: SourceTree, mode: str) -> tuple[DraftBlockCode | None, str]:
+    """The tree's DSpark draft-block metadata init, or None and why the driver has none."""
+    try:
+        return bind_draft_block_code(tree, mode), ""
+    except BindError as exc:
+        return None, f"{tree.label} has no DSpark draft-block metadata init the driver can run ({exc})"

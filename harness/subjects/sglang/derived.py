@@ -45,6 +45,7 @@ class EngineModel:
     speculative: bool
     num_draft_tokens: int
     environment: Any  # the run's ``envs`` (the drivers' EngineEnvironment)
+    dspark: bool = False  # the speculative algorithm is DSpark (its draft model drafts in blocks), not MTP
 
     @property
     def topk(self) -> int:
@@ -53,10 +54,10 @@ class EngineModel:
 
     def runner(self) -> "_Facts":
         """The model runner as an ``__init__`` reads it: the worker's role, and the
-        speculative algorithm (swafuzz models DeepSeek-V4's EAGLE-style MTP, no DSpark)."""
+        speculative algorithm (DeepSeek-V4's EAGLE-style MTP, or DSpark)."""
         algorithm = _Facts("model_runner.spec_algorithm", {
-            "is_none": _Predicate(not self.speculative), "is_eagle": _Predicate(self.speculative),
-            "is_dspark": _Predicate(False),
+            "is_none": _Predicate(not self.speculative), "is_eagle": _Predicate(self.speculative and not self.dspark),
+            "is_dspark": _Predicate(self.dspark),
         })
         return _Facts("model_runner", {"is_draft_worker": self.role == "draft", "spec_algorithm": algorithm})
 

@@ -27,12 +27,12 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from ...api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
-from ...reference.truth import late_layer_tail_tokens
+from ...reference.truth import late_layer_tail_tokens, ring_rows, whole_page_ring
 from .binding import Binding
 from .derived import EngineModel, InitDerivation
 from .faults import defined_at, location_fault
 from .switches import DECODER_REPLAY_SWITCH, REQUEST_WINDOW_SWITCH
-from ...errors import CodeFault, StandInGap
+from ...errors import CodeFault, ModelGap, StandInGap
 
 
 class StandIn:
@@ -160,10 +160,11 @@ STAND_IN_ATTRIBUTES = {cls.role: cls.attributes for cls in (PoolStandIn, Backend
 
 
 class SglangMode:
-    """SGLang's forward-mode predicates over swafuzz's modes."""
+    """SGLang's forward-mode predicates over swafuzz's modes: a DSpark draft block is the
+    draft model's TARGET_VERIFY forward."""
 
     def __init__(self, mode: ForwardMode):
-        self.mode = mode
+        self.mode = ForwardMode.TARGET_VERIFY if mode is ForwardMode.DRAFT_BLOCK else mode
 
     def is_idle(self) -> bool:
         return self.mode.is_idle()
@@ -211,6 +212,12 @@ def fused_k_norm_rope_flashmla(*, out_loc: torch.Tensor, kvcache: SwaKeyStore, *
     if not isinstance(out_loc, torch.Tensor):
         raise location_fault("fused_k_norm_rope_flashmla", out_loc)
     kvcache.last_loc = out_loc
+
+
+def _join_staged_commit_writes() -> None:
+    """The DSpark worker's ``pre_kv_store_hook`` (``DeferredContextCommit.join``), which makes
+    a draft block's first store wait for the verify's staged commit writes: the engine model
+    stages none, so there is nothing to wait for."""
 
 
 def join_in_graph_metadata_prep() -> None:
@@ -343,6 +350,11 @@ class SglangSubject(Subject):
     # whether a forward with no rows on this rank reaches the layers' SWA stores, read from the
     # tree (.engine_features.ZeroRowReading, set by .configure; None: not read)
     zero_rows: ClassVar[Any] = None
+    # the tree's DSpark draft-block metadata init (.producers.DraftBlockCode, set by
+    # .configure; None where the driver runs no draft blocks on this tree, and
+    # draft_block_absent says why)
+    draft_block_code: ClassVar[Any] = None
+    draft_block_absent: ClassVar[str] = "this target's driver runs no DSpark draft blocks"
 
     @classmethod
     def zero_rows_stored(cls) -> bool | None:
@@ -370,7 +382,7 @@ class SglangSubject(Subject):
             _should_cache_swa=self.cache_swa_translation,
             swa_kv_pool=SwaKeyStore(), request_window=request_window, swa_req_ring_size=None,
             unified_swa_ring_size=spec.ring, unified_swa_window=spec.sliding_window, unified_swa_pages=0,
-            engine_model=EngineModel(role, spec.speculative, spec.num_draft_tokens, self.environment),
+            engine_model=EngineModel(role, spec.speculative, spec.num_draft_tokens, self.environment, spec.dspark),
         )
 
     @classmethod
@@ -545,16 +557,24 @@ class _MetadataSubject(SglangSubject):
         if backend is None:
             pool = self.pool if key[0] == "model" else self.draft_pool
             backend = slot.backends[key] = self.backend_class(
-                forward_metadata=None, token_to_kv_pool=pool, pre_kv_store_hook=None,
+                forward_metadata=None, token_to_kv_pool=pool, pre_kv_store_hook=self._store_hook(),
                 topk=1 if self.spec.speculative else 0, mtp_enabled=self.spec.speculative,
                 speculative_num_steps=0, speculative_step_id=step,
                 is_dspark=False, _fp8_decode_num_heads=None, _fp8_verify_epi=None,
                 engine_model=EngineModel(self.spec.model, self.spec.speculative, self.spec.num_draft_tokens,
-                                         self.environment),
+                                         self.environment, self.spec.dspark),
             )
         if batch.mode is ForwardMode.DRAFT_DECODE:
             backend.speculative_num_steps = batch.num_draft_steps
         return backend
+
+    def _store_hook(self) -> Callable[[], None] | None:
+        """What the engine hands a new backend as its ``pre_kv_store_hook``: SGLang's DSpark
+        worker sets one on its draft model's backends (0.5.23, under
+        ``SGLANG_DSPARK_DEFER_CONTEXT_KV``), every other worker none."""
+        code = self.draft_block_code
+        dspark_draft = self.spec.dspark and self.spec.model == "draft"
+        return _join_staged_commit_writes if dspark_draft and code is not None and code.store_hook else None
 
     def _skips_init(self, batch: ForwardBatch) -> bool:
         # SGLang's init_forward_metadata returns at once for idle forwards under MTP
@@ -686,22 +706,31 @@ class TranslatedLocSubject(_MetadataSubject):
                 read = "not read" if cls.zero_rows is None else cls.zero_rows.says
                 notes.append(f"request window: an idle forward with no rows is not checked, since whether the "
                              f"layers store it is {read}")
-            notes.append("request window: DeepSeek-V4.1's only draft is DSpark's, whose draft blocks store "
-                         "through this getter on a ring of their own or on paged SWA rows (0.5.23); they are checked "
-                         "among the producers (\"get_swa_out_cache_loc for a DSpark draft block\", on the metadata the "
-                         "tree's init_forward_metadata_dspark_draft_block builds, and \"init_forward_metadata_in_graph "
-                         "for a DSpark draft block\"), not in this lifecycle, whose draft model is DeepSeek-V4's MTP "
-                         "draft and not drawn under the window")
         elif cls.request_window_on():
             notes.append(f"request window: {cls.window_absent}")
         if "late_layer_tail" in reads:
             notes.append(cls._tail_note())
-        if "pre_kv_store_hook" in reads:
-            notes.append("pre_kv_store_hook: never set in this lifecycle, whose draft is not DSpark's (0.5.23's "
-                         "DSpark worker sets it under SGLANG_DSPARK_DEFER_CONTEXT_KV, so that a draft block's first "
-                         "store waits for the verify's staged commit writes); that each draft block's store calls it "
-                         "is checked among the producers (\"get_swa_out_cache_loc for a DSpark draft block\")")
+        notes += cls._draft_block_notes(reads)
         return tuple(notes)
+
+    @classmethod
+    def _draft_block_notes(cls, reads: tuple[str, ...]) -> list[str]:
+        """What this run leaves out of DSpark's draft blocks, where the tree's DSpark model
+        stores them through this getter."""
+        modes = cls.target_modes
+        if modes is not None and ForwardMode.DRAFT_BLOCK not in modes:
+            return []
+        if cls.draft_block_code is None:
+            return [f"DSpark draft blocks: not drawn: {cls.draft_block_absent}"]
+        notes = ["DSpark draft blocks: eager only; a DSpark draft graph's refresh of the block's rows "
+                 "(init_forward_metadata_in_graph) is checked among the producers (\"init_forward_metadata_in_graph "
+                 "for a DSpark draft block\")"]
+        if "pre_kv_store_hook" in reads and cls.draft_block_code.store_hook:
+            notes.append("pre_kv_store_hook: the DSpark worker's hook is handed to the draft backends and called "
+                         "by this getter, with no staged commit writes to wait for (nothing here stages them); "
+                         "that every draft block store calls it is checked among the producers "
+                         "(\"get_swa_out_cache_loc for a DSpark draft block\")")
+        return notes
 
     @classmethod
     def _tail_note(cls) -> str:
@@ -732,6 +761,8 @@ class TranslatedLocSubject(_MetadataSubject):
 
     def _target_location(self, batch: ForwardBatch, layer_id: int) -> torch.Tensor:
         slot = self._slot(batch)
+        if batch.mode is ForwardMode.DRAFT_BLOCK and self._draft_ring() is not None:
+            return self._ring_rows_read_back(batch, super()._target_location(batch, layer_id))
         if slot.tail_for == batch.forward_id and layer_id >= self.late_layer_start:
             return self._tail_rows_read_back(batch, self._in_tail(batch, layer_id, slot.tail))
         if self._request_window(batch) is None:
@@ -796,14 +827,30 @@ class TranslatedLocSubject(_MetadataSubject):
             if own is not None:
                 want = torch.cat([want.to(own.write_loc.device, torch.int64), own.write_loc.to(torch.int64)])
                 locations = torch.cat([locations, locations])
-        want = want.to(device=rows.device, dtype=torch.int64)
-        got = rows.to(torch.int64)
-        if want.numel() == 0:
-            return torch.full_like(got, -1, dtype=torch.int32)
-        order = torch.argsort(want)
-        place = order[torch.searchsorted(want[order], got).clamp(max=want.numel() - 1)]
-        slots = self.mapping[locations].to(torch.int32)
-        return torch.where(want[place] == got, slots[place], torch.full_like(slots[place], -1))
+        return _read_back(want, rows, self.mapping[locations].to(torch.int32))
+
+    def _draft_ring(self) -> int | None:
+        """The rows per request slot of the DSpark draft model's ring, where its pool has one:
+        under encoder SWA bounded replay SGLang's CUDA DSpark draft keeps its SWA keys in a
+        ring per request slot (``uses_draft_swa_ring``, 0.5.23) of the window and the draft
+        tokens in whole pages (``get_draft_swa_ring_size``; here pages of one row, as the
+        engine model's SWA pages may be); None: paged SWA rows."""
+        code = self.draft_block_code
+        if not (self.spec.dspark and self.spec.model == "draft" and code is not None and code.ring
+                and self.request_window_on()):
+            return None
+        return whole_page_ring(self.spec.sliding_window, self._draft_tokens(), 1)
+
+    def _ring_rows_read_back(self, batch: ForwardBatch, answer: Any) -> Any:
+        """A DSpark draft block's ring rows, each read back to the SWA slot of the batch row
+        whose row of its request's ring it is (-1: no row of this block), as the judge reads
+        the translated rows of paged SWA; an answer that is not an int32 row per batch row on
+        the batch's device is handed on as it is, for the judge to say so."""
+        if type(answer) is not torch.Tensor or answer.dtype != torch.int32 or answer.dim() != 1 \
+                or answer.device != batch.out_cache_loc.device:
+            return answer
+        want = ring_rows(tokens_request_slots(batch), batch.positions, self._draft_ring(), self.spec.num_req_slots)
+        return _read_back(want, answer, self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32))
 
     def _own_idle_layout(self, batch: ForwardBatch) -> Any:
         """The window layout the metadata init of this idle forward built, or None (not idle,
@@ -847,7 +894,26 @@ class TranslatedLocSubject(_MetadataSubject):
             slot.tail_for = batch.forward_id if builds else None
 
     def _build_step(self, batch: ForwardBatch, step: int) -> None:
-        self._set_metadata(batch, step, self._metadata(batch, swa_out_cache_loc=self._translated(batch)))
+        if batch.mode is ForwardMode.DRAFT_BLOCK:
+            metadata = self._draft_block_metadata(batch)
+        else:
+            metadata = self._metadata(batch, swa_out_cache_loc=self._translated(batch))
+        self._set_metadata(batch, step, metadata)
+
+    def _draft_block_metadata(self, batch: ForwardBatch) -> Any:
+        """What the tree's ``init_forward_metadata_dspark_draft_block`` builds for a DSpark
+        draft block (the DSpark worker's draft forward), on the draft worker's pool: its ring,
+        or paged SWA rows under the model's mapping."""
+        code = self.draft_block_code
+        if code is None:
+            raise ModelGap(f"a DSpark draft block reached {self.answered_by or self.getter}, but "
+                           f"{self.draft_block_absent}")
+        ring = self._draft_ring()
+        pool = code.new_pool(ring, self.spec.num_req_slots)
+        if ring is None:
+            pool.register_mapping(self.mapping)
+        return code.metadata(pool, batch.req_pool_indices, batch.extend_prefix_lens, batch.out_cache_loc,
+                             int(batch.extend_seq_lens[0]), self.spec.num_req_slots)
 
     def _before_store(self, batch: ForwardBatch, backend) -> None:
         slot = self._slot(batch)
@@ -876,6 +942,20 @@ class TranslatedLocSubject(_MetadataSubject):
         # replay prep re-points swa_out_cache_loc (an assign-listed field), but the captured
         # layers read the tensor the recorded in-graph init writes: nothing to do here
         pass
+
+
+def _read_back(want: torch.Tensor, got: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Each row of ``got`` as the entry of ``slots`` at the place ``want`` holds that row, -1
+    where ``want`` holds it nowhere. Tensor operations only, so that a captured graph redoes
+    the reading at each replay."""
+    want = want.to(device=got.device, dtype=torch.int64)
+    got = got.to(torch.int64)
+    if want.numel() == 0:
+        return torch.full_like(got, -1, dtype=torch.int32)
+    order = torch.argsort(want)
+    place = order[torch.searchsorted(want[order], got).clamp(max=want.numel() - 1)]
+    slots = slots.to(got.device)
+    return torch.where(want[place] == got, slots[place], torch.full_like(slots[place], -1))
 
 
 class RingSubject(_MetadataSubject):

@@ -922,23 +922,70 @@ def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
 
 
 def _bind_draft_block_getter(tree: SourceTree, mode: str) -> Producer:
-    # the getter's isinstance check must know the block metadata for the record it is
-    record = _records(tree, mode, CUDA_BACKEND_FILE, ("DSV4Metadata",))
-    block_metadata = _bind_draft_block_metadata(tree, mode, record)
-    pool = _draft_block_pool(tree)
+    code = bind_draft_block_code(tree, mode)
     producer = _bind_method(
         tree, mode, "get_swa_out_cache_loc", ((CUDA_BACKEND_FILE, CUDA_BACKEND),), (WindowBackend, HookedWindowBackend),
-        uses="swa_out_cache_loc", names=record,
-        more_stand_ins=(StandInUse(pool, pool.replaces), StandInUse(StoreBatch, StoreBatch.replaces),
-                        *block_metadata.stand_ins),
+        uses="swa_out_cache_loc", names=code.record,
+        more_stand_ins=(StandInUse(code.pool_class, DraftBlockPool.replaces), StandInUse(StoreBatch, StoreBatch.replaces),
+                        *code.init.stand_ins),
     )
-    producer.parts.update({
-        DRAFT_BLOCK_METADATA: block_metadata,
-        "DeepSeekV4TokenToKVPool": _translating_pool(tree, mode, pool),
-        STORE_HOOK: _sets_store_hook(tree.read(DSPARK_WORKER_FILE) or ""),
-        DRAFT_RING_ROWS: _has_draft_ring(tree),
-    })
+    producer.parts[DRAFT_BLOCK_METADATA] = code
     return producer
+
+
+@dataclass(frozen=True)
+class DraftBlockCode:
+    """A tree's DSpark draft-block metadata init (CUDA), bound with what it runs
+    (:func:`_bind_draft_block_metadata`), and what the tree's DSpark code does around it:
+    the one mechanism the producers' draft-block checks and the lifecycle's draft blocks
+    (:class:`swafuzz.subjects.sglang.drivers.TranslatedLocSubject`) both run."""
+
+    init: Producer
+    record: dict[str, type]  # the tree's DSV4Metadata, which the getter's isinstance check knows
+    # the draft worker's pool as the init reads it, translating as the tree's pool does
+    pool_class: type[StandIn]
+    ring: bool  # the backend writes draft blocks to a ring per request slot (0.5.23), not only to paged rows
+    store_hook: bool  # the DSpark worker hands the draft backend a pre_kv_store_hook (0.5.23)
+
+    def new_pool(self, ring: int | None, num_req_slots: int) -> StandIn:
+        """The draft worker's pool: a ring of ``ring`` rows per request slot, or (None) paged
+        SWA rows, whose mapping the caller registers."""
+        return _draft_pool(self.pool_class, ring, num_req_slots)
+
+    def metadata(self, pool: Any, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+                 out_cache_loc: torch.Tensor, block_size: int, num_req_slots: int) -> Any:
+        """The metadata the tree's ``init_forward_metadata_dspark_draft_block`` builds for a
+        DSpark draft block: each request's context before its block (``prefix_lens``), its
+        slot and the block's full-pool locations, on a draft backend of SWA-only layers."""
+        make = self.init
+        context = int(prefix_lens.max()) + block_size if len(prefix_lens) else 1
+        req_to_token = _page_wide_req_to_token(num_req_slots, context)
+        offered = {"token_to_kv_pool": pool, "is_dspark_draft": True, "speculative_num_draft_tokens": block_size + 1,
+                   "low_ratios": (), "present_ratios": (), "has_c4": False, "has_c128": False,  # SWA-only layers
+                   "page_size": PAGE_SIZE, "swa_page_size": SLIDING_WINDOW,
+                   "cuda_int32_kwargs": {"device": "cpu", "dtype": torch.int32}, "device": "cpu",
+                   "index_topk": 512, "c4_topk": 512, "trtllm_attn": False, "encoder_replay": False,
+                   "encoder_row_floor": None, "req_to_token": req_to_token, "draft_metadata_glued": False,
+                   "prefill_candidates": None, "enable_deepseek_v4_fp4_indexer": False}
+        stand_in = make.stand_ins[0].stand_in
+        backend = make.binding.classes[make.backend].build(stand_in)(
+            **{name: offered.get(name, NotModelled(f"self.{name}")) for name in stand_in.attributes})
+        # the host-to-device copy goes through pinned memory, which needs an accelerator
+        backend._move_to_device = lambda values: torch.tensor(values, dtype=torch.int32)
+        prefix = prefix_lens.to(torch.int64)
+        return make.function(backend, max_seq_len=PAGE_SIZE, req_pool_indices=req_pool_indices,
+                             seq_lens=prefix.to(torch.int32), seq_lens_cpu=prefix.cpu(), out_cache_loc=out_cache_loc,
+                             block_size=block_size)
+
+
+def bind_draft_block_code(tree: SourceTree, mode: str = "source") -> DraftBlockCode:
+    """The tree's :class:`DraftBlockCode`; :class:`BindError` where the tree has no DSpark
+    draft-block metadata init or what it runs does not bind."""
+    # the getter's isinstance check must know the block metadata for the record it is
+    record = _records(tree, mode, CUDA_BACKEND_FILE, ("DSV4Metadata",))
+    init = _bind_draft_block_metadata(tree, mode, record)
+    return DraftBlockCode(init, record, _translating_pool(tree, mode, _draft_block_pool(tree)), _has_draft_ring(tree),
+                          _sets_store_hook(tree.read(DSPARK_WORKER_FILE) or ""))
 
 
 def _bind_draft_block_metadata(tree: SourceTree, mode: str, record: dict[str, type]) -> Producer:
@@ -1071,24 +1118,25 @@ class _StoreJoin:
         self.calls += 1
 
 
-def _draft_block_pools(producer: Producer, batch: Batch, pool_class: type[StandIn] | None = None):
-    """(ring, pool) for each pool a DSpark draft block is checked on: paged SWA rows (ring
-    None), and first the draft ring where the tree has one; ``pool_class`` defaults to the
-    producer's pool."""
-    pool_class = pool_class or producer.parts["DeepSeekV4TokenToKVPool"]
+def _draft_block_rings(has_ring: bool, batch: Batch) -> tuple[int | None, ...]:
+    """The rings a DSpark draft block is checked on: first the draft ring where the tree has
+    one, then paged SWA rows (None)."""
     draft, page = _ring_shape(batch)
-    rings = (whole_page_ring(SLIDING_WINDOW, draft, page), None) if producer.parts[DRAFT_RING_ROWS] else (None,)
-    for ring in rings:
-        values = {"request_window": None, "swa_req_ring_size": ring, "full_to_swa_index_mapping": None,
-                  "swa_valid_from": torch.zeros(batch.num_req_slots, dtype=torch.int64)}
-        yield ring, pool_class(**{name: values.get(name) for name in pool_class.attributes})
+    return (whole_page_ring(SLIDING_WINDOW, draft, page), None) if has_ring else (None,)
 
 
-def _page_wide_req_to_token(batch: Batch) -> torch.Tensor:
-    """A request-to-token table of whole pages covering the batch's context; the draft
-    blocks read only its shape (their page table is a placeholder)."""
-    context = int(batch.positions.max()) + 1
-    return torch.zeros((batch.num_req_slots, -(-context // PAGE_SIZE) * PAGE_SIZE), dtype=torch.int32)
+def _page_wide_req_to_token(num_req_slots: int, context: int) -> torch.Tensor:
+    """A request-to-token table of whole pages covering ``context`` tokens; the draft blocks
+    read only its shape (their page table is a placeholder)."""
+    return torch.zeros((num_req_slots, -(-context // PAGE_SIZE) * PAGE_SIZE), dtype=torch.int32)
+
+
+def _draft_pool(pool_class: type[StandIn], ring: int | None, num_req_slots: int) -> StandIn:
+    """The DSpark draft worker's pool as ``pool_class`` models it: a ring of ``ring`` rows
+    per request slot, or (None) paged SWA rows, whose mapping the caller registers."""
+    values = {"request_window": None, "swa_req_ring_size": ring, "full_to_swa_index_mapping": None,
+              "swa_valid_from": torch.zeros(num_req_slots, dtype=torch.int64)}
+    return pool_class(**{name: values.get(name) for name in pool_class.attributes})
 
 
 def _run_draft_block_getter(producer: Producer, batch: Batch, _: int) -> list[str]:
@@ -1101,9 +1149,11 @@ def _run_draft_block_getter(producer: Producer, batch: Batch, _: int) -> list[st
     each store must first join the staged commit writes (``pre_kv_store_hook``)."""
     block_size = int(batch.extend_seq_lens[0])
     earlier = replace(batch, extend_prefix_lens=(batch.extend_prefix_lens - 1).clamp(min=0))
-    hooked = producer.parts[STORE_HOOK]
+    code = producer.parts[DRAFT_BLOCK_METADATA]
+    hooked = code.store_hook
     problems = []
-    for ring, pool in _draft_block_pools(producer, batch):
+    for ring in _draft_block_rings(code.ring, batch):
+        pool = code.new_pool(ring, batch.num_req_slots)
         join = _StoreJoin()
         backend = _owner(producer, forward_metadata=None, token_to_kv_pool=pool)
         if hooked:
@@ -1113,7 +1163,8 @@ def _run_draft_block_getter(producer: Producer, batch: Batch, _: int) -> list[st
             out_cache_loc, mapping = _locations(block)
             if ring is None:
                 pool.register_mapping(mapping)
-            backend.forward_metadata = _draft_block_metadata(producer, block, pool, out_cache_loc, block_size)
+            backend.forward_metadata = code.metadata(pool, block.req_pool_indices, block.extend_prefix_lens,
+                                                     out_cache_loc, block_size, batch.num_req_slots)
             joined = join.calls
             rows = producer.function(backend, StoreBatch(forward_mode=SglangMode(ForwardMode.TARGET_VERIFY),
                                                          out_cache_loc=out_cache_loc))
@@ -1125,31 +1176,6 @@ def _run_draft_block_getter(producer: Producer, batch: Batch, _: int) -> list[st
                 problems.append(f"{label}: returned without calling the {STORE_HOOK} the DSpark worker sets, so the "
                                 "store would not wait for the verify's staged commit writes (DeferredContextCommit.join)")
     return problems
-
-
-def _draft_block_metadata(producer: Producer, block: Batch, pool: Any, out_cache_loc: torch.Tensor,
-                          block_size: int) -> Any:
-    """The metadata the tree's ``init_forward_metadata_dspark_draft_block`` builds for a
-    DSpark draft block: each request's context before its block (``seq_lens``), its slot and
-    the block's full-pool locations, on a draft backend of SWA-only layers."""
-    make = producer.parts[DRAFT_BLOCK_METADATA]
-    page_size = PAGE_SIZE
-    req_to_token = _page_wide_req_to_token(block)
-    offered = {"token_to_kv_pool": pool, "is_dspark_draft": True, "speculative_num_draft_tokens": block_size + 1,
-               "low_ratios": (), "present_ratios": (), "has_c4": False, "has_c128": False,  # SWA-only layers
-               "page_size": page_size, "swa_page_size": SLIDING_WINDOW, "cuda_int32_kwargs": {"device": "cpu", "dtype": torch.int32}, "device": "cpu",
-               "index_topk": 512, "c4_topk": 512, "trtllm_attn": False, "encoder_replay": False,
-               "encoder_row_floor": None, "req_to_token": req_to_token, "draft_metadata_glued": False,
-               "prefill_candidates": None, "enable_deepseek_v4_fp4_indexer": False}
-    stand_in = make.stand_ins[0].stand_in
-    backend = make.binding.classes[make.backend].build(stand_in)(
-        **{name: offered.get(name, NotModelled(f"self.{name}")) for name in stand_in.attributes})
-    # the host-to-device copy goes through pinned memory, which needs an accelerator
-    backend._move_to_device = lambda values: torch.tensor(values, dtype=torch.int32)
-    prefix = block.extend_prefix_lens
-    return make.function(backend, max_seq_len=page_size, req_pool_indices=block.req_pool_indices,
-                         seq_lens=prefix.to(torch.int32), seq_lens_cpu=prefix, out_cache_loc=out_cache_loc,
-                         block_size=block_size)
 
 
 # ---- the late-layer tail (0.5.21+) ------------------------------------------------------------
@@ -1514,10 +1540,11 @@ def _run_in_graph_dspark_block(producer: Producer, batch: Batch, _: int) -> list
         forward_mode=SglangMode(ForwardMode.TARGET_VERIFY), out_cache_loc=out_cache_loc,
         batch_size=len(batch.req_pool_indices), seq_lens=batch.extend_prefix_lens.to(torch.int32),
         req_pool_indices=batch.req_pool_indices, spec_info=types.SimpleNamespace(draft_token_num=block_size))
-    req_to_token = _page_wide_req_to_token(batch)
+    req_to_token = _page_wide_req_to_token(batch.num_req_slots, int(batch.positions.max()) + 1)
     core_class, metadata_class = producer.parts["core"], producer.parts["metadata"]
     problems = []
-    for ring, pool in _draft_block_pools(producer, batch, producer.parts["pool"]):
+    for ring in _draft_block_rings(producer.parts[DRAFT_RING_ROWS], batch):
+        pool = _draft_pool(producer.parts["pool"], ring, batch.num_req_slots)
         if ring is None:
             pool.register_mapping(mapping)
         stale = torch.full((batch.rows,), -7, dtype=torch.int32)  # the previous replay's rows

@@ -93,6 +93,9 @@ class Target:
     # layers on the tail metadata it builds with the tree's late_layer_tail_layout when the
     # run sets decoder SWA bounded replay
     drives_late_layer_tail: bool = False
+    # DSpark draft blocks (0.5.16+): on a DSpark draft model the driver builds each block's
+    # metadata with the tree's init_forward_metadata_dspark_draft_block (CUDA backend)
+    drives_draft_blocks: bool = False
 
     @property
     def subject_name(self) -> str:
@@ -214,6 +217,7 @@ TARGETS: tuple[Target, ...] = (
         first="0.5.13",
         driver_settings=(("backend_class_name", CUDA_BACKEND),),
         called_as=("get_swa_out_cache_loc",), drives_request_window=True, drives_late_layer_tail=True,
+        drives_draft_blocks=True,
     ),
     Target(
         "hip-swa-out-cache-loc",
