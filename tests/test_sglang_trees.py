@@ -526,9 +526,11 @@ def test_the_pull_request_gate_fails_only_on_what_head_brings(tmp_path):
     for side in ("HEAD", "BASE"):
         said = next(line for line in unrun.splitlines() if line.startswith(f"- `sglang:cuda-swa-out-cache-loc` in {side}:"))
         assert "`window.activate(layout)`" in said, said
-        # DSpark draft blocks run the store hook the DSpark worker sets, on paged rows the
-        # translating fallback too
-        assert "pre_kv_store_hook" not in said and "translate_loc_from_full_to_swa(out_cache_loc)" not in said, said
+        # DSpark draft blocks run the store hook the DSpark worker sets; the producer check
+        # runs the translating fallback, on a draft block's metadata before its refresh
+        assert "pre_kv_store_hook" not in said, said
+        ran_by_checks = said.split("; of these, the producer checks ")[1]
+        assert "`DeepseekV4AttnBackend.get_swa_out_cache_loc for a DSpark draft block`" in ran_by_checks, said
     # the field HEAD adds to the HIP metadata is in neither merge list: SGLang's copy_ asserts
     # every field is named, so each graph replay's merge of HEAD raises
     steps = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" *") for line in table.splitlines()

@@ -903,7 +903,10 @@ class TranslatedLocSubject(_MetadataSubject):
     def _draft_block_metadata(self, batch: ForwardBatch) -> Any:
         """What the tree's ``init_forward_metadata_dspark_draft_block`` builds for a DSpark
         draft block (the DSpark worker's draft forward), on the draft worker's pool: its ring,
-        or paged SWA rows under the model's mapping."""
+        or paged SWA rows under the model's mapping. Eager init then refreshes the block's
+        rows in ``init_forward_metadata_in_graph`` (0.5.16+), which on paged rows translates
+        its locations, as for every mode here, and on the ring writes the rows the builder
+        wrote (``_dspark_swa_ring_out_cache_loc``, 0.5.23)."""
         code = self.draft_block_code
         if code is None:
             raise ModelGap(f"a DSpark draft block reached {self.answered_by or self.getter}, but "
@@ -912,8 +915,11 @@ class TranslatedLocSubject(_MetadataSubject):
         pool = code.new_pool(ring, self.spec.num_req_slots)
         if ring is None:
             pool.register_mapping(self.mapping)
-        return code.metadata(pool, batch.req_pool_indices, batch.extend_prefix_lens, batch.out_cache_loc,
-                             int(batch.extend_seq_lens[0]), self.spec.num_req_slots)
+        metadata = code.metadata(pool, batch.req_pool_indices, batch.extend_prefix_lens, batch.out_cache_loc,
+                                 int(batch.extend_seq_lens[0]), self.spec.num_req_slots)
+        if ring is None:
+            metadata.core_attn_metadata.swa_out_cache_loc = self._translated(batch)
+        return metadata
 
     def _before_store(self, batch: ForwardBatch, backend) -> None:
         slot = self._slot(batch)
