@@ -755,7 +755,7 @@ def test_progress_line_draws_in_place_on_a_terminal_and_logs_a_line_per_interval
     assert pipe.getvalue().splitlines() == [format_progress(update)] * 2  # at 10 s and 20.5 s
     line = terminal.getvalue()
     assert line.startswith("\r") and "120 examples" in line and "30.0/s" in line
-    assert "features 9/16" in line and "divergences 1" in line and "6s left" in line and "[####" in line
+    assert "features 9/17" in line and "divergences 1" in line and "6s left" in line and "[####" in line
 
 
 def test_progress_line_is_throttled_and_erased():

@@ -25,7 +25,7 @@ from swafuzz.search.shard import WHOLE, seed_lane
 from swafuzz.reference import Scenario
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.exhaustive import enumerate_scenarios
-from swafuzz.strategies.features import ALL_FEATURES, scenario_size
+from swafuzz.strategies.features import ALL_FEATURES, DSPARK_DRAFT, scenario_size
 from swafuzz.strategies.scenarios import ADVERSARIAL, PROFILES, REALISTIC
 
 CHECKABLE_ON_CPU = [info for info in BUILTIN_SUBJECTS if not info.subject.requires]
@@ -120,8 +120,16 @@ def test_ci_settings_are_deterministic():
 
 def test_adversarial_run_covers_every_feature_and_counts_them():
     result = fuzz(resolve_subject("step-keyed-capture"), profile=ADVERSARIAL, settings="ci", max_examples=300)
-    assert set(result.coverage) == set(ALL_FEATURES)
+    # DSpark draft models are drawn only for a subject whose engine drafts in blocks
+    assert set(result.coverage) == set(ALL_FEATURES) - {DSPARK_DRAFT}
     assert all(count > 0 for count in result.coverage.values())
+
+
+def test_a_subject_that_drafts_in_blocks_is_searched_on_dspark_draft_models_too():
+    info = resolve_subject("uncached")
+    blocks = dataclasses.replace(info, subject=type("DraftsInBlocks", (info.subject,), {"drafts_in_blocks": True}))
+    result = fuzz(blocks, settings="ci", max_examples=200)
+    assert result.divergence is None and result.coverage.get(DSPARK_DRAFT, 0) > 0
 
 
 def test_nightly_database_keeps_the_failure_for_the_next_run(tmp_path):

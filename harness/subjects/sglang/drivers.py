@@ -405,7 +405,26 @@ class SglangSubject(Subject):
     @classmethod
     def not_checked(cls) -> tuple[str, ...]:
         """The target's branches this run does not check, each with the reason."""
-        return ()
+        return tuple(cls._draft_block_notes())
+
+    @classmethod
+    def _draft_block_notes(cls, reads: tuple[str, ...] = ()) -> list[str]:
+        """What this run leaves out of DSpark's draft blocks, where the tree's DSpark model
+        stores them through the target (``reads``: the names the entry method reads)."""
+        modes = cls.target_modes
+        if modes is not None and ForwardMode.DRAFT_BLOCK not in modes:
+            return []
+        if cls.draft_block_code is None:
+            return [f"DSpark draft blocks: not drawn: {cls.draft_block_absent}"]
+        notes = ["DSpark draft blocks: eager only; a DSpark draft graph's refresh of the block's rows "
+                 "(init_forward_metadata_in_graph) is checked among the producers (\"init_forward_metadata_in_graph "
+                 "for a DSpark draft block\")"]
+        if "pre_kv_store_hook" in reads and cls.draft_block_code.store_hook:
+            notes.append("pre_kv_store_hook: the DSpark worker's hook is handed to the draft backends and called "
+                         "by this getter, with no staged commit writes to wait for (nothing here stages them); "
+                         "that every draft block store calls it is checked among the producers "
+                         "(\"get_swa_out_cache_loc for a DSpark draft block\")")
+        return notes
 
     def _record(self, name: str, stand_in: type[StandIn]) -> type[StandIn]:
         bound = self.binding.classes.get(name)
@@ -713,24 +732,6 @@ class TranslatedLocSubject(_MetadataSubject):
         notes += cls._draft_block_notes(reads)
         return tuple(notes)
 
-    @classmethod
-    def _draft_block_notes(cls, reads: tuple[str, ...]) -> list[str]:
-        """What this run leaves out of DSpark's draft blocks, where the tree's DSpark model
-        stores them through this getter."""
-        modes = cls.target_modes
-        if modes is not None and ForwardMode.DRAFT_BLOCK not in modes:
-            return []
-        if cls.draft_block_code is None:
-            return [f"DSpark draft blocks: not drawn: {cls.draft_block_absent}"]
-        notes = ["DSpark draft blocks: eager only; a DSpark draft graph's refresh of the block's rows "
-                 "(init_forward_metadata_in_graph) is checked among the producers (\"init_forward_metadata_in_graph "
-                 "for a DSpark draft block\")"]
-        if "pre_kv_store_hook" in reads and cls.draft_block_code.store_hook:
-            notes.append("pre_kv_store_hook: the DSpark worker's hook is handed to the draft backends and called "
-                         "by this getter, with no staged commit writes to wait for (nothing here stages them); "
-                         "that every draft block store calls it is checked among the producers "
-                         "(\"get_swa_out_cache_loc for a DSpark draft block\")")
-        return notes
 
     @classmethod
     def _tail_note(cls) -> str:
@@ -909,8 +910,8 @@ class TranslatedLocSubject(_MetadataSubject):
         wrote (``_dspark_swa_ring_out_cache_loc``, 0.5.23)."""
         code = self.draft_block_code
         if code is None:
-            raise ModelGap(f"a DSpark draft block reached {self.answered_by or self.getter}, but "
-                           f"{self.draft_block_absent}")
+            raise ModelGap(f"a DSpark draft block stores through {self.backend_class_name}.{self.getter} "
+                           f"here, but {self.draft_block_absent}")
         ring = self._draft_ring()
         pool = code.new_pool(ring, self.spec.num_req_slots)
         if ring is None:
