@@ -1113,10 +1113,45 @@ def test_a_getter_that_keeps_the_first_draft_blocks_rows_is_found_on_paged_rows(
     assert fuzz(info, settings="ci", max_examples=300, seed=0).divergence is not None
 
 
-def test_a_draft_block_met_by_a_target_that_runs_none_is_a_gap_that_says_why():
-    subject = bind_target(target("hip-swa-out-cache-loc"), release_or_skip("0.5.23"), "source").subject
+def test_a_draft_block_met_where_the_trees_draft_block_init_does_not_bind_is_a_gap_that_says_why(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.19", {CUDA_BACKEND_FILE: [
+        ("def init_forward_metadata_dspark_draft_block(", "def init_forward_metadata_dspark_block(")]})
+    subject = _window_getter(tree, window=False).subject
     assert not subject.drafts_in_blocks  # never drawn for it: only a replay brings one
     with pytest.raises(UnmodelledPath, match=r"forward 2 \(draft_block\): a DSpark draft block stores through "
-                                             r"DeepseekV4HipRadixBackend\.get_swa_out_cache_loc here, but "
-                                             r"sglang:hip-swa-out-cache-loc runs none: swafuzz builds"):
+                                             r"DeepseekV4AttnBackend\.get_swa_out_cache_loc here, but .* has no "
+                                             r"DSpark draft-block metadata init the driver can run"):
         run_scenario(subject, DSPARK_SCENARIO)
+
+
+HIP_GETTERS = {"hip-swa-out-cache-loc": "get_swa_out_cache_loc", "hip-unified-swa-loc": "get_unified_swa_loc"}
+HIP_DSPARK_DRAFT = "        self.is_dspark_draft = self.is_draft_worker and self.is_dspark\n"
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.23"])
+@pytest.mark.parametrize("name", sorted(HIP_GETTERS))
+def test_the_hip_getters_store_dspark_draft_blocks_on_a_draft_verify_forwards_metadata(version, name):
+    info = _subject(release_or_skip(version), name)
+    assert info.subject.drafts_in_blocks
+    assert run_scenario(info.subject, DSPARK_SCENARIO).passed
+    assert any("each on the metadata of a target-verify forward" in note for note in info.subject.not_checked())
+
+
+@pytest.mark.parametrize("name", sorted(HIP_GETTERS))
+def test_a_hip_getter_that_keeps_the_first_draft_blocks_rows_is_found(tmp_path, name):
+    getter = f"    def {HIP_GETTERS[name]}(self, forward_batch: ForwardBatch) -> torch.Tensor:\n"
+    kept = (f"        if self.is_dspark_draft and forward_batch.forward_mode.is_target_verify():\n"
+            f"            if self._block_loc is None:  # the getter's own answer, for the first block only\n"
+            f"                self.is_dspark_draft = False\n"
+            f"                self._block_loc = self.{HIP_GETTERS[name]}(forward_batch)\n"
+            f"                self.is_dspark_draft = True\n"
+            f"            return self._block_loc\n")
+    tree = edited_tree(tmp_path, "0.5.23", {HIP_BACKEND_FILE: [
+        (getter, getter + kept), (HIP_DSPARK_DRAFT, HIP_DSPARK_DRAFT + "        self._block_loc = None\n")]})
+    info = _subject(tree, name)
+    found = run_scenario(info.subject, DSPARK_SCENARIO).divergence
+    assert found is not None and found.sentence.startswith("Stale cache: at forward 4 (draft_block), layer 0, ")
+    assert f"DeepseekV4HipRadixBackend.{HIP_GETTERS[name]}" in found.sentence
+    assert found.sentence.endswith("hold the rows of forward 2 (draft_block): a cached value was not refreshed "
+                                   "for this forward.")
+    searched = fuzz(info, settings="ci", max_examples=300, seed=0)
+    assert searched.divergence is not None and searched.weakest_profile == "realistic"
+    assert "(draft_block)" in searched.divergence.sentence

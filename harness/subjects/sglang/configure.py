@@ -12,10 +12,11 @@ the subject carries
 - ``zero_rows``: whether a forward with no rows on a rank reaches the layers' SWA stores
   (:func:`.engine_features.zero_row_forwards`); where the tree's layers return first, the
   driver stores nothing for one, as SGLang does;
-- ``draft_block_code``: the tree's DSpark draft-block metadata init, where the target's
-  driver runs draft blocks (:class:`.producers.DraftBlockCode`), and ``drafts_in_blocks``:
-  whether the search draws DSpark draft models, which it does where that code binds and the
-  tree's DSpark model calls the target;
+- ``draft_blocks``: how the driver makes a DSpark draft block's metadata
+  (:class:`.drivers.DraftBlocks`), with ``draft_block_code``, the tree's draft-block metadata
+  init where the driver runs it (:class:`.producers.DraftBlockCode`), and
+  ``drafts_in_blocks``: whether the search draws DSpark draft models, which it does where the
+  tree's DSpark model calls the target and the driver can make the blocks' metadata;
 - ``realistic_exclusions``: the lifecycle features (restriction terms) the tree never takes
   under those settings: the engine features its DeepSeek-V4 does not reach
   (:mod:`.engine_features`) and the paths the target's driver models that the settings leave
@@ -32,6 +33,7 @@ from ...api import ForwardMode
 from ..info import SubjectInfo
 from . import callsites, engine_features
 from .binding import BindError
+from .drivers import DraftBlocks
 from .locate import SourceTree
 from .producers import DraftBlockCode, bind_draft_block_code
 from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features
@@ -49,15 +51,18 @@ def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: Sw
     attributes["target_modes"] = reading.modes
     attributes["call_sites"] = reading
     attributes["zero_rows"] = engine_features.zero_row_forwards(tree, switches)
-    if target.drives_draft_blocks:
+    stores_blocks = reading.modes is None or ForwardMode.DRAFT_BLOCK in reading.modes
+    if target.draft_blocks is DraftBlocks.BUILT_BY_TREE:
         code, absent = _draft_block_code(tree, info.subject.binding.mode)
         attributes["draft_block_code"], attributes["draft_block_absent"] = code, absent
-        attributes["drafts_in_blocks"] = code is not None and (reading.modes is None
-                                                               or ForwardMode.DRAFT_BLOCK in reading.modes)
+        attributes["draft_blocks"] = DraftBlocks.BUILT_BY_TREE if code is not None else None
+        attributes["drafts_in_blocks"] = code is not None and stores_blocks
+    elif target.draft_blocks is DraftBlocks.AS_VERIFY:
+        attributes["draft_blocks"] = DraftBlocks.AS_VERIFY
+        attributes["drafts_in_blocks"] = stores_blocks
     else:
-        attributes["draft_block_absent"] = (f"{target.subject_name} runs none: swafuzz builds a DSpark draft "
-                                            "block's metadata with the CUDA backend's "
-                                            "init_forward_metadata_dspark_draft_block only")
+        attributes["draft_block_absent"] = (f"{target.subject_name} runs none: swafuzz makes a DSpark draft "
+                                            "block's metadata for get_swa_out_cache_loc only")
     subject = type(info.subject.__name__, (info.subject,), attributes)
     subject.environment.settings = switches
     return dataclasses.replace(info, subject=subject)

@@ -18,6 +18,7 @@ SGLang keeps one backend per model and one per step of a multi-step draft.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import warnings
 from dataclasses import dataclass, field
@@ -319,6 +320,22 @@ UNIFIED_METADATA_CLASS = "UnifiedKvMetadata"
 _EMPTY = torch.empty(0)
 
 
+class DraftBlocks(enum.Enum):
+    """How a target's driver makes the metadata of a DSpark draft block (0.5.16+), whose
+    stores ``DSparkAttention._store_block_kv`` sends through the target."""
+
+    # the tree's init_forward_metadata_dspark_draft_block (CUDA backend), bound and run, then
+    # the block's rows refreshed as eager init's init_forward_metadata_in_graph does
+    BUILT_BY_TREE = "built by the tree"
+    # as a target-verify forward of the draft model, which is what the HIP backend leaves its
+    # getters for a block (0.5.16-0.5.23): under unified KV it builds the block's metadata with
+    # init_forward_metadata_target_verify; on paged SWA rows eager init ends in
+    # init_forward_metadata_in_graph, which translates the block's locations on a pool with no
+    # request window, and a DSpark draft's pool never has one (nor a draft ring on HIP:
+    # uses_draft_swa_ring)
+    AS_VERIFY = "as a verify"
+
+
 class SglangSubject(Subject):
     """Runs bound SGLang code; subclasses made per target and source set ``binding``."""
 
@@ -350,9 +367,10 @@ class SglangSubject(Subject):
     # whether a forward with no rows on this rank reaches the layers' SWA stores, read from the
     # tree (.engine_features.ZeroRowReading, set by .configure; None: not read)
     zero_rows: ClassVar[Any] = None
-    # the tree's DSpark draft-block metadata init (.producers.DraftBlockCode, set by
-    # .configure; None where the driver runs no draft blocks on this tree, and
-    # draft_block_absent says why)
+    # how a DSpark draft block's metadata is made (set by .configure; None: the driver runs
+    # none on this tree, and draft_block_absent says why), and for BUILT_BY_TREE the tree's
+    # draft-block metadata init (.producers.DraftBlockCode)
+    draft_blocks: ClassVar[DraftBlocks | None] = None
     draft_block_code: ClassVar[Any] = None
     draft_block_absent: ClassVar[str] = "this target's driver runs no DSpark draft blocks"
 
@@ -414,8 +432,14 @@ class SglangSubject(Subject):
         modes = cls.target_modes
         if modes is not None and ForwardMode.DRAFT_BLOCK not in modes:
             return []
-        if cls.draft_block_code is None:
+        if cls.draft_blocks is None:
             return [f"DSpark draft blocks: not drawn: {cls.draft_block_absent}"]
+        if cls.draft_blocks is DraftBlocks.AS_VERIFY:
+            return ["DSpark draft blocks: eager only, each on the metadata of a target-verify forward of the "
+                    "draft model, which the HIP backend leaves its getters for a block (under unified KV "
+                    "init_forward_metadata_target_verify builds it; on paged SWA rows init_forward_metadata_in_graph "
+                    "translates the block's locations last); init_forward_metadata_dspark_draft_block, where the "
+                    "tree has one, is not run, and no DSpark draft graph is"]
         notes = ["DSpark draft blocks: eager only; a DSpark draft graph's refresh of the block's rows "
                  "(init_forward_metadata_in_graph) is checked among the producers (\"init_forward_metadata_in_graph "
                  "for a DSpark draft block\")"]
@@ -579,7 +603,7 @@ class _MetadataSubject(SglangSubject):
                 forward_metadata=None, token_to_kv_pool=pool, pre_kv_store_hook=self._store_hook(),
                 topk=1 if self.spec.speculative else 0, mtp_enabled=self.spec.speculative,
                 speculative_num_steps=0, speculative_step_id=step,
-                is_dspark=False, _fp8_decode_num_heads=None, _fp8_verify_epi=None,
+                is_dspark=self.spec.dspark, _fp8_decode_num_heads=None, _fp8_verify_epi=None,
                 engine_model=EngineModel(self.spec.model, self.spec.speculative, self.spec.num_draft_tokens,
                                          self.environment, self.spec.dspark),
             )
@@ -895,7 +919,7 @@ class TranslatedLocSubject(_MetadataSubject):
             slot.tail_for = batch.forward_id if builds else None
 
     def _build_step(self, batch: ForwardBatch, step: int) -> None:
-        if batch.mode is ForwardMode.DRAFT_BLOCK:
+        if batch.mode is ForwardMode.DRAFT_BLOCK and self.draft_blocks is not DraftBlocks.AS_VERIFY:
             metadata = self._draft_block_metadata(batch)
         else:
             metadata = self._metadata(batch, swa_out_cache_loc=self._translated(batch))

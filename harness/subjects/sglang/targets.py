@@ -21,6 +21,7 @@ from .drivers import (
     STAND_INS,
     STANDARD_NAMES,
     UNIFIED_METADATA_CLASS,
+    DraftBlocks,
     EngineEnvironment,
     PoolStoreSubject,
     RingMergeSubject,
@@ -93,9 +94,9 @@ class Target:
     # layers on the tail metadata it builds with the tree's late_layer_tail_layout when the
     # run sets decoder SWA bounded replay
     drives_late_layer_tail: bool = False
-    # DSpark draft blocks (0.5.16+): on a DSpark draft model the driver builds each block's
-    # metadata with the tree's init_forward_metadata_dspark_draft_block (CUDA backend)
-    drives_draft_blocks: bool = False
+    # DSpark draft blocks (0.5.16+): how the driver makes each block's metadata on a DSpark
+    # draft model; None: it runs none
+    draft_blocks: DraftBlocks | None = None
 
     @property
     def subject_name(self) -> str:
@@ -217,7 +218,7 @@ TARGETS: tuple[Target, ...] = (
         first="0.5.13",
         driver_settings=(("backend_class_name", CUDA_BACKEND),),
         called_as=("get_swa_out_cache_loc",), drives_request_window=True, drives_late_layer_tail=True,
-        drives_draft_blocks=True,
+        draft_blocks=DraftBlocks.BUILT_BY_TREE,
     ),
     Target(
         "hip-swa-out-cache-loc",
@@ -228,6 +229,7 @@ TARGETS: tuple[Target, ...] = (
         first="0.5.13",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
         called_as=("get_swa_out_cache_loc",), drives_request_window=True, drives_late_layer_tail=True,
+        draft_blocks=DraftBlocks.AS_VERIFY,
     ),
     Target(
         "hip-unified-swa-loc",
@@ -236,7 +238,7 @@ TARGETS: tuple[Target, ...] = (
         (ClassCode(HIP_BACKEND_FILE, HIP_BACKEND, RING_METHODS, role="backend"), *_metadata_records(HIP_BACKEND_FILE)),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
-        called_as=("get_unified_swa_loc",),
+        called_as=("get_unified_swa_loc",), draft_blocks=DraftBlocks.AS_VERIFY,
     ),
     Target(
         "unified-metadata-merge",
@@ -250,7 +252,7 @@ TARGETS: tuple[Target, ...] = (
         ),
         first="0.5.14",
         driver_settings=(("backend_class_name", HIP_BACKEND),),
-        called_as=("get_unified_swa_loc",),
+        called_as=("get_unified_swa_loc",), draft_blocks=DraftBlocks.AS_VERIFY,
     ),
 )
 
