@@ -1135,6 +1135,16 @@ def test_the_hip_getters_store_dspark_draft_blocks_on_a_draft_verify_forwards_me
     assert any("each on the metadata of a target-verify forward" in note for note in info.subject.not_checked())
 
 
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.23"])
+def test_the_ring_getter_reads_a_draft_blocks_rows_from_what_the_verify_init_attached(version):
+    # the HIP verify init attaches the ring rows under unified KV (attach_decode_streams), so
+    # the getter's cached branch answers a block, and its computing branch never runs
+    info = _subject(release_or_skip(version), "hip-unified-swa-loc")
+    assert run_scenario(info.subject, DSPARK_SCENARIO).passed
+    never_ran = {entry["text"] for entry in _statements(info)["never_ran"]}
+    assert "result = cached" not in never_ran and "req_slot = req_slot.repeat_interleave(" in never_ran, never_ran
+
+
 @pytest.mark.parametrize("name", sorted(HIP_GETTERS))
 def test_a_hip_getter_that_keeps_the_first_draft_blocks_rows_is_found(tmp_path, name):
     getter = f"    def {HIP_GETTERS[name]}(self, forward_batch: ForwardBatch) -> torch.Tensor:\n"

@@ -993,8 +993,9 @@ class RingSubject(_MetadataSubject):
     """``get_unified_swa_loc``: decode metadata holds the ring rows.
 
     The rows are SGLang's own: decode (and idle) metadata runs the release's
-    ``_attach_unified_kv_decode_streams`` on the forward's request slots and positions;
-    other modes leave the rows unset; idle under MTP is skipped. Every step of a multi-step
+    ``_attach_unified_kv_decode_streams`` on the forward's request slots and positions, and
+    so does the metadata of a target-verify forward or DSpark draft block where the tree
+    calls the getter in it; other modes leave the rows unset; idle under MTP is skipped. Every step of a multi-step
     draft gets metadata built once, from the positions at init. Before a graph replay fresh
     metadata is built and merged into the captured one; this subject copies the rows in
     place so that only the getter is under test (see :class:`RingMergeSubject`).
@@ -1017,9 +1018,11 @@ class RingSubject(_MetadataSubject):
             # decode passes one request slot per token, as SGLang's decode metadata does
             state_slot = batch.req_pool_indices[: batch.positions.shape[0]]
             self._backend(batch, 0)._attach_unified_kv_decode_streams(core, state_slot)
-        elif batch.mode is ForwardMode.TARGET_VERIFY and self.target_modes and batch.mode in self.target_modes:
-            # where verify stores through the getter (0.5.23's fp8 ring), its metadata gets
-            # the decode streams over the per-token request slots (req_pool_indices_repeated)
+        elif batch.mode in _VERIFY_INITS and self.target_modes and batch.mode in self.target_modes:
+            # where a verify-shaped forward stores through the getter (0.5.23's fp8 ring; a
+            # DSpark draft block), its metadata gets the decode streams over the per-token
+            # request slots (req_pool_indices_repeated), as the HIP verify init attaches them
+            # (attach_decode_streams, 0.5.18+)
             self._backend(batch, 0)._attach_unified_kv_decode_streams(core, tokens_request_slots(batch))
         return self._wrap(core)
 
@@ -1048,6 +1051,12 @@ class RingSubject(_MetadataSubject):
             captured.swa_loc.copy_(fresh.swa_loc)
         else:
             captured.swa_loc = fresh.swa_loc
+
+
+# the forwards whose metadata the HIP backend builds with its target-verify init: a DSpark
+# draft block is a TARGET_VERIFY forward of the draft model, and under unified KV the HIP
+# backend keeps it on that path (_uses_dspark_draft_window)
+_VERIFY_INITS = frozenset({ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK})
 
 
 def _copy_written(captured: CoreMetadata, fresh: CoreMetadata) -> None:
