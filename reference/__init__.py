@@ -33,6 +33,7 @@ from .truth import (
     RequestWindowRows,
     TruthError,
     draft_step_slots,
+    injected_context_rows,
     late_layer_tail_tokens,
     prefill_rows,
     request_window_rows,
@@ -50,7 +51,7 @@ __all__ = [
     "swa_page_indices", "swa_topk_lengths", "unified_compressed_out_loc",
     "DUMMY_SLOT", "INT32_MAX", "UNREAD_PAGE", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
     "ForwardPlan", "Mutation", "PACKED_INPUTS", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
-    "draft_step_slots", "late_layer_tail_tokens", "live_rows", "prefill_rows", "request_window_rows", "replay_events", "request_length_bound",
+    "draft_step_slots", "injected_context_rows", "late_layer_tail_tokens", "live_rows", "prefill_rows", "request_window_rows", "replay_events", "request_length_bound",
     "ring_rows", "ring_size",
     "store_schedule", "token_state_slots", "tokens_per_request", "translate_pool", "whole_page_ring",
 ]

@@ -258,3 +258,30 @@ def draft_step_slots(allocated: torch.Tensor) -> torch.Tensor:
     return torch.tensor(
         [[table[r][k][s] for r in range(requests) for k in range(topk)] for s in range(steps)], dtype=torch.int64,
     ).reshape(steps, requests * topk)
+
+
+def injected_context_rows(
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    committed: torch.Tensor | None = None,
+    final_positions: torch.Tensor | None = None,
+    ring_window: int | None = None,
+) -> torch.Tensor:
+    """The rows a draft model's SWA store gets for the target's context tokens whose keys
+    it copies in (DSpark's target-hidden injection), int64, -1 for a token it must skip.
+
+    ``rows`` holds each token's own row (its translated SWA slot, or on a ring per request
+    its ring row). A token the verify rejected (``committed`` False) is skipped. On a ring
+    (``ring_window``: the sliding window), a token at least a window behind its request's
+    final position (``final_positions``, per token) is skipped too: no later query reads
+    it, and its ring row is shared with a newer token of the same request that the same
+    store writes, so storing both would race. Paged SWA rows give every token a slot of its
+    own, so nothing is skipped there for its age.
+    """
+    rows = _host_int64(rows)
+    keep = torch.ones_like(rows, dtype=torch.bool)
+    if committed is not None:
+        keep &= committed.to(device="cpu", dtype=torch.bool).reshape(-1)
+    if ring_window is not None and final_positions is not None:
+        keep &= _host_int64(positions) > _host_int64(final_positions) - ring_window
+    return torch.where(keep, rows, torch.full_like(rows, -1))

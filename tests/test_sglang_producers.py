@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from swafuzz.subjects.sglang import locate
 from swafuzz.subjects.sglang.producers import (
     ATTN_METADATA_FILES,
+    CONTEXT_INJECTION,
     CUDA_DRAFT_BLOCK_GETTER,
     CUDA_IN_GRAPH_DSPARK,
     CUDA_IN_GRAPH_INIT,
@@ -39,6 +40,7 @@ from swafuzz.subjects.sglang.producers import (
     GRAPH_LOC_BUFFER,
     HIP_IN_GRAPH_INIT,
     HIP_WINDOW_GETTER,
+    KV_INJECT_FILE,
     LATE_LAYER_TAIL,
     PREFILL_EXPANSION,
     PREFILL_ROWS,
@@ -60,6 +62,7 @@ from swafuzz.subjects.sglang.targets import CUDA_BACKEND_FILE, HIP_BACKEND_FILE
 from swafuzz.reference import (
     TruthError,
     draft_step_slots,
+    injected_context_rows,
     late_layer_tail_tokens,
     prefill_rows,
     request_window_rows,
@@ -135,6 +138,17 @@ def test_the_late_layers_store_each_requests_last_window_tokens_or_its_whole_ext
     assert late_layer_tail_tokens(torch.tensor([3, 1, 6]), 2).tolist() == [1, 2, 3, 8, 9]
     whole_last = late_layer_tail_tokens(torch.tensor([3, 1, 6]), 2, [False, False, True])
     assert whole_last.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_injected_context_skips_rejected_tokens_and_on_a_ring_those_a_window_behind_their_last():
+    rows, positions = torch.tensor([10, 11, 12, 13]), torch.tensor([0, 1, 2, 3])
+    committed = torch.tensor([True, True, True, False])
+    final = torch.tensor([3, 3, 3, 3])
+    assert injected_context_rows(rows, positions, committed).tolist() == [10, 11, 12, -1]
+    # a window of 2 behind position 3: positions 2 and 3 land on the ring, 0 and 1 would race
+    assert injected_context_rows(rows, positions, None, final, ring_window=2).tolist() == [-1, -1, 12, 13]
+    assert injected_context_rows(rows, positions, committed, final, ring_window=2).tolist() == [-1, -1, 12, -1]
+    assert injected_context_rows(rows, positions, None, final).tolist() == [10, 11, 12, 13]  # paged rows
 
 
 def test_each_draft_step_writes_the_slot_allocated_to_that_step_of_every_branch():
@@ -217,16 +231,17 @@ _DSPARK_IN_GRAPH = (CUDA_IN_GRAPH_INIT, CUDA_IN_GRAPH_DSPARK, HIP_IN_GRAPH_INIT)
 @pytest.mark.parametrize("version,present", [
     ("0.5.12", (VERIFY_EXPANSION, PREFILL_EXPANSION)),
     ("0.5.19", (*_STATE_ROWS, DECODE_STREAMS, DRAFT_STEP_LOCS, *_DSPARK_IN_GRAPH, GRAPH_LOC_BUFFER,
-                CUDA_DRAFT_BLOCK_GETTER)),
+                CUDA_DRAFT_BLOCK_GETTER, CONTEXT_INJECTION)),
     ("0.5.21", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
                 LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS, *_DSPARK_IN_GRAPH, GRAPH_LOC_BUFFER,
-                CUDA_DRAFT_BLOCK_GETTER)),
+                CUDA_DRAFT_BLOCK_GETTER, CONTEXT_INJECTION)),
     ("0.5.22", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_COMMIT, CUDA_WINDOW_GETTER,
                 HIP_WINDOW_GETTER, LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS, *_DSPARK_IN_GRAPH,
-                GRAPH_LOC_BUFFER, CUDA_DRAFT_BLOCK_GETTER)),
+                GRAPH_LOC_BUFFER, CUDA_DRAFT_BLOCK_GETTER, CONTEXT_INJECTION)),
     ("0.5.23", (*_STATE_ROWS, DECODE_STREAMS, WINDOW_LAYOUT, WINDOW_IDLE, WINDOW_ROW,
                 CUDA_WINDOW_GETTER, HIP_WINDOW_GETTER, LATE_LAYER_TAIL, TAIL_METADATA, DRAFT_STEP_LOCS,
-                *_DSPARK_IN_GRAPH, GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS, CUDA_DRAFT_BLOCK_GETTER)),
+                *_DSPARK_IN_GRAPH, GRAPH_LOC_BUFFER, DRAFT_RING_SIZE, DRAFT_RING_ROWS, CUDA_DRAFT_BLOCK_GETTER,
+                CONTEXT_INJECTION)),
 ])
 def test_the_producers_follow_the_releases_and_absent_ones_are_explained(version, present):
     if version not in CHECKED:
@@ -478,6 +493,36 @@ def test_a_dspark_draft_block_stored_anywhere_but_its_rows_is_caught(producer, p
     tree = edited_release("0.5.23", path, *edit, name="draft block store")
     (edited,) = [p for p in bind_producers(tree)[0] if p.name == producer]
     problems = check(edited, block)
+    assert problems and problems[0].startswith(problem), problems
+
+
+# plausible edits of DSpark's context injection: store the verify's first rejected token too,
+# keep a prefill token exactly a window behind its request's last one on the ring (whose
+# ring row a newer token shares), or lay the unified ring out one row short per request
+COMMIT_GATE = "committed = (col < commit_lens.to(torch.long).view(-1, 1)).reshape(-1)"
+WINDOW_GATE = "keep = pos > (final_pos.to(torch.int64) - win)"
+UNIFIED_ROW = "loc = state_slot.to(torch.int64) * ring + pos % ring"
+
+
+@pytest.mark.parametrize("version,edit,problem", [
+    ("0.5.23", (COMMIT_GATE, COMMIT_GATE.replace("col <", "col <=")), "verify injection rows on the draft ring: got "),
+    ("0.5.23", (WINDOW_GATE, WINDOW_GATE.replace(">", ">=")), "prefill injection rows on the draft ring: got "),
+    ("0.5.22", (UNIFIED_ROW, UNIFIED_ROW.replace("pos % ring", "pos % (ring - 1)")),
+     "prefill injection rows on the unified ring: got "),
+    ("0.5.16", ("col < commit_lens", "col <= commit_lens"), "verify injection rows on paged SWA rows: got "),
+])
+def test_context_keys_injected_into_any_draft_row_but_their_own_are_caught(version, edit, problem):
+    if version not in CHECKED:
+        pytest.skip(f"needs {version} in ${TEST_VERSIONS_ENV}")
+    # two requests that each verified three tokens and accepted two; the second prefill's
+    # context reaches past a window
+    verify = Batch(torch.tensor([3, 1]), torch.tensor([6, 129]), torch.tensor([3, 3]))
+    prefill = Batch(torch.tensor([3, 1]), torch.tensor([0, 5]), torch.tensor([140, 2]))
+    (real,) = [p for p in _bound(version)[0] if p.name == CONTEXT_INJECTION]
+    assert check(real, verify) == [] and check(real, prefill) == []
+    tree = edited_release(version, KV_INJECT_FILE, *edit, name="context injection")
+    (edited,) = [p for p in bind_producers(tree)[0] if p.name == CONTEXT_INJECTION]
+    problems = check(edited, verify) + check(edited, prefill)
     assert problems and problems[0].startswith(problem), problems
 
 

@@ -10,10 +10,11 @@ reads its write target from: the target-verify and prefill state slots
 (``late_layer_tail_layout``), multi-step draft decode (``per_step_draft_out_cache_loc`` and
 the backends' ``init_forward_metadata_in_graph``, which refreshes each step's rows
 inside the graph), the CUDA graph buffer of translated locations
-(``_fill_cuda_graph_swa_out_cache_loc``) and the 0.5.23 DSpark draft blocks: the draft SWA
+(``_fill_cuda_graph_swa_out_cache_loc``), the 0.5.23 DSpark draft blocks (the draft SWA
 ring (``get_draft_swa_ring_size``, ``_dspark_swa_ring_out_cache_loc``), the rows a block's
 stores write on the metadata ``init_forward_metadata_dspark_draft_block`` builds, and a
-draft graph's in-graph refresh of them.
+draft graph's in-graph refresh of them), and the rows DSpark's injection stores the target's
+context keys to (``TargetHiddenKvInjector._inject_mla``).
 
 :data:`PRODUCERS` is the table: one row per producer, with how to bind it from a release
 and how to run it on a :class:`Batch`. :func:`bind_producers` binds every row a release has
@@ -37,6 +38,7 @@ import torch
 from ...reference.truth import (
     DUMMY_SLOT,
     draft_step_slots,
+    injected_context_rows,
     late_layer_tail_tokens,
     prefill_rows,
     ring_rows,
@@ -1415,10 +1417,10 @@ class InGraphBatch(StandIn):
     replaces = (RealClass("sglang/srt/model_executor/forward_batch_info.py", "ForwardBatch"),)
 
 
-def _reads(function: types.FunctionType, *chain: str) -> frozenset[str]:
-    """The attributes the bound ``function`` reads from ``self.<chain>``."""
+def _reads(function: types.FunctionType, *chain: str, root: str = "self") -> frozenset[str]:
+    """The attributes the bound ``function`` reads from ``<root>.<chain>``."""
     node = function.swafuzz_source
-    prefix = ".".join(("self", *chain))
+    prefix = ".".join((root, *chain))
     return frozenset(
         n.attr for n in ast.walk(node)
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and ast.unparse(n.value) == prefix
@@ -1567,6 +1569,111 @@ def _run_in_graph_dspark_block(producer: Producer, batch: Batch, _: int) -> list
     return problems
 
 
+# ---- DSpark's injection of the target's context keys into the draft's SWA rows (0.5.16+) ---
+
+
+KV_INJECT_FILE = "sglang/srt/speculative/dspark_components/dspark_kv_inject.py"
+KV_INJECTOR = "TargetHiddenKvInjector"
+CONTEXT_INJECTION = f"{KV_INJECTOR}._inject_mla"
+# the methods the injection computes its rows with, where the release has them: the draft
+# ring's (0.5.23, with committed_swa_loc) and the unified ring's (0.5.18-0.5.22)
+INJECTION_HELPERS = ("committed_swa_loc", "_ring_inject_loc", "_unified_inject_loc")
+
+
+class KvInjector(StandIn):
+    role = "KV injector"
+    attributes = frozenset({"draft_model"})
+
+
+class _UnifiedGate:
+    """SGLang's ``is_unified_kv_triton()`` for the injection, switched per check."""
+
+    on = False
+
+    def __call__(self) -> bool:
+        return self.on
+
+
+class _DraftStore:
+    """The DSpark draft model as the injection hands it a store: the rows it was given."""
+
+    rows: Any = None
+
+    def write_target_hidden_kv(self, *, swa_loc: Any, **_: Any) -> None:
+        self.rows = swa_loc
+
+
+def _bind_context_injection(tree: SourceTree, mode: str) -> Producer:
+    text = tree.read(KV_INJECT_FILE) or ""
+    helpers = tuple(name for name in INJECTION_HELPERS if f"def {name}(" in text)
+    gate = _UnifiedGate()
+    # the CUDA kernel of the paged rows, behind an is_cuda test that CPU rows never pass
+    names = {**PRODUCER_STAND_INS, "is_unified_kv_triton": gate,
+             "committed_swa_locations": NotModelled("committed_swa_locations")}
+    binding = bind(tree, (*_dspark_helpers(tree),
+                          ClassCode(KV_INJECT_FILE, KV_INJECTOR, ("_inject_mla", *helpers), role=KvInjector.role)),
+                   names, {KvInjector.role: KvInjector.attributes}, mode)
+    methods = binding.classes[KV_INJECTOR].methods
+    read = frozenset().union(*(_reads(method, root="pool") for method in methods.values()))
+    pool = type("InjectionPool", (TranslatingPool,), {
+        "role": "injection pool", "replaces": TranslatingPool.replaces,
+        "attributes": TranslatingPool.attributes | (read - set(_POOL_TRANSLATION.methods)),
+        "__doc__": "The DSpark draft worker's pool, carrying what the release's injection reads of it."})
+    producer = Producer(KV_INJECTOR, "_inject_mla", methods["_inject_mla"], binding=binding,
+                        stand_ins=(StandInUse(KvInjector, (RealClass(KV_INJECT_FILE, KV_INJECTOR),)),
+                                   StandInUse(pool, pool.replaces)))
+    producer.parts.update(pool=_translating_pool(tree, mode, pool), gate=gate,
+                          injector=binding.classes[KV_INJECTOR].build(KvInjector))
+    return producer
+
+
+def _run_context_injection(producer: Producer, batch: Batch, _: int) -> list[str]:
+    """The rows DSpark's injection hands the draft model's SWA store for the target's
+    context keys, as its two callers feed it: a prefill's tokens (each with its request's
+    final position on a ring, ``place_prefill``), and, where every request verified as many
+    tokens, the verify's tokens with each request's accepted count (``commit_lens``). On
+    paged SWA rows under the model's mapping, on the draft ring (0.5.23: the pool has
+    ``swa_req_ring_size``) and on the unified ring (0.5.18-0.5.22, under unified KV)."""
+    locations, mapping = _locations(batch)
+    positions, slots = batch.positions, batch.token_slots
+    final = prefill_rows(batch.req_pool_indices, batch.extend_prefix_lens, batch.extend_seq_lens).final_pos
+    counts = batch.extend_seq_lens.tolist()
+    forms = [("prefill", {"cache_loc_2d": None, "commit_lens": None}, None, final)]
+    if len(set(counts)) == 1:
+        accepted = torch.tensor([(int(p) + r) % (counts[0] + 1) for r, p in enumerate(batch.extend_prefix_lens)],
+                                dtype=torch.int32)
+        committed = torch.arange(counts[0]).view(1, -1) < accepted.view(-1, 1)
+        forms.append(("verify", {"cache_loc_2d": locations.view(len(counts), counts[0]), "commit_lens": accepted},
+                      committed, None))
+    pool_class, gate = producer.parts["pool"], producer.parts["gate"]
+    ring = SLIDING_WINDOW + 3
+    pools = [("paged SWA rows", {}, False)]
+    if "swa_req_ring_size" in pool_class.attributes:
+        pools.append(("the draft ring", {"swa_req_ring_size": ring, "sliding_window": SLIDING_WINDOW}, False))
+    if "unified_swa_ring_size" in pool_class.attributes:
+        pools.append(("the unified ring", {"unified_swa_ring_size": ring, "unified_swa_window": SLIDING_WINDOW}, True))
+    parameters = set(producer.function.__code__.co_varnames[:producer.function.__code__.co_argcount
+                                                            + producer.function.__code__.co_kwonlyargcount])
+    problems = []
+    for pool_label, values, unified in pools:
+        pool = pool_class(**{name: values.get(name) for name in pool_class.attributes})
+        on_ring = bool(values)
+        if not on_ring:
+            pool.register_mapping(mapping)
+        rows = ring_rows(slots, positions, ring, batch.num_req_slots) if on_ring else translate_pool(mapping, locations)
+        for form, inputs, committed, final_positions in forms:
+            store = _DraftStore()
+            offered = {"pool": pool, "target_hidden": torch.zeros(batch.num_tokens, 1), "cache_loc": locations,
+                       "positions": positions, **inputs,
+                       "state_slot": slots if on_ring else None, "final_pos": final_positions if on_ring else None}
+            gate.on = unified
+            producer.function(producer.parts["injector"](draft_model=store),
+                              **{name: value for name, value in offered.items() if name in parameters})
+            want = injected_context_rows(rows, positions, committed, final_positions, SLIDING_WINDOW if on_ring else None)
+            problems += _differences(f"{form} injection rows on {pool_label}", store.rows, want)
+    return problems
+
+
 PRODUCERS: tuple[ProducerInfo, ...] = (
     ProducerInfo(VERIFY_EXPANSION, "target-verify state slot per token (req_pool_indices_repeated)",
                  _bind_expansion(VERIFY_EXPANSION), _run_verify_expansion),
@@ -1611,4 +1718,7 @@ PRODUCERS: tuple[ProducerInfo, ...] = (
                  _bind_draft_ring_rows, _run_draft_ring_rows),
     ProducerInfo(CUDA_DRAFT_BLOCK_GETTER, "CUDA backend store target of a DSpark draft block, on paged SWA rows and "
                  "on the draft SWA ring", _bind_draft_block_getter, _run_draft_block_getter, applies=_uniform_blocks),
+    ProducerInfo(CONTEXT_INJECTION, "draft SWA rows DSpark's injection stores the target's context keys to, after a "
+                 "prefill and for a verify's accepted tokens, on paged SWA rows and on the draft or unified ring",
+                 _bind_context_injection, _run_context_injection),
 )
