@@ -995,10 +995,11 @@ class RingSubject(_MetadataSubject):
     The rows are SGLang's own: decode (and idle) metadata runs the release's
     ``_attach_unified_kv_decode_streams`` on the forward's request slots and positions, and
     so does the metadata of a target-verify forward or DSpark draft block where the tree
-    calls the getter in it; other modes leave the rows unset; idle under MTP is skipped. Every step of a multi-step
-    draft gets metadata built once, from the positions at init. Before a graph replay fresh
-    metadata is built and merged into the captured one; this subject copies the rows in
-    place so that only the getter is under test (see :class:`RingMergeSubject`).
+    calls the getter in it; other modes leave the rows unset; idle under MTP is skipped.
+    Every step of a multi-step draft gets metadata built once, from the positions at init.
+    Before a graph replay fresh metadata is built and merged into the captured one; this
+    subject copies the rows in place so that only the getter is under test (see
+    :class:`RingMergeSubject`).
     """
 
     truth = Truth.RING

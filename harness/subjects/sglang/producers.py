@@ -1669,7 +1669,8 @@ def _run_context_injection(producer: Producer, batch: Batch, _: int) -> list[str
             gate.on = unified
             producer.function(producer.parts["injector"](draft_model=store),
                               **{name: value for name, value in offered.items() if name in parameters})
-            want = injected_context_rows(rows, positions, committed, final_positions, SLIDING_WINDOW if on_ring else None)
+            want = injected_context_rows(rows, positions, committed, final_positions,
+                                         SLIDING_WINDOW if on_ring else None)
             problems += _differences(f"{form} injection rows on {pool_label}", store.rows, want)
     return problems
 
