@@ -1145,6 +1145,22 @@ def test_the_ring_getter_reads_a_draft_blocks_rows_from_what_the_verify_init_att
     assert "result = cached" not in never_ran and "req_slot = req_slot.repeat_interleave(" in never_ran, never_ran
 
 
+@pytest.mark.parametrize("edit", [
+    ("return get_exec().features.enable_encoder_swa_bounded_replay and not _is_hip\n",
+     "return get_exec().features.enable_encoder_swa_bounded_replay\n"),
+    ("    def get_swa_out_cache_loc(self, forward_batch: ForwardBatch) -> torch.Tensor:\n",
+     "    def get_swa_out_cache_loc(self, forward_batch: ForwardBatch) -> torch.Tensor:\n"
+     "        ring = self.token_to_kv_pool.swa_req_ring_size\n"),
+], ids=["pool-gives-hip-a-draft-ring", "backend-reads-a-draft-ring"])
+def test_hip_draft_blocks_are_not_drawn_where_the_tree_may_give_the_hip_draft_a_ring(tmp_path, edit):
+    path = POOL_FILE if "_is_hip" in edit[0] else HIP_BACKEND_FILE
+    tree = edited_tree(tmp_path, "0.5.23", {path: [edit]})
+    subject = _subject(tree, "hip-swa-out-cache-loc").subject
+    assert not subject.drafts_in_blocks
+    (note,) = [note for note in subject.not_checked() if note.startswith("DSpark draft blocks")]
+    assert note.startswith("DSpark draft blocks: not drawn: ") and "ring" in note and "swafuzz does not model" in note
+
+
 @pytest.mark.parametrize("name", sorted(HIP_GETTERS))
 def test_a_hip_getter_that_keeps_the_first_draft_blocks_rows_is_found(tmp_path, name):
     getter = f"    def {HIP_GETTERS[name]}(self, forward_batch: ForwardBatch) -> torch.Tensor:\n"

@@ -26,6 +26,7 @@ the subject carries
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 
@@ -38,7 +39,7 @@ from .locate import SourceTree
 from .producers import DraftBlockCode, bind_draft_block_code
 from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features
 from .switches import SwitchSettings
-from .targets import Target
+from .targets import HIP_BACKEND_FILE, POOL_FILE, Target
 
 
 def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: SwitchSettings) -> SubjectInfo:
@@ -58,8 +59,10 @@ def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: Sw
         attributes["draft_blocks"] = DraftBlocks.BUILT_BY_TREE if code is not None else None
         attributes["drafts_in_blocks"] = code is not None and stores_blocks
     elif target.draft_blocks is DraftBlocks.AS_VERIFY:
-        attributes["draft_blocks"] = DraftBlocks.AS_VERIFY
-        attributes["drafts_in_blocks"] = stores_blocks
+        unread = _draft_ring_on_hip(tree)
+        attributes["draft_blocks"] = None if unread else DraftBlocks.AS_VERIFY
+        attributes["drafts_in_blocks"] = stores_blocks and not unread
+        attributes["draft_block_absent"] = unread
     else:
         attributes["draft_block_absent"] = (f"{target.subject_name} runs none: swafuzz makes a DSpark draft "
                                             "block's metadata for get_swa_out_cache_loc only")
@@ -75,3 +78,36 @@ def _draft_block_code(tree: SourceTree, mode: str) -> tuple[DraftBlockCode | Non
         return bind_draft_block_code(tree, mode), ""
     except BindError as exc:
         return None, f"{tree.label} has no DSpark draft-block metadata init the driver can run ({exc})"
+
+
+# what decides that the HIP backend's DSpark draft keeps no ring of its own: the backend
+# reads none, and the pool's gate for one leaves HIP out (0.5.23) or is not there
+DRAFT_RING_GATE = "uses_draft_swa_ring"
+DRAFT_RING_SIZE_FIELD = "swa_req_ring_size"
+
+
+@functools.lru_cache(maxsize=32)
+def _draft_ring_on_hip(tree: SourceTree) -> str:
+    """Why the HIP backend's DSpark draft blocks may keep rows of their own in ``tree`` (a
+    draft ring, which the HIP drivers do not model), or "" where they cannot: then a block's
+    metadata is a target-verify forward's, as every release from 0.5.16 to 0.5.23 has it."""
+    backend = _module(tree, HIP_BACKEND_FILE)
+    if backend is not None and any(isinstance(node, ast.Attribute) and node.attr == DRAFT_RING_SIZE_FIELD
+                                   for node in ast.walk(backend)):
+        return (f"{tree.label}: the HIP backend reads the DSpark draft ring ({DRAFT_RING_SIZE_FIELD}), whose rows "
+                "swafuzz does not model for it")
+    pool = _module(tree, POOL_FILE)
+    gate = next((node for node in ast.walk(pool) if isinstance(node, ast.FunctionDef)
+                 and node.name == DRAFT_RING_GATE), None) if pool is not None else None
+    if gate is not None and not any(isinstance(node, ast.Name) and node.id == "_is_hip" for node in ast.walk(gate)):
+        return (f"{tree.label}: {POOL_FILE}'s {DRAFT_RING_GATE} does not leave HIP out, so a HIP DSpark draft may "
+                "keep a ring of its own, which swafuzz does not model for it")
+    return ""
+
+
+def _module(tree: SourceTree, path: str) -> ast.Module | None:
+    text = tree.read(path)
+    try:
+        return ast.parse(text) if text is not None else None
+    except SyntaxError:
+        return None  # the binding says what is wrong with the file

@@ -332,7 +332,7 @@ class DraftBlocks(enum.Enum):
     # init_forward_metadata_target_verify; on paged SWA rows eager init ends in
     # init_forward_metadata_in_graph, which translates the block's locations on a pool with no
     # request window, and a DSpark draft's pool never has one (nor a draft ring on HIP:
-    # uses_draft_swa_ring)
+    # uses_draft_swa_ring; .configure reads that from each tree)
     AS_VERIFY = "as a verify"
 
 
