@@ -37,7 +37,7 @@ from .binding import BindError
 from .drivers import DraftBlocks
 from .locate import SourceTree
 from .producers import DraftBlockCode, bind_draft_block_code
-from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features
+from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features, parsed
 from .switches import SwitchSettings
 from .targets import HIP_BACKEND_FILE, POOL_FILE, Target
 
@@ -91,12 +91,12 @@ def _draft_ring_on_hip(tree: SourceTree) -> str:
     """Why the HIP backend's DSpark draft blocks may keep rows of their own in ``tree`` (a
     draft ring, which the HIP drivers do not model), or "" where they cannot: then a block's
     metadata is a target-verify forward's, as every release from 0.5.16 to 0.5.23 has it."""
-    backend = _module(tree, HIP_BACKEND_FILE)
+    _, backend = parsed(tree, HIP_BACKEND_FILE)
     if backend is not None and any(isinstance(node, ast.Attribute) and node.attr == DRAFT_RING_SIZE_FIELD
                                    for node in ast.walk(backend)):
         return (f"{tree.label}: the HIP backend reads the DSpark draft ring ({DRAFT_RING_SIZE_FIELD}), whose rows "
                 "swafuzz does not model for it")
-    pool = _module(tree, POOL_FILE)
+    _, pool = parsed(tree, POOL_FILE)
     gate = next((node for node in ast.walk(pool) if isinstance(node, ast.FunctionDef)
                  and node.name == DRAFT_RING_GATE), None) if pool is not None else None
     if gate is not None and not any(isinstance(node, ast.Name) and node.id == "_is_hip" for node in ast.walk(gate)):
@@ -104,10 +104,3 @@ def _draft_ring_on_hip(tree: SourceTree) -> str:
                 "keep a ring of its own, which swafuzz does not model for it")
     return ""
 
-
-def _module(tree: SourceTree, path: str) -> ast.Module | None:
-    text = tree.read(path)
-    try:
-        return ast.parse(text) if text is not None else None
-    except SyntaxError:
-        return None  # the binding says what is wrong with the file

@@ -832,6 +832,15 @@ _POOL_TRANSLATION = ClassCode(
 )
 
 
+def _pool_as_read(name: str, role: str, read: frozenset[str]) -> type[StandIn]:
+    """A pool stand-in carrying what a release's code reads of the pool (``read``), the
+    translation methods aside: :func:`_translating_pool` gives it the tree's own."""
+    return type(name, (TranslatingPool,), {
+        "role": role, "replaces": TranslatingPool.replaces,
+        "attributes": TranslatingPool.attributes | (read - set(_POOL_TRANSLATION.methods)),
+    })
+
+
 def _translating_pool(tree: SourceTree, mode: str, stand_in: type[StandIn]) -> type[StandIn]:
     """``stand_in`` with the tree's own ``register_mapping`` and ``translate_loc_from_full_to_swa``."""
     binding = bind(tree, (replace(_POOL_TRANSLATION, role=stand_in.role),), PRODUCER_STAND_INS,
@@ -1463,14 +1472,10 @@ def _bind_in_graph_init(path: str, owner: str, dspark: bool = False) -> Callable
             raise BindError(f"{binding.label}: {owner}.{IN_GRAPH_INIT} has no DSpark draft-block branch")
         read = frozenset().union(*(_reads(method) for method in bound.methods.values())) - set(bound.methods)
         backend = type("InGraphBackend", (StandIn,), {"role": "in-graph backend", "attributes": read})
-        pool = type("InGraphPool", (TranslatingPool,), {
-            "role": "in-graph pool", "replaces": TranslatingPool.replaces,
-            "attributes": (TranslatingPool.attributes
-                           | (_reads(function, "token_to_kv_pool") - set(_POOL_TRANSLATION.methods))
-                           # the DSpark helpers read the pool through a local
-                           | {"swa_valid_from"} & {name for method in bound.methods.values()
-                                                   for name in method.__code__.co_names}),
-        })
+        pool = _pool_as_read("InGraphPool", "in-graph pool", (
+            _reads(function, "token_to_kv_pool")
+            # the DSpark helpers read the pool through a local
+            | {"swa_valid_from"} & {name for method in bound.methods.values() for name in method.__code__.co_names}))
         low_ratios = "core_metadata" in function.__code__.co_names
         metadata = LowRatioInGraphMetadata if low_ratios else InGraphMetadata
         core = LowRatioInGraphCore if low_ratios else InGraphCore
@@ -1615,10 +1620,7 @@ def _bind_context_injection(tree: SourceTree, mode: str) -> Producer:
                    names, {KvInjector.role: KvInjector.attributes}, mode)
     methods = binding.classes[KV_INJECTOR].methods
     read = frozenset().union(*(_reads(method, root="pool") for method in methods.values()))
-    pool = type("InjectionPool", (TranslatingPool,), {
-        "role": "injection pool", "replaces": TranslatingPool.replaces,
-        "attributes": TranslatingPool.attributes | (read - set(_POOL_TRANSLATION.methods)),
-        "__doc__": "The DSpark draft worker's pool, carrying what the release's injection reads of it."})
+    pool = _pool_as_read("InjectionPool", "injection pool", read)
     producer = Producer(KV_INJECTOR, "_inject_mla", methods["_inject_mla"], binding=binding,
                         stand_ins=(StandInUse(KvInjector, (RealClass(KV_INJECT_FILE, KV_INJECTOR),)),
                                    StandInUse(pool, pool.replaces)))
@@ -1652,8 +1654,7 @@ def _run_context_injection(producer: Producer, batch: Batch, _: int) -> list[str
         pools.append(("the draft ring", {"swa_req_ring_size": ring, "sliding_window": SLIDING_WINDOW}, False))
     if "unified_swa_ring_size" in pool_class.attributes:
         pools.append(("the unified ring", {"unified_swa_ring_size": ring, "unified_swa_window": SLIDING_WINDOW}, True))
-    parameters = set(producer.function.__code__.co_varnames[:producer.function.__code__.co_argcount
-                                                            + producer.function.__code__.co_kwonlyargcount])
+    taken = set(parameters(producer.function))
     problems = []
     for pool_label, values, unified in pools:
         pool = pool_class(**{name: values.get(name) for name in pool_class.attributes})
@@ -1668,7 +1669,7 @@ def _run_context_injection(producer: Producer, batch: Batch, _: int) -> list[str
                        "state_slot": slots if on_ring else None, "final_pos": final_positions if on_ring else None}
             gate.on = unified
             producer.function(producer.parts["injector"](draft_model=store),
-                              **{name: value for name, value in offered.items() if name in parameters})
+                              **{name: value for name, value in offered.items() if name in taken})
             want = injected_context_rows(rows, positions, committed, final_positions,
                                          SLIDING_WINDOW if on_ring else None)
             problems += _differences(f"{form} injection rows on {pool_label}", store.rows, want)

@@ -815,7 +815,7 @@ def needed_settings(target: str, version: str, features: set[str]) -> tuple[list
 
 def function_source(tree: SourceTree, hop: Hop) -> str | None:
     """The source of the hop's function (or file) in ``tree``, or None when it is not there."""
-    text, module = _parsed(tree, hop.file)
+    text, module = parsed(tree, hop.file)
     if text is None or not hop.function:
         return text
     body: list[ast.stmt] = module.body
@@ -829,7 +829,8 @@ def function_source(tree: SourceTree, hop: Hop) -> str | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _parsed(tree: SourceTree, path: str) -> tuple[str | None, ast.Module | None]:
+def parsed(tree: SourceTree, path: str) -> tuple[str | None, ast.Module | None]:
+    """The text of ``path`` in ``tree`` and its module (None for each it lacks)."""
     # routes cite the same few large files many times
     text = tree.read(path)
     return text, (ast.parse(text) if text is not None and path.endswith(".py") else None)
