@@ -209,6 +209,15 @@ class ForwardBatch:
     def seq_lens_sum(self) -> int:
         return int(self.seq_lens_cpu.sum())
 
+    @property
+    def graph_key(self) -> tuple[str, int]:
+        """The captured graph a batch of this shape belongs to, as SGLang keys what it
+        captures: the graph bucket (decode and idle forwards share ``"decode"``;
+        target-verify forwards and DSpark draft blocks have ``"target_verify"``) and the
+        batch size. State kept per captured graph is kept per key."""
+        bucket = "decode" if self.mode.is_decode_or_idle() else "target_verify"
+        return bucket, self.batch_size
+
 
 @dataclass(frozen=True)
 class CodeNames:

@@ -23,8 +23,8 @@ from .compressed import (
 from .engine import UNREAD_PAGE, EngineState, replay_events
 from .packing import PACKED_INPUTS, ForwardPlan, StepInputs
 from .scenario import (
-    LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError, live_rows,
-    request_length_bound, store_schedule, tokens_per_request,
+    GRAPH_MODES, LIMITS, SCENARIO_VERSION, EngineConfig, Event, LimitExceeded, Mutation, Scenario, ScenarioError,
+    live_rows, request_length_bound, store_schedule, tokens_per_request,
 )
 from .truth import (
     DUMMY_SLOT,
@@ -49,7 +49,7 @@ __all__ = [
     "compress_state_ring_size", "compress_state_slots", "compressed_lengths", "compressed_out_loc",
     "compressed_positions", "compression_metadata", "empty_sparse_page_indices", "low_ratio_out_loc", "page_table", "sparse_topk_lengths",
     "swa_page_indices", "swa_topk_lengths", "unified_compressed_out_loc",
-    "DUMMY_SLOT", "INT32_MAX", "UNREAD_PAGE", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
+    "DUMMY_SLOT", "GRAPH_MODES", "INT32_MAX", "UNREAD_PAGE", "LIMITS", "SCENARIO_VERSION", "EngineConfig", "EngineState", "Event", "LimitExceeded",
     "ForwardPlan", "Mutation", "PACKED_INPUTS", "PrefillRows", "RequestWindowRows", "Scenario", "ScenarioError", "StepInputs", "TruthError",
     "draft_step_slots", "injected_context_rows", "late_layer_tail_tokens", "live_rows", "prefill_rows", "request_window_rows", "replay_events", "request_length_bound",
     "ring_rows", "ring_size",

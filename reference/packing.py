@@ -121,6 +121,12 @@ class ForwardPlan:
     def num_micro_batches(self) -> int:
         return len(self.steps[0])
 
+    @property
+    def graph_rows(self) -> int | None:
+        """The token rows of the captured graph the forward replays (its batch size times a
+        request's tokens); None for an eager forward."""
+        return None if self.graph_batch_size is None else self.steps[0][0].num_rows
+
 
 class Block:
     """Forwards of one event planned together: what they share, computed once, and their
@@ -167,6 +173,8 @@ def pack_chunk(block: Block, first: int, stop: int) -> list[ForwardPlan]:
     prefixes, counts, slots, seq_lens = block.prefixes, block.counts, block.slots, block.seq_lens
     one_token_each, token_ends = block.one_token_each, block.token_ends
     graph_batch_size = block.graph_batch_size
+    # the tokens of a padded request row: a graph's are as many as each live request's
+    per_request = int(counts[0]) if graph_batch_size is not None and len(counts) else 1
     forwards = stop - first
     # [step][micro-batch][forward]
     cells: list[list[list[StepInputs]]] = []
@@ -175,17 +183,20 @@ def pack_chunk(block: Block, first: int, stop: int) -> list[ForwardPlan]:
         step_cells = []
         for start, end in block.chunks:
             live_start, live_end = (start, end) if one_token_each else (token_ends[start], token_ends[end])
-            padding = event.pad if event.mode == "idle" and not event.graph else 0
             if graph_batch_size is not None:
-                padding = graph_batch_size - (live_end - live_start)
-            # padded request rows exist only where every row is one token (decode)
-            pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
+                # a graph pads to its captured request rows, each with a request's tokens
+                pad_requests = graph_batch_size - (end - start)
+                padding = pad_requests * per_request
+            else:
+                padding = event.pad if event.mode == "idle" else 0
+                # padded request rows exist only where every row is one token (decode)
+                pad_requests = padding if padding and (one_token_each or (counts[start:end] == 1).all()) else 0
             requests, tokens = end - start + pad_requests, live_end - live_start + padding
             packed = np.empty((forwards, 5 * requests + 2 * tokens), dtype=INT)
             req_slots, token_counts, positions_of, loc, seq_lens_of, prefix_lens, host_seq_lens = _segments(
                 packed, requests, tokens)
             _fill(req_slots, slots[start:end], DUMMY_SLOT)
-            _fill(token_counts, counts[start:end], 1)
+            _fill(token_counts, counts[start:end], per_request)
             _fill(seq_lens_of, seq_lens[rows, start:end], 1)
             _fill(prefix_lens, prefixes[rows, start:end], 0)
             host_seq_lens[...] = seq_lens_of

@@ -52,7 +52,7 @@ class ForwardPlanner:
             per_request = tokens_per_request(event.mode, c.num_draft_tokens)
             counts = np.full(len(slots), per_request, dtype=INT)
             live_tokens = per_request * len(slots)
-        graph_batch_size = self._graph_batch_size(event, live_tokens)
+        graph_batch_size = self._graph_batch_size(event, len(slots))
         lengths = self.requests.length[slots]
         forwards = self._block_size(event, index, events) if live_tokens else 1
         # [forward * step, request]: every step of every forward of the block
@@ -184,13 +184,16 @@ class ForwardPlanner:
             if end > first
         ]
 
-    def _graph_batch_size(self, event: Event, live_tokens: int) -> int | None:
+    def _graph_batch_size(self, event: Event, requests: int) -> int | None:
+        """The smallest captured batch size (request rows) that holds the forward's requests,
+        or its padding rows when idle."""
         if not event.graph:
             return None
-        need = max(live_tokens, event.pad)
+        need = max(requests, event.pad)
         fitting = [b for b in sorted(self.config.graph_batch_sizes) if b >= need]
         if not fitting:
-            raise ScenarioError(f"no graph batch size in {list(self.config.graph_batch_sizes)} holds {need} rows")
+            what = "rows" if event.mode in ("decode", "idle") else "requests"
+            raise ScenarioError(f"no graph batch size in {list(self.config.graph_batch_sizes)} holds {need} {what}")
         return fitting[0]
 
     def _calls(self, event: Event) -> tuple[tuple[int, int], ...]:

@@ -20,6 +20,10 @@ SCENARIO_VERSION = 1
 MODES = ("decode", "extend", "verify", "draft", "draft_extend", "draft_block", "idle")
 # the forwards of a DeepSeek-V4 MTP draft model, and of a DSpark one (config.dspark)
 MTP_DRAFT_MODES = ("draft", "draft_extend")
+# the modes a forward may run as a graph replay: those SGLang's decode graph runner captures
+# (decode and idle share a graph; target-verify, and the DSpark draft block the draft
+# worker runs as one, have graphs of their own)
+GRAPH_MODES = ("decode", "idle", "verify", "draft_block")
 MUTATIONS = ("relocate", "register_mapping")
 # a DeepSeek-V4 layer's compress ratio: a C4 or C128 layer, or (0) an SWA-only one
 MODEL_COMPRESS_RATIOS = (0, 4, 128)
@@ -439,8 +443,8 @@ class Event:
                 f"{self.micro_batches} micro-batches for {len(self.requests)} requests",
             )
         if self.graph:
-            if self.mode not in ("decode", "idle"):
-                raise _fail(f"{where}.graph", f"graph replay runs decode and idle forwards, not {self.mode}")
+            if self.mode not in GRAPH_MODES:
+                raise _fail(f"{where}.graph", f"graph replay runs {', '.join(GRAPH_MODES)} forwards, not {self.mode}")
             if self.micro_batches != 1:
                 raise _fail(f"{where}.graph", "graph replay runs a single micro-batch")
             if self.mutation is not None:
@@ -579,7 +583,8 @@ def request_length_bound(scenario: "Scenario") -> int:
 def _step_rows(event: Event, config: EngineConfig) -> int:
     """An upper bound on the rows one step of a forward writes, padding included."""
     if event.graph:
-        return max(config.graph_batch_sizes, default=0) + event.pad
+        largest = max(config.graph_batch_sizes, default=0)
+        return max(largest, event.pad) * _graph_tokens_per_request(event.mode, config.num_draft_tokens)
     return live_rows(event, config.num_draft_tokens) + event.pad
 
 
@@ -598,6 +603,13 @@ def tokens_per_request(mode: str, num_draft_tokens: int) -> int:
     if mode == "verify":
         return num_draft_tokens
     return num_draft_tokens - 1 if mode == "draft_block" else 1
+
+
+def _graph_tokens_per_request(mode: str, num_draft_tokens: int) -> int:
+    """The token rows each request row of a captured graph of ``mode`` holds: a graph is
+    captured per batch size (requests), at the tokens a request writes in that mode (one in
+    decode and idle, the draft tokens in target-verify, a block in a DSpark draft block)."""
+    return 1 if mode == "idle" else tokens_per_request(mode, num_draft_tokens)
 
 
 def store_schedule(event: Event, config: EngineConfig) -> list[int]:

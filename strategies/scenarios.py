@@ -53,7 +53,7 @@ from functools import lru_cache
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from ..reference import LIMITS, EngineConfig, Event, LimitExceeded, Mutation, Scenario, live_rows
+from ..reference import GRAPH_MODES, LIMITS, EngineConfig, Event, LimitExceeded, Mutation, Scenario, live_rows
 from .features import (
     DRAFT_EXTEND, DRAFT_MODEL, DRAFT_MULTISTEP, DSPARK_DRAFT, FIRST_SWA_LAYER_NOT_START, GRAPH_REPLAY, IDLE,
     MICRO_BATCHES, NON_SWA_LAYERS, PIPELINE_STAGE, TARGET_VERIFY, in_mode, restriction_terms_of, together,
@@ -464,13 +464,13 @@ def _forward(draw) -> Event:
     for i, rid in enumerate(requests):
         sim.lengths[rid] += tokens[i] if tokens else per_request[mode]
 
-    live_tokens = len(requests) if mode == "decode" else 0
     graph, pad = False, 0
-    if mode in ("decode", "idle") and sim.allows(GRAPH_REPLAY, mode) and draw(st.booleans()):
+    if mode in GRAPH_MODES and sim.allows(GRAPH_REPLAY, mode) and draw(st.booleans()):
         if not sim.graph_sizes:
             sim.graph_sizes = tuple(sorted(_subset(draw, _GRAPH_SIZES, min_size=1)))
         pad = _idle_pad(draw, sim) if mode == "idle" else 0
-        graph = max(live_tokens, pad) <= sim.graph_sizes[-1]
+        # a graph is captured per batch size: it holds the forward's requests (or padding)
+        graph = max(len(requests), pad) <= sim.graph_sizes[-1]
         pad = pad if graph else 0
     elif mode == "idle":
         pad = _idle_pad(draw, sim)

@@ -142,6 +142,50 @@ def test_a_cache_keyed_also_on_capture_is_right_with_and_without_warmups(subject
     assert run_scenario(subject, _with_warmups(TWO_SIZES, warmups)).passed
 
 
+# ---- target-verify and DSpark draft-block graphs ------------------------------------------------
+
+# Verify graphs of two sizes beside a decode graph of one of them: each has its own capture.
+VERIFY_GRAPHS = _scenario(
+    {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 3, "graph_batch_sizes": [2, 4]},
+    [{"op": "admit", "count": 3},
+     {"op": "forward", "mode": "extend", "requests": [0, 1, 2], "tokens": [2, 1, 3]},
+     {"op": "forward", "mode": "verify", "requests": [0], "graph": True},
+     {"op": "forward", "mode": "decode", "requests": [0, 1], "graph": True},
+     {"op": "forward", "mode": "verify", "requests": [1, 2], "graph": True},
+     {"op": "forward", "mode": "verify", "requests": [0, 1, 2], "graph": True}],
+)
+
+
+def test_a_verify_graph_is_captured_per_batch_size_with_each_request_rows_draft_tokens_long():
+    captures = [(tokens, ptrs) for hook, _, _, tokens, ptrs in _recorded(VERIFY_GRAPHS)
+                if hook == "init_capture_metadata"]
+    # verify at 2 requests (6 rows), decode at 2 (2 rows, a graph of its own), verify at 4 (12 rows)
+    assert [tokens for tokens, _ in captures] == [6, 2, 12]
+
+
+def test_a_verify_graph_pads_its_requests_with_whole_requests_of_dummy_rows():
+    seen = []
+
+    class Padding(Uncached):
+        def init_replay_metadata(self, batch):
+            seen.append((batch.mode.value, batch.req_pool_indices.tolist(), batch.extend_seq_lens.tolist(),
+                         batch.out_cache_loc[batch.num_live_tokens:].tolist(), batch.graph_key))
+
+    assert run_scenario(Padding, VERIFY_GRAPHS).passed
+    mode, slots, counts, padding, key = seen[-1]  # three requests in the graph of four
+    assert mode == "verify" and slots[3] == 0 and counts == [3, 3, 3, 3] and padding == [0, 0, 0]
+    assert key == ("target_verify", 4)
+    assert seen[1][4] == ("decode", 2) and seen[0][4] == ("target_verify", 2)
+
+
+@pytest.mark.parametrize("subject", [StepKeyed, StepKeyedRing], ids=["pool", "ring"])
+def test_a_forward_keyed_cache_is_found_stale_in_a_verify_graph_replay(subject):
+    scenario = _scenario(VERIFY_GRAPHS.config.to_dict(), [e.to_dict() for e in VERIFY_GRAPHS.events[:3]])
+    divergence = run_scenario(subject, scenario).divergence
+    assert divergence is not None and divergence.sentence.startswith("Stale cache: at forward 2 (verify)")
+    assert all(run_scenario(right, VERIFY_GRAPHS).passed for right in (Uncached, StepKeyedCapture, StepKeyedCaptureRing))
+
+
 # ---- static buffers ----------------------------------------------------------------------------
 
 

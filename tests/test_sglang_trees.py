@@ -23,7 +23,7 @@ from swafuzz.api import ForwardMode, ModelSpec
 from swafuzz.errors import UnmodelledPath
 from swafuzz.reference import EngineConfig, Scenario
 from swafuzz.run.executor import run_scenario
-from swafuzz.search.fuzz import fuzz
+from swafuzz.search.fuzz import fuzz, unmodelled_by
 from swafuzz.subjects.sglang import BindError, bind_target, callsites, engine_features, locate, tree_checks
 from swafuzz.subjects.sglang.drivers import RING_GETTER_MODES
 from swafuzz.subjects.sglang.late_layer_tail import ATTN_METADATA_FILES
@@ -1181,3 +1181,36 @@ def test_a_hip_getter_that_keeps_the_first_draft_blocks_rows_is_found(tmp_path, 
     searched = fuzz(info, settings="ci", max_examples=300, seed=0)
     assert searched.divergence is not None and searched.weakest_profile == "realistic"
     assert "(draft_block)" in searched.divergence.sentence
+
+
+# ---- graph-replayed target-verify forwards and DSpark draft blocks -----------------------------
+
+VERIFY_GRAPHS_SCENARIO = Scenario.from_dict({
+    "config": {"start_layer": 0, "end_layer": 2, "speculative": True, "num_draft_tokens": 3, "draft_model": True,
+               "dspark": True, "graph_batch_sizes": [2, 4]},
+    "events": [{"op": "admit", "count": 3}, {"op": "forward", "requests": [0, 1, 2]},
+               {"op": "forward", "mode": "draft_block", "requests": [0, 1], "graph": True},
+               {"op": "forward", "mode": "verify", "requests": [0, 1], "graph": True},
+               {"op": "forward", "mode": "decode", "requests": [0, 1], "graph": True},
+               {"op": "forward", "mode": "draft_block", "requests": [2, 0, 1], "graph": True},
+               {"op": "forward", "mode": "verify", "requests": [2], "graph": True}]})
+
+
+@pytest.mark.parametrize("name", ["cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"])
+def test_the_swa_getters_answer_graph_replayed_verify_forwards_and_draft_blocks(name):
+    info = _subject(release_or_skip("0.5.23"), name)
+    assert not info.subject.unmodelled
+    assert run_scenario(info.subject, VERIFY_GRAPHS_SCENARIO).passed
+
+
+def test_verify_graphs_are_not_drawn_where_the_driver_cannot_prepare_them_and_the_run_says_why():
+    tree = release_or_skip("0.5.23")
+    windowed = _window_getter(tree, window=True).subject
+    ring = _subject(tree, "hip-unified-swa-loc").subject
+    for subject in (windowed, ring):
+        assert subject.unmodelled == {in_mode(GRAPH_REPLAY, "verify"), in_mode(GRAPH_REPLAY, "draft_block")}
+        (note,) = [note for note in subject.not_checked() if note.startswith("graph-replayed target-verify")]
+        assert "not drawn: " in note
+    assert not _window_getter(tree, window=False).subject.unmodelled
+    # every profile leaves them out, not only the realistic one
+    assert unmodelled_by(_subject(tree, "hip-unified-swa-loc")) == ring.unmodelled

@@ -23,13 +23,14 @@ from .judge import Judge
 from .progress import Progress, Stop, Where
 
 # The graph inputs a subject sees and what capture leaves in them: the decode graph runner
-# allocates them zeroed at the largest captured size (DecodeInputBuffers in SGLang); decode
-# has one token per request, so the per-request token counts are ones.
+# allocates them zeroed at the largest captured size (DecodeInputBuffers in SGLang). The
+# per-request token counts are a request's tokens in the graph's mode (one in decode).
 STATIC_INPUTS = {
-    "req_pool_indices": 0, "extend_seq_lens": 1, "positions": 0, "out_cache_loc": 0,
-    # padded requests have length 1, as the runner's seq_len fill value; decode has no prefix
+    "req_pool_indices": 0, "extend_seq_lens": None, "positions": 0, "out_cache_loc": 0,
+    # padded requests have length 1, as the runner's seq_len fill value; capture has no prefix
     "seq_lens": 1, "extend_prefix_lens": 0,
 }
+TOKEN_INPUTS = frozenset({"positions", "out_cache_loc"})  # one row per token, the others per request
 
 MODES = {mode.value: mode for mode in ForwardMode}  # a dict reads faster than Enum's lookup
 
@@ -77,7 +78,7 @@ class GraphForwards:
         self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
 
     def forward(self, plan: ForwardPlan) -> None:
-        key = (plan.model, plan.graph_batch_size, plan.calls)
+        key = (plan.model, _bucket(plan.event.mode), plan.graph_batch_size, plan.calls)
         if key not in self.graphs:
             self.graphs[key] = self._capture(plan)
         graph, static, sinks, fields, value_sinks = self.graphs[key]
@@ -105,27 +106,28 @@ class GraphForwards:
         the forward run eagerly ``graph_warmups`` times on the static inputs, then once more
         inside the capture. The harness captures a size at its first replay, on inputs
         reset to what capture at start-up would see."""
-        size = plan.graph_batch_size
+        size, rows = plan.graph_batch_size, plan.graph_rows
         subject = self.subjects[plan.model]
         buffers = self._static_buffers(plan.model)
-        for name, fill in STATIC_INPUTS.items():
-            buffers[name][:size].fill_(fill)
-        self.static_seq_lens_cpu[plan.model][:size].fill_(STATIC_INPUTS["seq_lens"])
-        fields = {name: buffer[:size] for name, buffer in buffers.items()}
+        fills = {**STATIC_INPUTS, "extend_seq_lens": rows // size, "seq_lens_cpu": STATIC_INPUTS["seq_lens"]}
+        fields = {name: buffer[:rows if name in TOKEN_INPUTS else size] for name, buffer in buffers.items()}
         fields["seq_lens_cpu"] = self.static_seq_lens_cpu[plan.model][:size]
+        for name, tensor in fields.items():
+            tensor.fill_(fills[name])
+        # decode and idle share the decode graph: capture runs it as decode
+        mode = ForwardMode.DECODE if plan.event.mode == "idle" else MODES[plan.event.mode]
         static = ForwardBatch(
-            forward_id=self.forward_id(), mode=ForwardMode.DECODE, micro_batch=0,
+            forward_id=self.forward_id(), mode=mode, micro_batch=0,
             backend=self.backend(plan.model, 0), num_live_tokens=0, **fields,
         )
-        fills = {**STATIC_INPUTS, "seq_lens_cpu": STATIC_INPUTS["seq_lens"]}
-        held = {name: torch.full((size,), fills[name]) for name in fields}
+        held = {name: torch.full((tensor.shape[0],), fills[name]) for name, tensor in fields.items()}
         self.inputs.handed = Handed(plan, [static], [[fields]], held, phase="the graph capture for")
         self.calls.method(Where(plan), subject, "init_capture_metadata", static)
         for _ in range(self.config.graph_warmups):
             self._run_graph_forward(plan, static, "graph warm-up")
         graph = make_graph(self.device)
-        sinks = [torch.empty(size, dtype=torch.int32, device=self.device) for _ in plan.calls]
-        value_sinks = [(call, quantity, torch.empty(self._value_shape(quantity, size), dtype=quantity.dtype,
+        sinks = [torch.empty(rows, dtype=torch.int32, device=self.device) for _ in plan.calls]
+        value_sinks = [(call, quantity, torch.empty(self._value_shape(quantity, rows), dtype=quantity.dtype,
                                                     device=self.device))
                        for call in plan.calls for quantity in self.value_reads.get(call[1], ())]
         static.in_graph = self.progress.capturing = True
@@ -171,7 +173,7 @@ class GraphForwards:
         for index, (mb, layer_id) in enumerate(plan.calls):
             where = Where(plan, 0, mb, layer_id)
             out = method(where, subject, "swa_write_location", static, layer_id, phase=phase)
-            problem = self.judge.shape_problem(self.progress.site(where), out, plan.graph_batch_size)
+            problem = self.judge.shape_problem(self.progress.site(where), out, plan.graph_rows)
             if problem is not None:
                 raise Stop(problem)
             if sinks is not None:
@@ -181,7 +183,7 @@ class GraphForwards:
                 value = method(where, subject, "per_step_value", static, layer_id, quantity.name,
                                phase=phase, about=quantity.name)
                 columns = self.value_columns.get(quantity.name)
-                problem = self.judge.shape_problem(self.progress.site(where), value, plan.graph_batch_size, quantity,
+                problem = self.judge.shape_problem(self.progress.site(where), value, plan.graph_rows, quantity,
                                                    None if columns is None else (columns, columns))
                 if problem is not None:
                     raise Stop(problem)
@@ -198,9 +200,17 @@ class GraphForwards:
         have graph sizes and never replay one)."""
         if model not in self.static_buffers:
             largest = max(self.config.graph_batch_sizes)
+            # token rows as a target-verify graph of the largest size has them
+            tokens = largest * max(1, self.config.num_draft_tokens)
             self.static_buffers[model] = {
-                name: self.arena.buffer(("graph", model, name), largest, torch.int64) for name in STATIC_INPUTS
+                name: self.arena.buffer(("graph", model, name), tokens if name in TOKEN_INPUTS else largest, torch.int64)
+                for name in STATIC_INPUTS
             }
             # the runner keeps a host copy of the lengths beside the device buffer
             self.static_seq_lens_cpu[model] = torch.ones(largest, dtype=torch.int64)
         return self.static_buffers[model]
+
+
+def _bucket(mode: str) -> str:
+    """The graph a forward of ``mode`` replays: decode and idle forwards share one."""
+    return "decode" if mode in ("decode", "idle") else mode

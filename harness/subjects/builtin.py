@@ -237,11 +237,11 @@ class _UnifiedGraphMerge(UnifiedMetadataMtpBypass):
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         metadata = self._build_metadata(batch)
         captured = batch.backend.__dict__.setdefault("graph_metadata", {})
-        captured[batch.num_tokens] = metadata
+        captured[batch.graph_key] = metadata
         batch.backend.forward_metadata = metadata
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
-        captured = batch.backend.graph_metadata[batch.num_tokens]
+        captured = batch.backend.graph_metadata[batch.graph_key]
         self._merge(captured, self._build_metadata(batch))
         batch.backend.forward_metadata = captured
 
@@ -396,13 +396,13 @@ class CompressedGraphAssign(CompressedMetadata):
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         self.init_forward_metadata(batch)
-        batch.backend.__dict__.setdefault("graph_compressed", {})[batch.num_tokens] = batch.backend.compressed
+        batch.backend.__dict__.setdefault("graph_compressed", {})[batch.graph_key] = batch.backend.compressed
 
     def init_graph_metadata(self, batch: ForwardBatch) -> None:
         pass
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
-        captured = batch.backend.graph_compressed[batch.num_tokens]
+        captured = batch.backend.graph_compressed[batch.graph_key]
         captured.built_for = self._key(batch)
         captured.values = _compressed_out_locs(batch)
         batch.backend.compressed = captured

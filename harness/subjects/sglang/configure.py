@@ -17,6 +17,9 @@ the subject carries
   init where the driver runs it (:class:`.producers.DraftBlockCode`), and
   ``drafts_in_blocks``: whether the search draws DSpark draft models, which it does where the
   tree's DSpark model calls the target and the driver can make the blocks' metadata;
+- ``unmodelled``: the restriction terms the driver does not model under those settings
+  (graph replays of target-verify forwards and DSpark draft blocks, where its
+  ``verify_graphs_unmodelled`` says why): no profile draws them;
 - ``realistic_exclusions``: the lifecycle features (restriction terms) the tree never takes
   under those settings: the engine features its DeepSeek-V4 does not reach
   (:mod:`.engine_features`) and the paths the target's driver models that the settings leave
@@ -31,6 +34,7 @@ import dataclasses
 import functools
 
 from ...api import ForwardMode
+from ...strategies.features import GRAPH_REPLAY, in_mode
 from ..info import SubjectInfo
 from . import callsites, engine_features
 from .binding import BindError
@@ -68,7 +72,14 @@ def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: Sw
                                             "block's metadata for get_swa_out_cache_loc only")
     subject = type(info.subject.__name__, (info.subject,), attributes)
     subject.environment.settings = switches
+    if subject.verify_graphs_unmodelled():
+        subject.unmodelled = VERIFY_GRAPHS
     return dataclasses.replace(info, subject=subject)
+
+
+# the graph replays of forwards shaped as target-verify: what a driver that cannot prepare
+# them leaves undrawn
+VERIFY_GRAPHS = frozenset({in_mode(GRAPH_REPLAY, "verify"), in_mode(GRAPH_REPLAY, "draft_block")})
 
 
 @functools.lru_cache(maxsize=32)  # every configuration of a tree's target binds it once

@@ -373,6 +373,10 @@ class SglangSubject(Subject):
     draft_blocks: ClassVar[DraftBlocks | None] = None
     draft_block_code: ClassVar[Any] = None
     draft_block_absent: ClassVar[str] = "this target's driver runs no DSpark draft blocks"
+    # the restriction terms the driver does not model under the run's settings: no profile
+    # draws them (swafuzz.search.fuzz.unmodelled_by); set by .configure from
+    # verify_graphs_unmodelled, and not_checked says why
+    unmodelled: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def zero_rows_stored(cls) -> bool | None:
@@ -423,7 +427,19 @@ class SglangSubject(Subject):
     @classmethod
     def not_checked(cls) -> tuple[str, ...]:
         """The target's branches this run does not check, each with the reason."""
-        return tuple(cls._draft_block_notes())
+        return tuple(cls._draft_block_notes() + cls._verify_graph_notes())
+
+    @classmethod
+    def verify_graphs_unmodelled(cls) -> str:
+        """Why the driver does not run target-verify graphs and DSpark draft graphs under the
+        run's settings ("": it runs them). A store-time target computes its rows in the
+        store, as the graph records it."""
+        return ""
+
+    @classmethod
+    def _verify_graph_notes(cls) -> list[str]:
+        why = cls.verify_graphs_unmodelled()
+        return [f"graph-replayed target-verify forwards and DSpark draft blocks: not drawn: {why}"] if why else []
 
     @classmethod
     def _draft_block_notes(cls, reads: tuple[str, ...] = ()) -> list[str]:
@@ -435,12 +451,12 @@ class SglangSubject(Subject):
         if cls.draft_blocks is None:
             return [f"DSpark draft blocks: not drawn: {cls.draft_block_absent}"]
         if cls.draft_blocks is DraftBlocks.AS_VERIFY:
-            return ["DSpark draft blocks: eager only, each on the metadata of a target-verify forward of the "
+            return ["DSpark draft blocks: each on the metadata of a target-verify forward of the "
                     "draft model, which the HIP backend leaves its getters for a block (under unified KV "
                     "init_forward_metadata_target_verify builds it; on paged SWA rows init_forward_metadata_in_graph "
                     "translates the block's locations last); init_forward_metadata_dspark_draft_block, where the "
-                    "tree has one, is not run, and no DSpark draft graph is"]
-        notes = ["DSpark draft blocks: eager only; a DSpark draft graph's refresh of the block's rows "
+                    "tree has one, is not run"]
+        notes = ["DSpark draft blocks: a DSpark draft graph's refresh of the block's rows on the draft ring "
                  "(init_forward_metadata_in_graph) is checked among the producers (\"init_forward_metadata_in_graph "
                  "for a DSpark draft block\")"]
         if "pre_kv_store_hook" in reads and cls.draft_block_code.store_hook:
@@ -537,10 +553,11 @@ class _BackendSlot:
     # per backend: the forward id of the batch whose metadata init set its metadata last
     built_for: dict[tuple[str, int], int] = field(default_factory=dict)
     initialised_forward: int | None = None
-    captured: dict[int, ForwardMetadata] = field(default_factory=dict)  # graph batch size -> metadata
-    # graph batch size -> the reference's workspace rows, read before the capture (which
+    # per captured graph (ForwardBatch.graph_key): its metadata
+    captured: dict[tuple[str, int], ForwardMetadata] = field(default_factory=dict)
+    # per captured graph: the reference's workspace rows, read before the capture (which
     # refuses host reads)
-    window_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    window_rows: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     # the late-layer tail metadata the target model's backend holds (SGLang's
     # tail_forward_metadata), and the forward whose metadata init built it
     tail: ForwardMetadata | None = None
@@ -753,8 +770,18 @@ class TranslatedLocSubject(_MetadataSubject):
             notes.append(f"request window: {cls.window_absent}")
         if "late_layer_tail" in reads:
             notes.append(cls._tail_note())
-        notes += cls._draft_block_notes(reads)
+        notes += cls._draft_block_notes(reads) + cls._verify_graph_notes()
         return tuple(notes)
+
+    @classmethod
+    def verify_graphs_unmodelled(cls) -> str:
+        # the in-graph init translates out_cache_loc for these graphs only with no request
+        # window (nor the draft ring, which the window brings)
+        if cls.window_code is not None and cls.request_window_on():
+            return ("with the request window on, init_forward_metadata_in_graph leaves swa_out_cache_loc of these "
+                    "graphs to the metadata their replay preparation builds (and a DSpark draft graph's to its "
+                    "draft ring), which this driver does not model")
+        return ""
 
 
     @classmethod
@@ -845,7 +872,7 @@ class TranslatedLocSubject(_MetadataSubject):
         if tail is not None:
             want, locations = self._tail_window_truth(batch, tail).write_loc, locations[tail]
         elif batch.in_graph:
-            want = self._slot(batch).window_rows[batch.num_tokens]
+            want = self._slot(batch).window_rows[batch.graph_key]
         else:
             want = self._window_truth(batch).write_loc
             own = self._own_idle_layout(batch)
@@ -960,7 +987,7 @@ class TranslatedLocSubject(_MetadataSubject):
         self._set_metadata(batch, 0, self._metadata(batch))
         if self._request_window(batch) is not None:
             rows = self._window_truth(batch).write_loc
-            self._slot(batch).window_rows[batch.num_tokens] = rows.to(device=batch.positions.device,
+            self._slot(batch).window_rows[batch.graph_key] = rows.to(device=batch.positions.device,
                                                                        dtype=torch.int64)
 
     def init_graph_metadata(self, batch: ForwardBatch) -> None:
@@ -1027,6 +1054,11 @@ class RingSubject(_MetadataSubject):
             self._backend(batch, 0)._attach_unified_kv_decode_streams(core, tokens_request_slots(batch))
         return self._wrap(core)
 
+    @classmethod
+    def verify_graphs_unmodelled(cls) -> str:
+        return ("how the HIP backend prepares the ring rows of a target-verify graph's replay is not modelled for "
+                f"{cls.getter}")
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if self._skips_init(batch):
             return
@@ -1036,12 +1068,12 @@ class RingSubject(_MetadataSubject):
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         metadata = self._build(batch)
-        self._slot(batch).captured[batch.num_tokens] = metadata
+        self._slot(batch).captured[batch.graph_key] = metadata
         self._set_metadata(batch, 0, metadata)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         # replay prep builds metadata for idle too (request slots and positions zeroed)
-        captured = self._slot(batch).captured[batch.num_tokens]
+        captured = self._slot(batch).captured[batch.graph_key]
         fresh = self._build(batch)
         self._merge(captured.core_attn_metadata.unified, fresh.core_attn_metadata.unified)
         _copy_written(captured.core_attn_metadata, fresh.core_attn_metadata)

@@ -50,8 +50,11 @@ RAW_METADATA = "Raw"  # in the class a builder returns when the graph rebuilds t
 MICRO_BATCH_SPLIT = "tbo_children"
 # a condition that holds only on a single pipeline stage
 SINGLE_STAGE = re.compile(r"pp_group\.world_size == 1$")
-# the realistic profile replays graphs in these modes only
-GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.IDLE)
+# a prep branch of a bucket taken by the DSpark draft worker only, and how it is keyed here
+DSPARK_DRAFT_TEST = "is_dspark_draft"
+DSPARK_BRANCH = "+dspark"
+# the modes the lifecycle replays graphs in (SGLang runs a DSpark draft block as a target-verify forward)
+GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK)
 # the server's check of what DeepSeek-V4.1 (the model of the request window) supports
 V41_VALIDATION_FILE = "sglang/srt/arg_groups/deepseek_v4_hook.py"
 V41_VALIDATION = "validate_deepseek_v41_features"
@@ -299,11 +302,17 @@ def _graph_replay(reader: _Reader) -> Found:
     condition: callsites.Formula = False
     for test in tests:
         condition = callsites._or(condition, context.formula(test))
-    modes = reader.modes_where(condition) & frozenset(GRAPH_MODES)
+    modes = _with_draft_blocks(reader.modes_where(condition)) & frozenset(GRAPH_MODES)
     terms = frozenset(in_mode(GRAPH_REPLAY, mode.value) for mode in GRAPH_MODES if mode not in modes)
     return (terms, _where(BACKEND_FILE, of, of.lineno),
             f"a graph bucket for {_mode_names(modes)} forwards"
             + ("" if modes else ": no graph replay where the profile replays graphs"))
+
+
+def _with_draft_blocks(modes: frozenset[ForwardMode]) -> frozenset[ForwardMode]:
+    """``modes`` with DSpark draft blocks where target-verify is among them: the DSpark draft
+    worker runs a block as a target-verify forward of its model, on the same backend."""
+    return modes | {ForwardMode.DRAFT_BLOCK} if ForwardMode.TARGET_VERIFY in modes else modes
 
 
 def _metadata_merge(reader: _Reader) -> Found:
@@ -343,7 +352,10 @@ def _metadata_merge(reader: _Reader) -> Found:
     by_bucket: dict[str | None, list[ForwardMode]] = {}
     buckets = _buckets_of_modes(reader, module)
     for mode in GRAPH_MODES:
-        by_bucket.setdefault(buckets.get(mode), []).append(mode)
+        bucket = buckets.get(mode)
+        if mode in callsites.DSPARK_MODES and f"{bucket}{DSPARK_BRANCH}" in builders:
+            bucket += DSPARK_BRANCH
+        by_bucket.setdefault(bucket, []).append(mode)
     terms, said = set(), []
     for bucket, modes in by_bucket.items():
         names = " and ".join(mode.value for mode in modes)
@@ -355,7 +367,8 @@ def _metadata_merge(reader: _Reader) -> Found:
         _, builder, line = builders[bucket]
         kinds, returned = _built(reader, module, methods.get(builder), builder)
         sites += [_where(BACKEND_FILE, prep, line), returned]
-        said.append(f"{names} replays: {builder} builds the {bucket} bucket's metadata outside the graph "
+        said.append(f"{names} replays: {builder} builds the {bucket.removesuffix(DSPARK_BRANCH)} bucket's "
+                    f"metadata{' for the DSpark draft' if bucket.endswith(DSPARK_BRANCH) else ''} outside the graph "
                     f"({kinds}) and {merge.name} merges it with copy_ into the captured metadata")
     return frozenset(terms), "; ".join(dict.fromkeys(sites)), "; ".join(said)
 
@@ -391,20 +404,27 @@ def _replay_caller(reader: _Reader, name: str) -> str:
 
 def _bucket_builders(prep: ast.FunctionDef) -> dict[str, tuple[str, str, int]]:
     """Per bucket the prep has a branch for (``if bucket == _GraphBucket.NAME``, without
-    further tests; the first such branch that builds), the name that branch assigns a
-    ``self`` method's result to, that method, and the line."""
+    further tests; the first such branch that builds), the name that branch last assigns a
+    ``self`` method's result to (what it hands on; earlier calls work out its inputs), that
+    method, and the line."""
     found: dict[str, tuple[str, str, int]] = {}
     for node in ast.walk(prep):
         test = node.test if isinstance(node, ast.If) else None
+        suffix = ""
+        if (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and len(test.values) == 2
+                and DSPARK_DRAFT_TEST in ast.unparse(test.values[1])):
+            # the DSpark draft worker's own branch of its bucket (0.5.22+)
+            test, suffix = test.values[0], DSPARK_BRANCH
         if not (isinstance(test, ast.Compare) and isinstance(test.ops[0], ast.Eq)
                 and ast.unparse(test.comparators[0]).startswith(f"{BUCKET_CLASS}.")):
             continue
-        for statement in node.body:
-            if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                    and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call)
-                    and callsites._is_self_call(statement.value)):
-                bucket = ast.unparse(test.comparators[0]).removeprefix(f"{BUCKET_CLASS}.").lower()
-                found.setdefault(bucket, (statement.targets[0].id, statement.value.func.attr, statement.lineno))
+        built = [(statement.targets[0].id, statement.value.func.attr, statement.lineno) for statement in node.body
+                 if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                 and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call)
+                 and callsites._is_self_call(statement.value)]
+        if built:
+            bucket = ast.unparse(test.comparators[0]).removeprefix(f"{BUCKET_CLASS}.").lower()
+            found.setdefault(bucket + suffix, built[-1])
     return found
 
 
@@ -416,7 +436,7 @@ def _buckets_of_modes(reader: _Reader, module: ast.Module) -> dict[ForwardMode, 
     for node in ast.walk(of):
         if isinstance(node, ast.Return) and isinstance(node.value, ast.Attribute):
             _, condition = reader._condition(BACKEND_FILE, module, of, node)
-            for mode in reader.modes_where(condition):
+            for mode in _with_draft_blocks(reader.modes_where(condition)):
                 buckets.setdefault(mode, node.value.attr.lower())
     return buckets
 
