@@ -46,7 +46,7 @@ ALWAYS_LEFT_OUT = (
     "sliding windows other than 2 (rings of 2 and, with 3 draft tokens, 4 rows)",
     "page sizes other than 1 and 2 (of the full pool, 128 in a compressed scope), two-slot pages with "
     "longer stages, and pools of other sizes",
-    "graph batch sizes other than 2 and 4",
+    "graph batch sizes other than 2 and 4, and graph replays of target-verify forwards and DSpark draft blocks",
     "two features switched on in one forward, and more than one state event between forwards",
     "draft step counts other than 2, and mapping changes after other than the first store",
     "long horizons (runs of many plain forwards)",

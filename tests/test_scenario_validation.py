@@ -238,6 +238,20 @@ def test_graph_with_micro_batches_is_rejected():
     assert "single micro-batch" in str(error)
 
 
+@pytest.mark.parametrize("mode", ["extend", "draft", "draft_extend"])
+def test_a_graph_of_a_mode_no_graph_runner_replays_is_rejected_naming_the_modes_that_replay(mode):
+    tokens = {"tokens": [1, 1]} if "extend" in mode else {}
+    error = _rejects("events[1].graph", events=[_TWO, _forward(mode=mode, graph=True, **tokens)])
+    assert f"graph replay runs decode, idle, verify, draft_block forwards, not {mode}" in str(error)
+
+
+@pytest.mark.parametrize("mode", ["verify", "draft_block"])
+def test_target_verify_forwards_and_draft_blocks_replay_as_graphs(mode):
+    config = {"speculative": True, "num_draft_tokens": 3, "draft_model": True, "dspark": mode == "draft_block"}
+    scenario = _parse(config, [_TWO, _forward(mode=mode, graph=True)])
+    assert scenario.events[1].graph
+
+
 # ---- checks that need the configuration, made while the events run ------------------------
 
 

@@ -81,24 +81,41 @@ RAW = "raw inputs only, from which the graph rebuilds the rest"
 def test_before_0_5_18_the_decode_bucket_merges_the_metadata_itself_only_with_in_graph_preparation_off():
     off = _merge("0.5.17", SGLANG_PREP_IN_CUDA_GRAPH=False)
     assert off.unconfirmed is None and off.unreached == frozenset()
-    assert off.says == MERGED.format("the metadata itself")
-    assert off.where == (
+    assert off.says.startswith(MERGED.format("the metadata itself") + "; verify replays: ")
+    assert off.where.startswith(
         f"{BACKEND}.init_forward_metadata_out_graph line 1335; {BACKEND}.replay_cuda_graph_metadata_from line 1542; "
         "model_executor/runner/decode_cuda_graph_runner.py:DecodeCudaGraphRunner.load_batch line 1168; "
-        f"{BACKEND}.init_forward_metadata_out_graph line 1239; {BACKEND}.init_forward_metadata_decode line 702")
-    assert _merge("0.5.17").says == MERGED.format(RAW)
+        f"{BACKEND}.init_forward_metadata_out_graph line 1239; {BACKEND}.init_forward_metadata_decode line 702; ")
+    assert _merge("0.5.17").says.startswith(MERGED.format(RAW) + "; ")
 
 
 def test_from_0_5_18_the_decode_bucket_merges_raw_inputs_only_and_0_5_12_prepares_in_the_older_runner():
     raw = _merge("0.5.18")
-    assert raw.says == MERGED.format(RAW) and raw.unreached == frozenset()
+    assert raw.says.startswith(MERGED.format(RAW) + "; ") and raw.unreached == frozenset()
     assert f"{BACKEND}.init_forward_metadata_decode line 693" in raw.where
     old = _merge("0.5.12", SGLANG_PREP_IN_CUDA_GRAPH=False)
-    assert old.says == MERGED.format("the metadata itself")
-    assert old.where == (
+    assert old.says.startswith(MERGED.format("the metadata itself") + "; ")
+    assert old.where.startswith(
         f"{BACKEND}.init_forward_metadata_replay_cuda_graph line 867; {BACKEND}.replay_cuda_graph_metadata_from "
         "line 882; model_executor/cuda_graph_runner.py:CudaGraphRunner.replay_prepare line 1297; "
         f"{BACKEND}.init_forward_metadata_replay_cuda_graph line 832; {BACKEND}.init_forward_metadata_decode line 430")
+
+
+VERIFY_MERGED = ("verify replays: init_forward_metadata_target_verify builds the target_verify bucket's metadata "
+                 "outside the graph ({}) and replay_cuda_graph_metadata_from merges it with copy_ into the captured "
+                 "metadata; draft_block replays: init_forward_metadata_dspark_draft_block builds the target_verify "
+                 "bucket's metadata for the DSpark draft outside the graph (the metadata itself) and "
+                 "replay_cuda_graph_metadata_from merges it with copy_ into the captured metadata")
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_a_dspark_draft_block_replays_the_target_verify_bucket_its_own_branch_of_the_replay_prep_builds(version):
+    merge = _merge(version)
+    assert merge.says.endswith("; " + VERIFY_MERGED.format(RAW)), merge.says
+    assert f"{BACKEND}.init_forward_metadata_dspark_draft_block line " in merge.where
+    graphs = next(r for r in engine_features.read(_tree(version), settings_for(version))
+                  if r.feature.startswith("graph capture"))
+    assert graphs.says == "a graph bucket for decode, verify, draft_block, idle forwards"
 
 
 @pytest.mark.parametrize("version", SUITE_RELEASES)

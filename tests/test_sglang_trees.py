@@ -1196,21 +1196,56 @@ VERIFY_GRAPHS_SCENARIO = Scenario.from_dict({
                {"op": "forward", "mode": "verify", "requests": [2], "graph": True}]})
 
 
+@pytest.mark.parametrize("window", [False, True], ids=["paged-rows", "request-window"])
 @pytest.mark.parametrize("name", ["cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"])
-def test_the_swa_getters_answer_graph_replayed_verify_forwards_and_draft_blocks(name):
-    info = _subject(release_or_skip("0.5.23"), name)
-    assert not info.subject.unmodelled
-    assert run_scenario(info.subject, VERIFY_GRAPHS_SCENARIO).passed
+def test_the_swa_getters_answer_graph_replayed_verify_forwards_and_draft_blocks(name, window):
+    info = bind_target(target(name), release_or_skip("0.5.23"), "source", switches={REQUEST_WINDOW_SWITCH: window})
+    scenario = VERIFY_GRAPHS_SCENARIO
+    if info.subject.unmodelled:  # the CUDA draft's ring under the window: target-verify graphs only
+        assert info.subject.unmodelled == {in_mode(GRAPH_REPLAY, "draft_block")} and window
+        scenario = Scenario.from_dict({**scenario.to_dict(), "events": [
+            e for e in scenario.to_dict()["events"] if e.get("mode") != "draft_block"]})
+    assert run_scenario(info.subject, scenario).passed
 
 
-def test_verify_graphs_are_not_drawn_where_the_driver_cannot_prepare_them_and_the_run_says_why():
+def test_graphs_a_driver_cannot_prepare_are_not_drawn_and_the_run_says_why():
     tree = release_or_skip("0.5.23")
+    ring = _subject(tree, "hip-unified-swa-loc")
+    assert ring.subject.unmodelled == {in_mode(GRAPH_REPLAY, "verify"), in_mode(GRAPH_REPLAY, "draft_block")}
+    assert unmodelled_by(ring) == ring.subject.unmodelled  # every profile leaves them out
+    (note,) = [note for note in ring.subject.not_checked() if note.startswith("graph-replayed")]
+    assert note.startswith("graph-replayed target-verify forwards and DSpark draft blocks: not drawn: ")
     windowed = _window_getter(tree, window=True).subject
-    ring = _subject(tree, "hip-unified-swa-loc").subject
-    for subject in (windowed, ring):
-        assert subject.unmodelled == {in_mode(GRAPH_REPLAY, "verify"), in_mode(GRAPH_REPLAY, "draft_block")}
-        (note,) = [note for note in subject.not_checked() if note.startswith("graph-replayed target-verify")]
-        assert "not drawn: " in note
+    (note,) = [note for note in windowed.not_checked() if note.startswith("graph-replayed")]
+    assert note.startswith("graph-replayed DSpark draft blocks: not drawn: with the request window on")
     assert not _window_getter(tree, window=False).subject.unmodelled
-    # every profile leaves them out, not only the realistic one
-    assert unmodelled_by(_subject(tree, "hip-unified-swa-loc")) == ring.unmodelled
+
+
+# a getter that translates a target-verify forward's locations once per input buffer: right
+# in eager forwards, whose inputs move; a graph's static inputs never do
+VERIFY_ROWS_PER_BUFFER = """        if forward_batch.forward_mode.is_target_verify():
+            if self._verify_key != forward_batch.out_cache_loc.data_ptr():
+                self._verify_key = forward_batch.out_cache_loc.data_ptr()
+                self._verify_rows = self.token_to_kv_pool.translate_loc_from_full_to_swa(
+                    forward_batch.out_cache_loc).to(torch.int32)
+            return self._verify_rows
+"""
+
+
+def test_a_getter_whose_verify_rows_outlive_their_forward_is_found_in_a_verify_graph_replay(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {CUDA_BACKEND_FILE: [
+        (GETTER_START, GETTER_START + VERIFY_ROWS_PER_BUFFER),
+        (HOOK_INIT, HOOK_INIT + "        self._verify_key = None\n")]})
+    info = _subject(tree, "cuda-swa-out-cache-loc")
+    events = [e for e in VERIFY_GRAPHS_SCENARIO.to_dict()["events"] if e.get("mode") in (None, "verify")]
+    one_verify_graph = Scenario.from_dict({**VERIFY_GRAPHS_SCENARIO.to_dict(), "events": events[:3]})
+    found = run_scenario(info.subject, one_verify_graph).divergence
+    assert found is not None and found.sentence.startswith("Stale cache: at forward 1 (verify), layer 0, all live rows that "
+                                                        + CUDA_GETTER.format(_getter_defined_at(tree)))
+    assert found.sentence.endswith("hold the rows recorded at graph capture (forward 1): the captured layers read a "
+                                   "tensor that the replay no longer updates.")
+    eager = Scenario.from_dict({**one_verify_graph.to_dict(), "events": [
+        {k: v for k, v in e.items() if k != "graph"} for e in events[:3]]})
+    assert run_scenario(info.subject, eager).passed
+    searched = fuzz(info, settings="ci", max_examples=300, seed=0)
+    assert searched.divergence is not None and searched.weakest_profile == "realistic"

@@ -13,10 +13,11 @@ from swafuzz.subjects.builtin import Uncached
 from swafuzz.reference import EngineState, live_rows
 from swafuzz.strategies.examples import EXAMPLES
 from swafuzz.strategies.exhaustive import enumerate_scenarios
-from swafuzz.strategies.features import ALL_FEATURES, features_of
+from swafuzz.strategies.features import ALL_FEATURES, GRAPH_REPLAY, features_of, in_mode
 from swafuzz.strategies.scenarios import (
     ADVERSARIAL, MAX_FORWARDS, MAX_RUN, PROFILES, REALISTIC, adversarial_reasons, scenarios, weakest_profile,
 )
+from swafuzz.strategies.restrictions import scenarios_without
 
 pytestmark = pytest.mark.quick  # the contributors' subset: python3 -m pytest -m quick
 
@@ -127,6 +128,30 @@ def test_shrinking_deletes_every_forward_the_failure_does_not_need(profile, seed
     found = find(scenarios(profile), multi_step_draft, random=Random(seed),
                  settings=settings(FAST, database=None, max_examples=10**4))
     assert sum(e.op == "forward" for e in found.events) == 1, found.to_dict()["events"]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("mode", ["verify", "draft_block"])
+def test_both_profiles_replay_target_verify_forwards_and_draft_blocks_as_graphs_the_engine_model_runs(profile,
+                                                                                                      mode):
+    def graph_of_mode(scenario):
+        return any(e.op == "forward" and e.graph and e.mode == mode for e in scenario.events)
+
+    found = find(scenarios(profile, draft_blocks=mode == "draft_block"), graph_of_mode, random=Random(0),
+                 settings=settings(FAST, database=None, max_examples=10**4))
+    _run_engine_model(found)
+    assert run_scenario(Uncached, found).passed
+
+
+def test_a_subject_that_leaves_verify_graphs_out_is_drawn_none_in_any_profile():
+    excluded = frozenset({in_mode(GRAPH_REPLAY, "verify")})
+
+    @given(scenarios_without(ADVERSARIAL, excluded))
+    @settings(FAST, database=None, max_examples=300)
+    def check(scenario):
+        assert not any(e.op == "forward" and e.graph and e.mode == "verify" for e in scenario.events)
+
+    check()
 
 
 @pytest.mark.parametrize("profile", PROFILES)

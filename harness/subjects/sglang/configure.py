@@ -18,8 +18,8 @@ the subject carries
   ``drafts_in_blocks``: whether the search draws DSpark draft models, which it does where the
   tree's DSpark model calls the target and the driver can make the blocks' metadata;
 - ``unmodelled``: the restriction terms the driver does not model under those settings
-  (graph replays of target-verify forwards and DSpark draft blocks, where its
-  ``verify_graphs_unmodelled`` says why): no profile draws them;
+  (the graph replays of the modes its ``graphs_unmodelled`` names, with why): no profile
+  draws them;
 - ``realistic_exclusions``: the lifecycle features (restriction terms) the tree never takes
   under those settings: the engine features its DeepSeek-V4 does not reach
   (:mod:`.engine_features`) and the paths the target's driver models that the settings leave
@@ -72,14 +72,9 @@ def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: Sw
                                             "block's metadata for get_swa_out_cache_loc only")
     subject = type(info.subject.__name__, (info.subject,), attributes)
     subject.environment.settings = switches
-    if subject.verify_graphs_unmodelled():
-        subject.unmodelled = VERIFY_GRAPHS
+    modes, _ = subject.graphs_unmodelled()
+    subject.unmodelled = frozenset(in_mode(GRAPH_REPLAY, mode.value) for mode in modes)
     return dataclasses.replace(info, subject=subject)
-
-
-# the graph replays of forwards shaped as target-verify: what a driver that cannot prepare
-# them leaves undrawn
-VERIFY_GRAPHS = frozenset({in_mode(GRAPH_REPLAY, "verify"), in_mode(GRAPH_REPLAY, "draft_block")})
 
 
 @functools.lru_cache(maxsize=32)  # every configuration of a tree's target binds it once

@@ -375,7 +375,7 @@ class SglangSubject(Subject):
     draft_block_absent: ClassVar[str] = "this target's driver runs no DSpark draft blocks"
     # the restriction terms the driver does not model under the run's settings: no profile
     # draws them (swafuzz.search.fuzz.unmodelled_by); set by .configure from
-    # verify_graphs_unmodelled, and not_checked says why
+    # graphs_unmodelled, and not_checked says why
     unmodelled: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
@@ -427,19 +427,20 @@ class SglangSubject(Subject):
     @classmethod
     def not_checked(cls) -> tuple[str, ...]:
         """The target's branches this run does not check, each with the reason."""
-        return tuple(cls._draft_block_notes() + cls._verify_graph_notes())
+        return tuple(cls._draft_block_notes() + cls._graph_notes())
 
     @classmethod
-    def verify_graphs_unmodelled(cls) -> str:
-        """Why the driver does not run target-verify graphs and DSpark draft graphs under the
-        run's settings ("": it runs them). A store-time target computes its rows in the
-        store, as the graph records it."""
-        return ""
+    def graphs_unmodelled(cls) -> tuple[tuple[ForwardMode, ...], str]:
+        """The forward modes whose graph replays the driver does not run under the run's
+        settings, and why (none: it runs every mode's). A store-time target computes its
+        rows in the store, as the graph records it."""
+        return (), ""
 
     @classmethod
-    def _verify_graph_notes(cls) -> list[str]:
-        why = cls.verify_graphs_unmodelled()
-        return [f"graph-replayed target-verify forwards and DSpark draft blocks: not drawn: {why}"] if why else []
+    def _graph_notes(cls) -> list[str]:
+        modes, why = cls.graphs_unmodelled()
+        names = {ForwardMode.TARGET_VERIFY: "target-verify forwards", ForwardMode.DRAFT_BLOCK: "DSpark draft blocks"}
+        return [f"graph-replayed {' and '.join(names[mode] for mode in modes)}: not drawn: {why}"] if modes else []
 
     @classmethod
     def _draft_block_notes(cls, reads: tuple[str, ...] = ()) -> list[str]:
@@ -770,18 +771,21 @@ class TranslatedLocSubject(_MetadataSubject):
             notes.append(f"request window: {cls.window_absent}")
         if "late_layer_tail" in reads:
             notes.append(cls._tail_note())
-        notes += cls._draft_block_notes(reads) + cls._verify_graph_notes()
+        notes += cls._draft_block_notes(reads) + cls._graph_notes()
         return tuple(notes)
 
     @classmethod
-    def verify_graphs_unmodelled(cls) -> str:
-        # the in-graph init translates out_cache_loc for these graphs only with no request
-        # window (nor the draft ring, which the window brings)
-        if cls.window_code is not None and cls.request_window_on():
-            return ("with the request window on, init_forward_metadata_in_graph leaves swa_out_cache_loc of these "
-                    "graphs to the metadata their replay preparation builds (and a DSpark draft graph's to its "
-                    "draft ring), which this driver does not model")
-        return ""
+    def graphs_unmodelled(cls) -> tuple[tuple[ForwardMode, ...], str]:
+        # a draft graph on the draft ring gets its rows from the in-graph init
+        # (_dspark_swa_ring_out_cache_loc), which the driver does not run in a graph
+        code = cls.draft_block_code
+        if cls.draft_blocks is DraftBlocks.BUILT_BY_TREE and code is not None and code.ring \
+                and cls.request_window_on():
+            return (ForwardMode.DRAFT_BLOCK,), (
+                "with the request window on, the DSpark draft keeps its rows on the draft ring, which "
+                "init_forward_metadata_in_graph refreshes in a draft graph; this driver does not run that refresh, "
+                "which is checked among the producers (\"init_forward_metadata_in_graph for a DSpark draft block\")")
+        return (), ""
 
 
     @classmethod
@@ -1055,9 +1059,11 @@ class RingSubject(_MetadataSubject):
         return self._wrap(core)
 
     @classmethod
-    def verify_graphs_unmodelled(cls) -> str:
-        return ("how the HIP backend prepares the ring rows of a target-verify graph's replay is not modelled for "
-                f"{cls.getter}")
+    def graphs_unmodelled(cls) -> tuple[tuple[ForwardMode, ...], str]:
+        # the HIP target-verify replay prep hands raw inputs to an in-graph rebuild for DSpark
+        return (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK), (
+            "the ring rows of a target-verify graph's replay come from the HIP backend's replay preparation and "
+            "in-graph rebuild of the verify metadata, which this driver does not model for " + cls.getter)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if self._skips_init(batch):
