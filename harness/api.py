@@ -100,6 +100,13 @@ class ForwardMode(enum.Enum):
     def is_decode_or_idle(self) -> bool:
         return self.is_decode() or self.is_idle()
 
+    @property
+    def graph_bucket(self) -> str:
+        """The graphs a forward of this mode replays, as SGLang's graph buckets group them:
+        decode and idle forwards share ``"decode"``; target-verify forwards and DSpark draft
+        blocks (target-verify forwards of the draft model) have ``"target_verify"``."""
+        return "decode" if self.is_decode_or_idle() else "target_verify"
+
     def is_extend(self) -> bool:
         return self in (ForwardMode.EXTEND, ForwardMode.DRAFT_EXTEND)
 
@@ -212,11 +219,9 @@ class ForwardBatch:
     @property
     def graph_key(self) -> tuple[str, int]:
         """The captured graph a batch of this shape belongs to, as SGLang keys what it
-        captures: the graph bucket (decode and idle forwards share ``"decode"``;
-        target-verify forwards and DSpark draft blocks have ``"target_verify"``) and the
-        batch size. State kept per captured graph is kept per key."""
-        bucket = "decode" if self.mode.is_decode_or_idle() else "target_verify"
-        return bucket, self.batch_size
+        captures: its mode's graph bucket (:attr:`ForwardMode.graph_bucket`) and the batch
+        size. State kept per captured graph is kept per key."""
+        return self.mode.graph_bucket, self.batch_size
 
 
 @dataclass(frozen=True)

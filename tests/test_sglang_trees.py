@@ -1240,8 +1240,9 @@ def test_a_getter_whose_verify_rows_outlive_their_forward_is_found_in_a_verify_g
     events = [e for e in VERIFY_GRAPHS_SCENARIO.to_dict()["events"] if e.get("mode") in (None, "verify")]
     one_verify_graph = Scenario.from_dict({**VERIFY_GRAPHS_SCENARIO.to_dict(), "events": events[:3]})
     found = run_scenario(info.subject, one_verify_graph).divergence
-    assert found is not None and found.sentence.startswith("Stale cache: at forward 1 (verify), layer 0, all live rows that "
-                                                        + CUDA_GETTER.format(_getter_defined_at(tree)))
+    assert found is not None
+    assert found.sentence.startswith("Stale cache: at forward 1 (verify), layer 0, all live rows that "
+                                     + CUDA_GETTER.format(_getter_defined_at(tree)))
     assert found.sentence.endswith("hold the rows recorded at graph capture (forward 1): the captured layers read a "
                                    "tensor that the replay no longer updates.")
     eager = Scenario.from_dict({**one_verify_graph.to_dict(), "events": [

@@ -78,7 +78,7 @@ class GraphForwards:
         self.graphs = {k: v for k, v in self.graphs.items() if k[0] != model}
 
     def forward(self, plan: ForwardPlan) -> None:
-        key = (plan.model, _bucket(plan.event.mode), plan.graph_batch_size, plan.calls)
+        key = (plan.model, MODES[plan.event.mode].graph_bucket, plan.graph_batch_size, plan.calls)
         if key not in self.graphs:
             self.graphs[key] = self._capture(plan)
         graph, static, sinks, fields, value_sinks = self.graphs[key]
@@ -203,14 +203,10 @@ class GraphForwards:
             # token rows as a target-verify graph of the largest size has them
             tokens = largest * max(1, self.config.num_draft_tokens)
             self.static_buffers[model] = {
-                name: self.arena.buffer(("graph", model, name), tokens if name in TOKEN_INPUTS else largest, torch.int64)
+                name: self.arena.buffer(("graph", model, name), tokens if name in TOKEN_INPUTS else largest,
+                                        torch.int64)
                 for name in STATIC_INPUTS
             }
             # the runner keeps a host copy of the lengths beside the device buffer
             self.static_seq_lens_cpu[model] = torch.ones(largest, dtype=torch.int64)
         return self.static_buffers[model]
-
-
-def _bucket(mode: str) -> str:
-    """The graph a forward of ``mode`` replays: decode and idle forwards share one."""
-    return "decode" if mode in ("decode", "idle") else mode
