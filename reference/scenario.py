@@ -584,7 +584,8 @@ def _step_rows(event: Event, config: EngineConfig) -> int:
     """An upper bound on the rows one step of a forward writes, padding included."""
     if event.graph:
         largest = max(config.graph_batch_sizes, default=0)
-        return max(largest, event.pad) * _graph_tokens_per_request(event.mode, config.num_draft_tokens)
+        # a graph holds its batch size in requests, each a request's tokens in the mode
+        return max(largest, event.pad) * tokens_per_request(event.mode, config.num_draft_tokens)
     return live_rows(event, config.num_draft_tokens) + event.pad
 
 
@@ -603,13 +604,6 @@ def tokens_per_request(mode: str, num_draft_tokens: int) -> int:
     if mode == "verify":
         return num_draft_tokens
     return num_draft_tokens - 1 if mode == "draft_block" else 1
-
-
-def _graph_tokens_per_request(mode: str, num_draft_tokens: int) -> int:
-    """The token rows each request row of a captured graph of ``mode`` holds: a graph is
-    captured per batch size (requests), at the tokens a request writes in that mode (one in
-    decode and idle, the draft tokens in target-verify, a block in a DSpark draft block)."""
-    return 1 if mode == "idle" else tokens_per_request(mode, num_draft_tokens)
 
 
 def store_schedule(event: Event, config: EngineConfig) -> list[int]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ...api import ForwardMode
 from ...errors import Unreadable
+from ...reference import GRAPH_MODES as SCENARIO_GRAPH_MODES
 from ...strategies.features import (
     DRAFT_EXTEND, DRAFT_MODEL, DRAFT_MULTISTEP, FIRST_SWA_LAYER_NOT_START, GRAPH_REPLAY, IDLE, MICRO_BATCHES,
     NON_SWA_LAYERS, PIPELINE_STAGE, in_mode, together,
@@ -54,7 +55,7 @@ SINGLE_STAGE = re.compile(r"pp_group\.world_size == 1$")
 DSPARK_DRAFT_TEST = "is_dspark_draft"
 DSPARK_BRANCH = "+dspark"
 # the modes the lifecycle replays graphs in (SGLang runs a DSpark draft block as a target-verify forward)
-GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK)
+GRAPH_MODES = tuple(ForwardMode(mode) for mode in SCENARIO_GRAPH_MODES)
 # the server's check of what DeepSeek-V4.1 (the model of the request window) supports
 V41_VALIDATION_FILE = "sglang/srt/arg_groups/deepseek_v4_hook.py"
 V41_VALIDATION = "validate_deepseek_v41_features"
