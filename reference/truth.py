@@ -91,7 +91,13 @@ def ring_rows(
         raise TruthError(f"request slot outside [0, {num_req_slots})")
     if int(pos.min()) < 0:
         raise TruthError("negative position")
-    return (slots * ring + pos % ring).int()
+    return unchecked_ring_rows(slots, pos, ring)
+
+
+def unchecked_ring_rows(req_slots: torch.Tensor, positions: torch.Tensor, ring: int) -> torch.Tensor:
+    """:func:`ring_rows` of inputs already checked, where they are: tensor operations only, so
+    that a captured graph redoes them at each replay."""
+    return (req_slots.to(torch.int64) * ring + positions.to(torch.int64) % ring).int()
 
 
 def _per_request_counts(req_pool_indices: torch.Tensor, counts: torch.Tensor, what: str) -> list[int]:

@@ -23,7 +23,7 @@ from swafuzz.api import ForwardMode, ModelSpec
 from swafuzz.errors import UnmodelledPath
 from swafuzz.reference import EngineConfig, Scenario
 from swafuzz.run.executor import run_scenario
-from swafuzz.search.fuzz import fuzz, unmodelled_by
+from swafuzz.search.fuzz import fuzz
 from swafuzz.subjects.sglang import BindError, bind_target, callsites, engine_features, locate, tree_checks
 from swafuzz.subjects.sglang.drivers import RING_GETTER_MODES
 from swafuzz.subjects.sglang.late_layer_tail import ATTN_METADATA_FILES
@@ -1200,25 +1200,101 @@ VERIFY_GRAPHS_SCENARIO = Scenario.from_dict({
 @pytest.mark.parametrize("name", ["cuda-swa-out-cache-loc", "hip-swa-out-cache-loc"])
 def test_the_swa_getters_answer_graph_replayed_verify_forwards_and_draft_blocks(name, window):
     info = bind_target(target(name), release_or_skip("0.5.23"), "source", switches={REQUEST_WINDOW_SWITCH: window})
-    scenario = VERIFY_GRAPHS_SCENARIO
-    if info.subject.unmodelled:  # the CUDA draft's ring under the window: target-verify graphs only
-        assert info.subject.unmodelled == {in_mode(GRAPH_REPLAY, "draft_block")} and window
-        scenario = Scenario.from_dict({**scenario.to_dict(), "events": [
-            e for e in scenario.to_dict()["events"] if e.get("mode") != "draft_block"]})
+    assert run_scenario(info.subject, VERIFY_GRAPHS_SCENARIO).passed
+
+
+# only the DSpark draft's block graphs, after an extend of the requests they draft for
+BLOCK_GRAPHS = Scenario.from_dict({**VERIFY_GRAPHS_SCENARIO.to_dict(), "events": [
+    e for e in VERIFY_GRAPHS_SCENARIO.to_dict()["events"] if e.get("mode") not in ("verify", "decode")]})
+# a getter that keeps a DSpark draft block's rows per input buffer: right in eager forwards,
+# whose inputs move; a graph's static inputs never do
+BLOCK_ROWS_PER_BUFFER = """        if self.is_dspark_draft and forward_batch.forward_mode.is_target_verify():
+            if self._block_key != forward_batch.out_cache_loc.data_ptr():
+                self._block_key = forward_batch.out_cache_loc.data_ptr()
+                self._block_rows = self.forward_metadata.core_attn_metadata.swa_out_cache_loc.clone()
+            return self._block_rows
+"""
+
+
+def test_a_draft_block_graph_on_the_draft_ring_writes_the_rows_the_trees_in_graph_refresh_writes(tmp_path):
+    windowed = _window_getter(release_or_skip("0.5.23"), window=True)
+    assert run_scenario(windowed.subject, BLOCK_GRAPHS).passed
+    late = edited_tree(tmp_path / "late", "0.5.23", {CUDA_BACKEND_FILE: [
+        (RING_POSITION, RING_POSITION.replace(" - 1", ""))]}, with_tree_checks=True)
+    found = run_scenario(_window_getter(late, window=True).subject, BLOCK_GRAPHS).divergence
+    assert found is not None and "(draft_block)" in found.sentence
+    kept = edited_tree(tmp_path / "kept", "0.5.23", {CUDA_BACKEND_FILE: [
+        (GETTER_START, GETTER_START + BLOCK_ROWS_PER_BUFFER), (HOOK_INIT, HOOK_INIT + "        self._block_key = None\n")]},
+                       with_tree_checks=True)
+    found = run_scenario(_window_getter(kept, window=True).subject, BLOCK_GRAPHS).divergence
+    assert found is not None and found.sentence.startswith("At forward 1 (draft_block), layer 0, all live rows that "
+                                                           + CUDA_GETTER.format(_getter_defined_at(kept)))
+    eager = Scenario.from_dict({**BLOCK_GRAPHS.to_dict(), "events": [
+        {k: v for k, v in e.items() if k != "graph"} for e in BLOCK_GRAPHS.to_dict()["events"]]})
+    assert run_scenario(_window_getter(kept, window=True).subject, eager).passed
+
+
+FP8_RING = {"SGLANG_DSV4_UNIFIED_KV_FP8": True}  # 0.5.23's fp8 ring: verify stores read the ring getter
+# the scenario without its DSpark draft model: target-verify forwards of another drafter
+EAGLE_VERIFY_GRAPHS = Scenario.from_dict({
+    "config": {**VERIFY_GRAPHS_SCENARIO.to_dict()["config"], "dspark": False},
+    "events": [e for e in VERIFY_GRAPHS_SCENARIO.to_dict()["events"] if e.get("mode") != "draft_block"]})
+
+
+@pytest.mark.parametrize("scenario", [VERIFY_GRAPHS_SCENARIO, EAGLE_VERIFY_GRAPHS], ids=["dspark", "eagle"])
+@pytest.mark.parametrize("name", ["hip-unified-swa-loc", "unified-metadata-merge"])
+def test_the_ring_getters_answer_graph_replayed_verify_forwards_and_draft_blocks(name, scenario):
+    info = bind_target(target(name), release_or_skip("0.5.23"), "source", switches=FP8_RING)
+    assert {ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK} <= info.subject.target_modes
     assert run_scenario(info.subject, scenario).passed
 
 
-def test_graphs_a_driver_cannot_prepare_are_not_drawn_and_the_run_says_why():
-    tree = release_or_skip("0.5.23")
-    ring = _subject(tree, "hip-unified-swa-loc")
-    assert ring.subject.unmodelled == {in_mode(GRAPH_REPLAY, "verify"), in_mode(GRAPH_REPLAY, "draft_block")}
-    assert unmodelled_by(ring) == ring.subject.unmodelled  # every profile leaves them out
-    (note,) = [note for note in ring.subject.not_checked() if note.startswith("graph-replayed")]
-    assert note.startswith("graph-replayed target-verify forwards and DSpark draft blocks: not drawn: ")
-    windowed = _window_getter(tree, window=True).subject
-    (note,) = [note for note in windowed.not_checked() if note.startswith("graph-replayed")]
-    assert note.startswith("graph-replayed DSpark draft blocks: not drawn: with the request window on")
-    assert not _window_getter(tree, window=False).subject.unmodelled
+def test_a_released_merge_that_re_points_the_ring_rows_is_found_in_a_dspark_draft_block_graph():
+    # 0.5.18-0.5.19 build a draft block's metadata for a graph replay eagerly and merge it
+    # with UnifiedKvMetadata.copy_, whose assign list re-points swa_loc; 0.5.20 copies it
+    searched = fuzz(_subject(release_or_skip("0.5.19"), "unified-metadata-merge"), settings="ci",
+                    max_examples=300, seed=0)
+    found = searched.divergence
+    assert found is not None and searched.weakest_profile == "realistic"
+    assert found.sentence.startswith("Stale cache: at forward 1 (draft_block), layer 0, all live rows that "
+                                     "DeepseekV4HipRadixBackend.get_unified_swa_loc")
+    assert found.sentence.endswith("hold the rows recorded at graph capture (forward 1): the captured layers read a "
+                                   "tensor that the replay no longer updates.")
+    assert run_scenario(_subject(release_or_skip("0.5.20"), "unified-metadata-merge").subject,
+                        searched.scenario).passed
+
+
+# 0.5.19's merge restored in 0.5.23: the ring rows moved from the copy list to the assign list
+ASSIGNED_RING_ROWS = [
+    ('                "c128_out_loc",\n'
+     '                # Captured store_cache reads swa_loc by address, and the eager\n'
+     '                # target-verify path builds it outside the graph.\n'
+     '                "swa_loc",\n'
+     '            ],\n'
+     '            assign_fields=[],',
+     '                "c128_out_loc",\n'
+     '            ],\n'
+     '            assign_fields=["swa_loc"],'),
+]
+
+
+def _without_decode_graphs(scenario: Scenario) -> Scenario:
+    # 0.5.23 rebuilds a decode graph's ring rows in the graph: the merge target draws none
+    return Scenario.from_dict({**scenario.to_dict(), "events": [
+        e for e in scenario.to_dict()["events"] if e.get("mode") != "decode"]})
+
+
+def test_a_merge_that_re_points_the_ring_rows_fails_only_where_the_tree_merges_them(tmp_path):
+    tree = edited_tree(tmp_path, "0.5.23", {HIP_BACKEND_FILE: ASSIGNED_RING_ROWS})
+    fp8 = bind_target(target("unified-metadata-merge"), tree, "source", switches=FP8_RING)
+    eagle, dspark = (_without_decode_graphs(s) for s in (EAGLE_VERIFY_GRAPHS, VERIFY_GRAPHS_SCENARIO))
+    found = run_scenario(fp8.subject, eagle).divergence
+    assert found is not None and found.sentence.startswith("Stale cache: at forward 1 (verify), layer 0")
+    # a DSpark verify replay hands raw inputs to the graph, which rebuilds the rows: no merge
+    assert run_scenario(fp8.subject, dspark).passed
+    # without the fp8 ring no verify store reads the getter
+    assert run_scenario(_subject(tree, "unified-metadata-merge").subject, eagle).passed
+    assert in_mode(GRAPH_REPLAY, "decode") in fp8.subject.realistic_exclusions
 
 
 # a getter that translates a target-verify forward's locations once per input buffer: right

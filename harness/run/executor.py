@@ -93,7 +93,7 @@ def _checked(subject: Any) -> type[Subject]:
 
 _READ_FIRST = ("__name__", "truth", "api_version", "swa_write_location")
 # the class attributes that reports, search settings and device checks read
-_READ_LATER = ("requires", "realistic_exclusions", "unmodelled", "__doc__", "__module__", "__qualname__", "call_sites",
+_READ_LATER = ("requires", "realistic_exclusions", "__doc__", "__module__", "__qualname__", "call_sites",
                "answered_by", "code_names")
 
 

@@ -223,13 +223,13 @@ def scenario_test(
     ``time.monotonic()`` reading) an example does not start, or stops after the subject call
     that passed it, raising :class:`~swafuzz.run.executor.DeadlinePassed`. ``long_horizon``
     draws long runs of plain decode forwards. ``exclude`` names lifecycle features never
-    drawn (an engine configuration without them), nor are those the subject's driver does
-    not model (its ``unmodelled``); under the realistic profile, neither are those the
-    subject's ``realistic_exclusions`` names (the features its engine release does not take).
+    drawn (an engine configuration without them); under the realistic profile, neither are
+    those the subject's ``realistic_exclusions`` names (the features its engine release does
+    not take).
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    exclude = frozenset(exclude) | unmodelled_by(info)
+    exclude = frozenset(exclude)
     if profile == REALISTIC:
         exclude |= unreached_by(info)
 
@@ -259,12 +259,6 @@ def scenario_test(
     blocks = ":draft-blocks" if draft_blocks else ""
     check._hypothesis_internal_add_digest = f"swafuzz:{info.name}:{profile}{horizon}{without}{blocks}".encode()  # noqa: SLF001
     return given(scenarios_without(profile, exclude, long_horizon, compressed, draft_blocks))(check)
-
-
-def unmodelled_by(info: SubjectInfo) -> frozenset[str]:
-    """The restriction terms the subject's driver does not model (its ``unmodelled``): no
-    profile draws them, and the run says so among what it leaves unchecked."""
-    return frozenset(getattr(info.subject, "unmodelled", frozenset()))
 
 
 def unreached_by(info: SubjectInfo) -> frozenset[str]:

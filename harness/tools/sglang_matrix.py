@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..reference import Scenario
+from ..reference import Event, Scenario
 from ..strategies.examples import EXAMPLES
 from ..strategies.features import (
     DRAFT_EXTEND,
@@ -42,6 +42,7 @@ from ..strategies.features import (
     SKIP_METADATA_INIT,
     TARGET_VERIFY,
     features_of,
+    restriction_terms_of,
 )
 from ..strategies.scenarios import PROFILES, REALISTIC, adversarial_reasons, weakest_profile
 
@@ -268,15 +269,15 @@ def _run_fuzz(cell: Cell, info: SubjectInfo, profile: str, switches: SwitchSetti
     let the release do), files a divergence under ``column``, and says how it went."""
     # the adversarial profile draws what no engine configuration does anyway
     excluded = excluded_paths(cell.target.name, switches) if profile == REALISTIC else ()
-    whole = [p for p in excluded if p.feature == EVERY_SCENARIO]
+    whole = [p for p in excluded if EVERY_SCENARIO in p.features]
     if whole:
         return f"not run: {whole[0].why}"
     try:
         result = fuzz(info, profile=profile, settings=settings, max_examples=max_examples, seed=seed,
-                      exclude=frozenset(p.feature for p in excluded))
+                      exclude=frozenset(f for p in excluded for f in p.features))
     except UnmodelledPath as gap:
         return f"harness gap: {gap}"
-    unused = f"; no {', '.join(sorted({p.feature for p in excluded}))}" if excluded else ""
+    unused = f"; no {', '.join(sorted({f for p in excluded for f in p.features}))}" if excluded else ""
     if result.divergence is None:
         return f"no divergence ({result.examples} scenarios{unused})"
     path = _replay(info, profile, result.scenario, result.divergence, cell.target, switches, replay_dir, run,
@@ -320,7 +321,8 @@ def reachability(finding: Finding) -> tuple[str, str]:
     reached it, or the run's driver needs a switch set against the release's default.
     """
     target, version = finding.target, finding.version
-    event, features = _up_to_divergence(finding)
+    event, upto = _up_to_divergence(finding)
+    features = features_of(upto)
     facts = [f"{DOMAIN_FACTS[f][1]} (DOMAIN.md {DOMAIN_FACTS[f][0]})" for f in sorted(features) if f in DOMAIN_FACTS]
     cause = question_key(finding, features)
     keys = [k for k in (_mode_question(target, event.mode), cause) if k is not None]
@@ -329,10 +331,10 @@ def reachability(finding: Finding) -> tuple[str, str]:
     for key, routes in readings:
         if not any(route.reached for route in routes):
             return "not reached", _cite(key, routes[0])
-    lifecycle_settings, absent = needed_settings(target.name, version, features)
+    lifecycle_settings, absent = needed_settings(target.name, version, restriction_terms_of(upto))
     if absent:
         return "not reached", "; ".join(
-            f"the release never takes the path this target's {p.feature.replace('_', ' ')} models: {p.why} "
+            f"the release never takes the path this target's {_said(p.features)} models: {p.why} "
             f"(read in the releases with {p.switch}: {p.cited()})" for p in absent)
     reasons = adversarial_reasons(finding.scenario)
     if reasons:
@@ -353,18 +355,23 @@ def reachability(finding: Finding) -> tuple[str, str]:
         _cite(key, route) for key, route in needed)
 
 
-def _up_to_divergence(finding: Finding):
-    """The diverging forward, and the features the scenario exercised up to it."""
+def _up_to_divergence(finding: Finding) -> tuple[Event, Scenario]:
+    """The diverging forward, and the scenario up to it."""
     events = finding.scenario.events
     event = finding.divergence.event
     upto = event if event is not None and event >= 0 else len(events) - 1
-    return events[upto], features_of(Scenario(finding.scenario.config, events[: upto + 1]))
+    return events[upto], Scenario(finding.scenario.config, events[: upto + 1])
+
+
+def _said(terms: tuple[str, ...]) -> str:
+    return " and ".join(term.replace("_", " ").replace("@", " of ") + " forwards" if "@" in term
+                        else term.replace("_", " ") for term in terms)
 
 
 def problem_of(finding: Finding) -> str | None:
     """The historical problem (a key of :data:`reachability.PROBLEMS`) a divergence is an
     instance of, if any."""
-    return question_key(finding, _up_to_divergence(finding)[1])
+    return question_key(finding, features_of(_up_to_divergence(finding)[1]))
 
 
 def _driver_settings(finding: Finding) -> list[str]:
@@ -579,7 +586,7 @@ def render(matrix: Matrix, report_path: Path) -> str:
               "What the realistic profile draws for a target depends on the settings: a lifecycle feature "
               "its driver models through a path a release takes only under one setting is not drawn under "
               "the others (`MODELLED_PATHS`), and a driver follows some switches itself (`DRIVER_SWITCHES`):", "",
-              *(f"- `{p.feature}` of {', '.join(f'`sglang:{t}`' for t in p.targets)} only "
+              *(f"- {', '.join(f'`{f}`' for f in p.features)} of {', '.join(f'`sglang:{t}`' for t in p.targets)} only "
                 + ("" if p.setting().startswith("without ") else "with ") + p.setting()
                 + ("" if not p.without_switch else " or in releases without the switch")
                 + f": {p.why} ({p.cited()})." for p in MODELLED_PATHS),

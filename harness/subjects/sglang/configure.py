@@ -17,9 +17,9 @@ the subject carries
   init where the driver runs it (:class:`.producers.DraftBlockCode`), and
   ``drafts_in_blocks``: whether the search draws DSpark draft models, which it does where the
   tree's DSpark model calls the target and the driver can make the blocks' metadata;
-- ``unmodelled``: the restriction terms the driver does not model under those settings
-  (the graph replays of the modes its ``graphs_unmodelled`` names, with why): no profile
-  draws them;
+- ``raw_verify_drafters`` (the merge target's): the drafters whose target-verify graph
+  replays the tree prepares from raw inputs, which the graph rebuilds the ring rows from,
+  rather than by merging eagerly built metadata;
 - ``realistic_exclusions``: the lifecycle features (restriction terms) the tree never takes
   under those settings: the engine features its DeepSeek-V4 does not reach
   (:mod:`.engine_features`) and the paths the target's driver models that the settings leave
@@ -34,11 +34,10 @@ import dataclasses
 import functools
 
 from ...api import ForwardMode
-from ...strategies.features import GRAPH_REPLAY, in_mode
 from ..info import SubjectInfo
 from . import callsites, engine_features
 from .binding import BindError
-from .drivers import DraftBlocks
+from .drivers import DSPARK, OTHER_DRAFTER, DraftBlocks
 from .locate import SourceTree
 from .producers import DraftBlockCode, bind_draft_block_code
 from .reachability import EVERY_SCENARIO, driver_attributes, excluded_features, parsed
@@ -70,10 +69,10 @@ def configured(info: SubjectInfo, target: Target, tree: SourceTree, switches: Sw
     else:
         attributes["draft_block_absent"] = (f"{target.subject_name} runs none: swafuzz makes a DSpark draft "
                                             "block's metadata for get_swa_out_cache_loc only")
+    if hasattr(info.subject, "raw_verify_drafters"):
+        attributes["raw_verify_drafters"] = _raw_verify_drafters(tree)
     subject = type(info.subject.__name__, (info.subject,), attributes)
     subject.environment.settings = switches
-    modes, _ = subject.graphs_unmodelled()
-    subject.unmodelled = frozenset(in_mode(GRAPH_REPLAY, mode.value) for mode in modes)
     return dataclasses.replace(info, subject=subject)
 
 
@@ -84,6 +83,34 @@ def _draft_block_code(tree: SourceTree, mode: str) -> tuple[DraftBlockCode | Non
         return bind_draft_block_code(tree, mode), ""
     except BindError as exc:
         return None, f"{tree.label} has no DSpark draft-block metadata init the driver can run ({exc})"
+
+
+VERIFY_INIT = "init_forward_metadata_target_verify"
+RAW_VERIFY_METADATA = "DSV4RawVerifyMetadata"
+DSPARK_TEST = "is_dspark"
+
+
+@functools.lru_cache(maxsize=32)
+def _raw_verify_drafters(tree: SourceTree) -> frozenset[str]:
+    """The drafters for which the HIP backend's target-verify init, called by the replay prep
+    of the target-verify bucket, returns raw inputs that the graph rebuilds the metadata from:
+    none where it returns no ``DSV4RawVerifyMetadata`` (up to 0.5.19), DSpark's where that
+    return sits under a test of ``is_dspark`` (0.5.20+), and every drafter where it sits under
+    no test or another one, which this reading cannot tell apart (no merge is then claimed)."""
+    _, module = parsed(tree, HIP_BACKEND_FILE)
+    init = next((node for node in ast.walk(module) if isinstance(node, ast.FunctionDef)
+                 and node.name == VERIFY_INIT), None) if module is not None else None
+    if init is None:
+        return frozenset()
+    raw_returns = [node for node in ast.walk(init) if isinstance(node, ast.Return) and isinstance(node.value, ast.Call)
+                   and ast.unparse(node.value.func).endswith(RAW_VERIFY_METADATA)]
+    if not raw_returns:
+        return frozenset()
+    guards = [node.test for node in ast.walk(init) if isinstance(node, ast.If)
+              and any(ret in ast.walk(node) for ret in raw_returns)]
+    if guards and all(DSPARK_TEST in ast.unparse(guard) for guard in guards):
+        return frozenset({DSPARK})
+    return frozenset({DSPARK, OTHER_DRAFTER})
 
 
 # what decides that the HIP backend's DSpark draft keeps no ring of its own: the backend

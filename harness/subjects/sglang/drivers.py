@@ -28,7 +28,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from ...api import ForwardBatch, ForwardMode, Subject, Truth, tokens_request_slots
-from ...reference.truth import late_layer_tail_tokens, ring_rows, whole_page_ring
+from ...reference.truth import late_layer_tail_tokens, ring_rows, unchecked_ring_rows, whole_page_ring
 from .binding import Binding
 from .derived import EngineModel, InitDerivation
 from .faults import defined_at, location_fault
@@ -373,10 +373,6 @@ class SglangSubject(Subject):
     draft_blocks: ClassVar[DraftBlocks | None] = None
     draft_block_code: ClassVar[Any] = None
     draft_block_absent: ClassVar[str] = "this target's driver runs no DSpark draft blocks"
-    # the restriction terms the driver does not model under the run's settings: no profile
-    # draws them (swafuzz.search.fuzz.unmodelled_by); set by .configure from
-    # graphs_unmodelled, and not_checked says why
-    unmodelled: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def zero_rows_stored(cls) -> bool | None:
@@ -427,20 +423,7 @@ class SglangSubject(Subject):
     @classmethod
     def not_checked(cls) -> tuple[str, ...]:
         """The target's branches this run does not check, each with the reason."""
-        return tuple(cls._draft_block_notes() + cls._graph_notes())
-
-    @classmethod
-    def graphs_unmodelled(cls) -> tuple[tuple[ForwardMode, ...], str]:
-        """The forward modes whose graph replays the driver does not run under the run's
-        settings, and why (none: it runs every mode's). A store-time target computes its
-        rows in the store, as the graph records it."""
-        return (), ""
-
-    @classmethod
-    def _graph_notes(cls) -> list[str]:
-        modes, why = cls.graphs_unmodelled()
-        names = {ForwardMode.TARGET_VERIFY: "target-verify forwards", ForwardMode.DRAFT_BLOCK: "DSpark draft blocks"}
-        return [f"graph-replayed {' and '.join(names[mode] for mode in modes)}: not drawn: {why}"] if modes else []
+        return tuple(cls._draft_block_notes())
 
     @classmethod
     def _draft_block_notes(cls, reads: tuple[str, ...] = ()) -> list[str]:
@@ -771,22 +754,8 @@ class TranslatedLocSubject(_MetadataSubject):
             notes.append(f"request window: {cls.window_absent}")
         if "late_layer_tail" in reads:
             notes.append(cls._tail_note())
-        notes += cls._draft_block_notes(reads) + cls._graph_notes()
+        notes += cls._draft_block_notes(reads)
         return tuple(notes)
-
-    @classmethod
-    def graphs_unmodelled(cls) -> tuple[tuple[ForwardMode, ...], str]:
-        # a draft graph on the draft ring gets its rows from the in-graph init
-        # (_dspark_swa_ring_out_cache_loc), which the driver does not run in a graph
-        code = cls.draft_block_code
-        if cls.draft_blocks is DraftBlocks.BUILT_BY_TREE and code is not None and code.ring \
-                and cls.request_window_on():
-            return (ForwardMode.DRAFT_BLOCK,), (
-                "with the request window on, the DSpark draft keeps its rows on the draft ring, which "
-                "init_forward_metadata_in_graph refreshes in a draft graph; this driver does not run that refresh, "
-                "which is checked among the producers (\"init_forward_metadata_in_graph for a DSpark draft block\")")
-        return (), ""
-
 
     @classmethod
     def _tail_note(cls) -> str:
@@ -905,7 +874,10 @@ class TranslatedLocSubject(_MetadataSubject):
         if type(answer) is not torch.Tensor or answer.dtype != torch.int32 or answer.dim() != 1 \
                 or answer.device != batch.out_cache_loc.device:
             return answer
-        want = ring_rows(tokens_request_slots(batch), batch.positions, self._draft_ring(), self.spec.num_req_slots)
+        slots = tokens_request_slots(batch)
+        # a graph's static inputs hold what the engine copied in, checked when it did
+        want = unchecked_ring_rows(slots, batch.positions, self._draft_ring()) if batch.in_graph else \
+            ring_rows(slots, batch.positions, self._draft_ring(), self.spec.num_req_slots)
         return _read_back(want, answer, self.mapping[batch.out_cache_loc.to(torch.int64)].to(torch.int32))
 
     def _own_idle_layout(self, batch: ForwardBatch) -> Any:
@@ -995,9 +967,13 @@ class TranslatedLocSubject(_MetadataSubject):
                                                                        dtype=torch.int64)
 
     def init_graph_metadata(self, batch: ForwardBatch) -> None:
-        # init_forward_metadata_in_graph: warm-ups run it eagerly, the capture records it
+        # init_forward_metadata_in_graph: warm-ups run it eagerly, the capture records it; on
+        # the DSpark draft's ring it writes the block's ring rows (0.5.23), elsewhere it
+        # translates the locations
         metadata = self._backend(batch, 0).forward_metadata
-        metadata.core_attn_metadata.swa_out_cache_loc = self._translated(batch)
+        ring = self._draft_ring() if batch.mode is ForwardMode.DRAFT_BLOCK else None
+        metadata.core_attn_metadata.swa_out_cache_loc = self._translated(batch) if ring is None else \
+            self.draft_block_code.ring_out_cache_loc(ring, tokens_request_slots(batch), batch.positions)
         self._set_by(batch, 0)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
@@ -1028,9 +1004,10 @@ class RingSubject(_MetadataSubject):
     so does the metadata of a target-verify forward or DSpark draft block where the tree
     calls the getter in it; other modes leave the rows unset; idle under MTP is skipped.
     Every step of a multi-step draft gets metadata built once, from the positions at init.
-    Before a graph replay fresh metadata is built and merged into the captured one; this
-    subject copies the rows in place so that only the getter is under test (see
-    :class:`RingMergeSubject`).
+    Before a graph replay (of any bucket: decode and idle, or target-verify and DSpark draft
+    blocks) fresh metadata is built and merged into the captured one; this subject copies the
+    rows in place, which is what a replay rebuilding them in the graph leaves too, so that
+    only the getter is under test (see :class:`RingMergeSubject`).
     """
 
     truth = Truth.RING
@@ -1058,13 +1035,6 @@ class RingSubject(_MetadataSubject):
             self._backend(batch, 0)._attach_unified_kv_decode_streams(core, tokens_request_slots(batch))
         return self._wrap(core)
 
-    @classmethod
-    def graphs_unmodelled(cls) -> tuple[tuple[ForwardMode, ...], str]:
-        # the HIP target-verify replay prep hands raw inputs to an in-graph rebuild for DSpark
-        return (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK), (
-            "the ring rows of a target-verify graph's replay come from the HIP backend's replay preparation and "
-            "in-graph rebuild of the verify metadata, which this driver does not model for " + cls.getter)
-
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if self._skips_init(batch):
             return
@@ -1081,16 +1051,20 @@ class RingSubject(_MetadataSubject):
         # replay prep builds metadata for idle too (request slots and positions zeroed)
         captured = self._slot(batch).captured[batch.graph_key]
         fresh = self._build(batch)
-        self._merge(captured.core_attn_metadata.unified, fresh.core_attn_metadata.unified)
+        self._merge(batch, captured.core_attn_metadata.unified, fresh.core_attn_metadata.unified)
         _copy_written(captured.core_attn_metadata, fresh.core_attn_metadata)
         self._set_metadata(batch, 0, captured)
 
-    def _merge(self, captured: Any, fresh: Any) -> None:
+    def _merge(self, batch: ForwardBatch, captured: Any, fresh: Any) -> None:
         if captured.swa_loc is not None and fresh.swa_loc is not None:
             captured.swa_loc.copy_(fresh.swa_loc)
         else:
             captured.swa_loc = fresh.swa_loc
 
+
+# a speculative engine's drafter, as the HIP backend's target-verify init tells them apart
+# (its is_dspark)
+DSPARK, OTHER_DRAFTER = "DSpark", "another drafter"
 
 # the forwards whose metadata the HIP backend builds with its target-verify init: a DSpark
 # draft block is a TARGET_VERIFY forward of the draft model, and under unified KV the HIP
@@ -1124,6 +1098,11 @@ class RingMergeSubject(RingSubject):
 
     modelled_modes = RING_GETTER_MODES
     runs = {**RingSubject.runs, "init_replay_metadata": ("_attach_unified_kv_decode_streams", "copy_")}
+    # the drafters (DSPARK, OTHER_DRAFTER) whose target-verify bucket (verify forwards, and
+    # DSpark draft blocks) the tree's replay prep hands raw inputs (DSV4RawVerifyMetadata),
+    # from which the graph rebuilds the ring rows: UnifiedKvMetadata.copy_ is not on that
+    # path (set by .configure from init_forward_metadata_target_verify)
+    raw_verify_drafters: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -1132,5 +1111,9 @@ class RingMergeSubject(RingSubject):
     def _unified(self) -> Any:
         return self.unified_class()
 
-    def _merge(self, captured: Any, fresh: Any) -> None:
-        captured.copy_(fresh)
+    def _merge(self, batch: ForwardBatch, captured: Any, fresh: Any) -> None:
+        drafter = DSPARK if self.spec.dspark else OTHER_DRAFTER
+        if batch.mode in _VERIFY_INITS and drafter in self.raw_verify_drafters:
+            super()._merge(batch, captured, fresh)
+        else:
+            captured.copy_(fresh)

@@ -919,16 +919,22 @@ def _bind_draft_ring_rows(tree: SourceTree, mode: str) -> Producer:
     )
 
 
+def draft_ring_rows(producer: Producer, ring: int, token_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """What the tree's ``_dspark_swa_ring_out_cache_loc`` (``producer``) returns for draft-block
+    tokens of request slots ``token_slots`` at ``positions``, on rings of ``ring`` rows: each
+    token at ``seq_lens_casual - 1``, which is its position."""
+    backend = DraftRingBackend(token_to_kv_pool=DraftRingPool(swa_req_ring_size=ring))
+    return producer.function(backend, seq_lens_casual=(positions + 1).to(torch.int32),
+                             req_pool_indices_repeated=token_slots)
+
+
 def _run_draft_ring_rows(producer: Producer, batch: Batch, _: int) -> list[str]:
     """The rows a draft block writes: token ``i`` sits at position ``seq_lens_casual[i] - 1``
     of its request, in its slot's ring."""
     draft, page = _ring_shape(batch)
     ring = whole_page_ring(SLIDING_WINDOW, draft, page)
-    backend = DraftRingBackend(token_to_kv_pool=DraftRingPool(swa_req_ring_size=ring))
-    positions = batch.positions
-    rows = producer.function(backend, seq_lens_casual=(positions + 1).to(torch.int32),
-                             req_pool_indices_repeated=batch.token_slots)
-    want = ring_rows(batch.token_slots, positions, ring, batch.num_req_slots)
+    rows = draft_ring_rows(producer, ring, batch.token_slots, batch.positions)
+    want = ring_rows(batch.token_slots, batch.positions, ring, batch.num_req_slots)
     return _differences("draft ring rows", rows, want.to(torch.int64)) + _dtype("draft ring rows", rows)
 
 
@@ -955,8 +961,19 @@ class DraftBlockCode:
     record: dict[str, type]  # the tree's DSV4Metadata, which the getter's isinstance check knows
     # the draft worker's pool as the init reads it, translating as the tree's pool does
     pool_class: type[StandIn]
-    ring: bool  # the backend writes draft blocks to a ring per request slot (0.5.23), not only to paged rows
+    # the backend's _dspark_swa_ring_out_cache_loc, where it writes draft blocks to a ring per
+    # request slot (0.5.23), not only to paged rows
+    ring_rows: Producer | None
     store_hook: bool  # the DSpark worker hands the draft backend a pre_kv_store_hook (0.5.23)
+
+    @property
+    def ring(self) -> bool:
+        return self.ring_rows is not None
+
+    def ring_out_cache_loc(self, ring: int, token_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The ring rows the tree's in-graph refresh writes for a draft block's tokens (see
+        :func:`draft_ring_rows`)."""
+        return draft_ring_rows(self.ring_rows, ring, token_slots, positions)
 
     def new_pool(self, ring: int | None, num_req_slots: int) -> StandIn:
         """The draft worker's pool: a ring of ``ring`` rows per request slot, or (None) paged
@@ -995,7 +1012,8 @@ def bind_draft_block_code(tree: SourceTree, mode: str = "source") -> DraftBlockC
     # the getter's isinstance check must know the block metadata for the record it is
     record = _records(tree, mode, CUDA_BACKEND_FILE, ("DSV4Metadata",))
     init = _bind_draft_block_metadata(tree, mode, record)
-    return DraftBlockCode(init, record, _translating_pool(tree, mode, _draft_block_pool(tree)), _has_draft_ring(tree),
+    ring_rows = _bind_draft_ring_rows(tree, mode) if _has_draft_ring(tree) else None
+    return DraftBlockCode(init, record, _translating_pool(tree, mode, _draft_block_pool(tree)), ring_rows,
                           _sets_store_hook(tree.read(DSPARK_WORKER_FILE) or ""))
 
 

@@ -30,7 +30,7 @@ import ast
 import functools
 from dataclasses import dataclass
 
-from ...strategies.features import GRAPH_REPLAY
+from ...strategies.features import GRAPH_REPLAY, in_mode
 
 from .locate import RELEASES, SourceTree, release_key
 from .switches import SwitchSettings, settings_for, switch
@@ -44,6 +44,7 @@ KV_CACHE_SETUP = "model_executor/model_runner_kv_cache_mixin.py"
 CUDA_BACKEND = "layers/attention/deepseek_v4_backend.py"
 HIP_BACKEND = "layers/attention/deepseek_v4_backend_hip_radix.py"
 DECODE_RUNNER = "model_executor/runner/decode_cuda_graph_runner.py"
+DSPARK_MODEL = "models/deepseek_v4_dspark.py"
 
 PREP_IN_GRAPH_OFF = switch("SGLANG_PREP_IN_CUDA_GRAPH").setting(False)
 UNIFIED_KV_FP8_ON = switch("SGLANG_DSV4_UNIFIED_KV_FP8").setting(True)
@@ -201,6 +202,13 @@ _RAW_REPLAY_WHY = (
     "UnifiedKvMetadata.copy_ is not on this path"
 )
 
+_RING_ROWS_COPIED = Hop(HIP_BACKEND, "UnifiedKvMetadata.copy_", mentions=("copy_fields", "swa_loc"),
+                        lacks=('assign_fields=["swa_loc"',))
+_VERIFY_BUCKET_WHY = (
+    "; the target-verify bucket's replay (verify forwards, DSpark draft blocks) merges eagerly "
+    "built metadata, whose copy_ copies swa_loc in place, or hands a DSpark backend raw inputs"
+)
+
 _IDLE_REPLAY_PREP = Hop(
     HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata_out_graph", mentions=("ForwardMode.IDLE",),
 )
@@ -312,10 +320,29 @@ QUESTIONS: tuple[Question, ...] = (
                 "keeps reading the capture-time rows",
                 setting=PREP_IN_GRAPH_OFF,
             ),
-            Route(releases("0.5.18", "0.5.22"), False, _raw_decode_replay(*_RUNNER_0_5_14, _RAW_DECODE_BUILDER),
-                  _RAW_REPLAY_WHY + "; the switch is gone"),
-            Route(releases("0.5.23"), False, _raw_decode_replay(*_RUNNER_0_5_23, _RAW_DECODE_BUILDER),
-                  _RAW_REPLAY_WHY + "; the switch is gone"),
+            Route(
+                releases("0.5.18", "0.5.19"), True,
+                (Hop(DSPARK_MODEL, "DSparkAttention._store_block_kv", mentions=("get_unified_swa_loc",)),
+                 Hop("speculative/dspark_components/dspark_draft.py", "DraftBlockProposer._run_forward",
+                     mentions=("ForwardMode.TARGET_VERIFY", "decode_cuda_graph_runner")),
+                 Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata_out_graph",
+                     mentions=("_GraphBucket.TARGET_VERIFY", "init_forward_metadata_target_verify",
+                               "replay_cuda_graph_metadata_from")),
+                 Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata_target_verify_old",
+                     mentions=("attach_decode_streams=True",)),
+                 Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.replay_cuda_graph_metadata_from", mentions=("copy_",)),
+                 Hop(HIP_BACKEND, "UnifiedKvMetadata.copy_", mentions=("assign_fields", "swa_loc"))),
+                "decode replays rebuild their ring rows in the graph (the switch is gone), but a DSpark draft "
+                "block replays the target-verify bucket's graph, whose replay prep builds the block's metadata "
+                "eagerly, ring rows attached, and merges it with copy_, which re-points swa_loc; the captured "
+                "block store keeps reading the capture-time rows",
+            ),
+            Route(releases("0.5.20", "0.5.22"), False,
+                  (*_raw_decode_replay(*_RUNNER_0_5_14, _RAW_DECODE_BUILDER), _RING_ROWS_COPIED),
+                  _RAW_REPLAY_WHY + "; the switch is gone" + _VERIFY_BUCKET_WHY),
+            Route(releases("0.5.23"), False, (*_raw_decode_replay(*_RUNNER_0_5_23, _RAW_DECODE_BUILDER),
+                                              _RING_ROWS_COPIED),
+                  _RAW_REPLAY_WHY + "; the switch is gone" + _VERIFY_BUCKET_WHY),
         ),
     ),
     Question(
@@ -697,13 +724,13 @@ EVERY_SCENARIO = "every scenario"  # a ModelledPath feature: the target's whole 
 
 @dataclass(frozen=True)
 class ModelledPath:
-    """A lifecycle feature (a name of :mod:`swafuzz.strategies.features`, or :data:`EVERY_SCENARIO`)
-    that the targets' driver models through a path of SGLang's which a release takes only
-    when ``switch`` is ``value``: under another setting the realistic profile does not draw
-    the feature for those targets. ``hops`` say where a release that has the switch decides
+    """Lifecycle features (restriction terms of :mod:`swafuzz.strategies.features`, or
+    :data:`EVERY_SCENARIO`) that the targets' driver models through a path of SGLang's which a
+    release takes only when ``switch`` is ``value``: under another setting the realistic
+    profile draws none of them for those targets. ``hops`` say where a release that has the switch decides
     (checked against the wheels like a route's)."""
 
-    feature: str
+    features: tuple[str, ...]
     targets: tuple[str, ...]
     switch: str
     value: bool
@@ -722,22 +749,27 @@ class ModelledPath:
         return " -> ".join(f"`{hop}`" for hop in self.hops)
 
 
+# the graph replays whose metadata the replay prep builds in the decode bucket
+# (_GraphBucket.DECODE_OR_IDLE), which SGLANG_PREP_IN_CUDA_GRAPH decides; verify forwards and
+# DSpark draft blocks replay the target-verify bucket's, which no switch decides
+DECODE_BUCKET_REPLAYS = (in_mode(GRAPH_REPLAY, "decode"), in_mode(GRAPH_REPLAY, "idle"))
+
 MODELLED_PATHS: tuple[ModelledPath, ...] = (
     ModelledPath(
-        GRAPH_REPLAY, ("unified-metadata-merge",), "SGLANG_PREP_IN_CUDA_GRAPH", False, False,
+        DECODE_BUCKET_REPLAYS, ("unified-metadata-merge",), "SGLANG_PREP_IN_CUDA_GRAPH", False, False,
         (_SWITCHED_DECODE_BUILDER,
          Hop(HIP_BACKEND, "UnifiedKvMetadata.copy_", mentions=("assign_fields", "swa_loc"))),
-        "its graph replay merges eagerly built ring rows into the captured metadata with "
+        "its decode graph replay merges eagerly built ring rows into the captured metadata with "
         "UnifiedKvMetadata.copy_, which a release does before a decode replay only with in-graph "
         "preparation off; with it on, and always from 0.5.18, the replay merges raw metadata and "
         "the prep recorded in the graph rebuilds the rows",
     ),
     ModelledPath(
-        GRAPH_REPLAY, ("hip-unified-swa-loc",), "SGLANG_PREP_IN_CUDA_GRAPH", True, True,
+        DECODE_BUCKET_REPLAYS, ("hip-unified-swa-loc",), "SGLANG_PREP_IN_CUDA_GRAPH", True, True,
         (_SWITCHED_DECODE_BUILDER,
          Hop(HIP_BACKEND, "DeepseekV4HipRadixBackend.init_forward_metadata_in_graph",
              mentions=("make_forward_metadata_from_raw_decode",))),
-        "its graph replay writes fresh ring rows into the captured tensor, as the prep recorded "
+        "its decode graph replay writes fresh ring rows into the captured tensor, as the prep recorded "
         "in the graph does from raw decode metadata; with in-graph preparation off a release "
         "merges eagerly built rows instead (the unified-metadata-merge target's path)",
     ),
@@ -784,7 +816,7 @@ def excluded_paths(target: str, settings: SwitchSettings) -> tuple[ModelledPath,
 def excluded_features(target: str, settings: SwitchSettings) -> frozenset[str]:
     """The lifecycle features the realistic profile must not draw for ``target`` under
     ``settings`` (:data:`EVERY_SCENARIO` among them: draw nothing)."""
-    return frozenset(p.feature for p in excluded_paths(target, settings))
+    return frozenset(feature for p in excluded_paths(target, settings) for feature in p.features)
 
 
 def driver_attributes(target: str, settings: SwitchSettings) -> dict[str, bool]:
@@ -800,7 +832,7 @@ def needed_settings(target: str, version: str, features: set[str]) -> tuple[list
     defaults = settings_for(version)
     settings, absent = [], []
     for path in excluded_paths(target, defaults):
-        if path.feature != EVERY_SCENARIO and path.feature not in features:
+        if EVERY_SCENARIO not in path.features and not features & set(path.features):
             continue
         if defaults.get(path.switch) is None:
             if version in RELEASES:
