@@ -221,7 +221,7 @@ def _judged_example(name: str, version: str, example: str, tmp_path: Path, judge
     # in-graph preparation on by default: the replay merges raw metadata, never UnifiedKvMetadata
     ("0.5.17", "reachable off-default", ("SGLANG_PREP_IN_CUDA_GRAPH=0", "UnifiedKvMetadata.copy_",
                                          "DecodeCudaGraphRunner.load_batch")),
-    ("0.5.19", "not reached", ("DSV4RawDecodeMetadata.copy_", "make_forward_metadata_from_raw_decode")),
+    ("0.5.19", "not reached", ("never takes the path", "always from 0.5.18, the replay merges raw metadata")),
 ])
 def test_assign_listed_ring_rows_are_judged_by_the_replay_path_of_the_release(version, verdict, cited, tmp_path):
     _tree(version)

@@ -55,7 +55,7 @@ from swafuzz.subjects.sglang.switches import parse_override, settings_for
 from swafuzz.subjects.sglang.targets import target
 from swafuzz.reference import Scenario
 from swafuzz.strategies.examples import EXAMPLES
-from swafuzz.strategies.features import GRAPH_REPLAY, features_of
+from swafuzz.strategies.features import GRAPH_REPLAY, features_of, restriction_terms_of
 from swafuzz.strategies.restrictions import scenarios_without
 
 PREP = "SGLANG_PREP_IN_CUDA_GRAPH"
@@ -112,14 +112,18 @@ def test_the_matrix_command_line_refuses_a_malformed_switch_with_exit_code_2(cap
 # ---- the realistic profile per release -------------------------------------------------------
 
 
+# the graph replays the in-graph preparation switch decides: the decode bucket's
+DECODE_BUCKET = set(reachability.DECODE_BUCKET_REPLAYS)
+
+
 @pytest.mark.parametrize("name,version,overrides,excluded", [
-    # the merge's graph replay is the eager merge, taken only with in-graph preparation off
-    ("unified-metadata-merge", "0.5.17", {}, {GRAPH_REPLAY}),
+    # the merge's decode graph replay is the eager merge, taken only with in-graph preparation off
+    ("unified-metadata-merge", "0.5.17", {}, DECODE_BUCKET),
     ("unified-metadata-merge", "0.5.17", {PREP: False}, set()),
-    ("unified-metadata-merge", "0.5.19", {PREP: False}, {GRAPH_REPLAY}),  # the switch is gone
-    # the getter's graph replay is the in-graph prep's, the default and only path from 0.5.18
+    ("unified-metadata-merge", "0.5.19", {PREP: False}, DECODE_BUCKET),  # the switch is gone
+    # the getter's decode graph replay is the in-graph prep's, the default and only path from 0.5.18
     ("hip-unified-swa-loc", "0.5.17", {}, set()),
-    ("hip-unified-swa-loc", "0.5.17", {PREP: False}, {GRAPH_REPLAY}),
+    ("hip-unified-swa-loc", "0.5.17", {PREP: False}, DECODE_BUCKET),
     ("hip-unified-swa-loc", "0.5.19", {}, set()),
     ("cuda-swa-out-cache-loc", "0.5.23", {}, set()),
     # under the request window the driver runs the getter over the tree's own window
@@ -133,8 +137,9 @@ def test_each_release_settings_exclude_the_features_its_engine_does_not_take(nam
 
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(scenarios_without("realistic", excluded_features("unified-metadata-merge", settings_for("0.5.17"))))
-def test_the_realistic_profile_of_a_release_with_in_graph_prep_on_never_replays_a_graph_for_the_merge(scenario):
-    assert GRAPH_REPLAY not in features_of(scenario)
+def test_the_realistic_profile_of_a_release_with_in_graph_prep_on_never_replays_a_decode_graph_for_the_merge(
+        scenario):
+    assert not restriction_terms_of(scenario) & DECODE_BUCKET
 
 
 def test_the_realistic_profile_replays_graphs_for_the_merge_once_in_graph_prep_is_off():
@@ -156,9 +161,9 @@ def test_a_release_named_on_the_command_line_is_fuzzed_realistically_as_it_runs_
     from swafuzz.search.fuzz import fuzz
 
     info = sglang.resolve("sglang:unified-metadata-merge@0.5.17")
-    assert GRAPH_REPLAY in info.subject.realistic_exclusions
+    assert DECODE_BUCKET <= info.subject.realistic_exclusions
     realistic = fuzz(info, profile="realistic", settings="ci", max_examples=60, seed=0)
-    assert realistic.coverage.get(GRAPH_REPLAY, 0) == 0 and realistic.examples == 60
+    assert realistic.divergence is None and realistic.examples == 60
     adversarial = fuzz(info, profile="adversarial", settings="ci", max_examples=60, seed=0)
     assert adversarial.divergence is not None and adversarial.divergence.source["kind"] == GRAPH_CAPTURE
 
@@ -341,9 +346,9 @@ VERDICTS = [
      "reachable off-default", ("only with SGLANG_PREP_IN_CUDA_GRAPH=0",)),
     # a path the release does not have is not reached, whatever profile found it
     ("unified-metadata-merge", "0.5.19", GRAPH_DECODE, GRAPH_CAPTURE, None,
-     "not reached", ("DSV4RawDecodeMetadata.copy_",)),
+     "not reached", ("never takes the path", "always from 0.5.18, the replay merges raw metadata")),
     ("unified-metadata-merge", "0.5.19", GRAPH_PERMUTED, GRAPH_CAPTURE, None,
-     "not reached", ("DSV4RawDecodeMetadata.copy_",)),
+     "not reached", ("never takes the path", "always from 0.5.18, the replay merges raw metadata")),
     ("unified-metadata-merge", "0.5.17", GRAPH_PERMUTED, GRAPH_CAPTURE, None,
      "adversarial only", ("layers skipped, permuted or repeated",)),
     # no problem named, but a graph replay through the merge the release never does
@@ -460,9 +465,10 @@ def test_the_report_answers_per_release_whether_each_historical_problem_is_reach
     assert assigned.startswith("**reachable off-default** with SGLANG_PREP_IN_CUDA_GRAPH=0 ([P")
     number = _numbered(text, "0.5.17")
     assert "by default not reached ([P" in assigned and f"divergences [#{number}](#d{number})" in assigned
+    # 0.5.19 merges a DSpark draft block's graph metadata with the assign-listed copy_
     late = _row(text, "`assign-listed-ring-rows`", "0.5.19")["`assign-listed-ring-rows`"]
     number = _numbered(text, "0.5.19")
-    assert late.startswith("not reached ([P") and f"divergences [#{number}](#d{number})" in late
+    assert late.startswith("**reachable** ([P") and f"divergences [#{number}](#d{number})" in late
     assert _row(text, "`assign-listed-ring-rows`", "0.5.19")["`pool-cache-first-swa-layer`"].startswith("not reached")
     # every citation and divergence link lands on an anchor of the report
     for anchor in set(re.findall(r"\]\(#([pd]\d+)\)", text)):
